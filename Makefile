@@ -1,0 +1,55 @@
+# eva developer entry points. Every target creates .venv when it is missing and builds what it needs.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.eva-installed
+# glibc settings that keep frame-sized buffers out of mmap/munmap churn (see docs/design.md).
+export MALLOC_MMAP_THRESHOLD_ ?= 33554432
+export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
+DEMO_DIR ?= demo-data
+
+.PHONY: venv build demo test test-native test-reference bench compat lint system-deps clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# Dependencies are installed once; the native core is rebuilt (incrementally) when sources change.
+$(VENV)/.eva-deps: pyproject.toml | $(PY)
+	$(PIP) install -q numpy pyarrow av h5py mcap msgpack paramiko click \
+	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff
+	touch $@
+
+NATIVE_SOURCES := $(wildcard native/*.cpp native/*.hpp src/eva_fast/*.pyx src/eva_fast/*.pxd) CMakeLists.txt pyproject.toml
+
+$(STAMP): $(VENV)/.eva-deps $(NATIVE_SOURCES)
+	flock $(VENV)/.build.lock $(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+venv: $(VENV)/.eva-deps
+build: $(STAMP)
+
+demo: build
+	bash scripts/demo.sh $(DEMO_DIR)
+
+system-deps:
+	bash scripts/system_deps.sh
+
+test: system-deps build
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests
+	EVA_PUREPYTHON=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m kernels tests
+
+bench: build
+	$(PY) bench/run_all.py --json bench-report.json
+
+compat: build
+	bash scripts/compat.sh
+
+lint: venv
+	$(VENV)/bin/ruff check python tests bench
+	$(VENV)/bin/ruff format --check python tests bench
+
+clean:
+	rm -rf build $(VENV) $(DEMO_DIR)

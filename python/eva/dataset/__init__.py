@@ -1,0 +1,1 @@
+"""dataset stage of the eva dataflow."""

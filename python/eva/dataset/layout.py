@@ -1,0 +1,110 @@
+"""Names and paths of the LeRobot v2.1 layout (contracts §1) and of eva's export tree (§4).
+
+Everything that turns a user-supplied name into a path goes through here, so the hostile-input
+rules (no traversal, no separators, no control characters) live in one place.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CODEBASE_VERSION = "v2.1"
+DATASET_FORMAT = "lerobot_v21"
+DEFAULT_CHUNKS_SIZE = 1000
+DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+
+META_DIR = "meta"
+INFO = "meta/info.json"
+EPISODES = "meta/episodes.jsonl"
+EPISODES_STATS = "meta/episodes_stats.jsonl"
+TASKS = "meta/tasks.jsonl"
+STATS = "meta/stats.json"
+QUALITY_SPLIT = "meta/quality_split.json"
+
+# Work in progress lives here, outside the published layout (hidden, inside the dataset).
+WORK_DIR = ".eva-work"
+
+FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
+FORMAT_ALIASES = {
+    "lerobot_v21": "lerobot_v21",
+    "v21": "lerobot_v21",
+    "v2.1": "lerobot_v21",
+    "native": "lerobot_v21",
+    "lerobot_v3": "lerobot_v3",
+    "lerobot_v30": "lerobot_v3",
+    "v3": "lerobot_v3",
+    "v3.0": "lerobot_v3",
+    "hdf5": "hdf5",
+    "h5": "hdf5",
+    "mcap": "mcap",
+}
+SUBSETS = ("accepted", "rejected")
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+
+
+class UnsafeNameError(ValueError):
+    """A user-supplied name that would escape its directory or is not a plain file name."""
+
+
+def normalize_format(name: str) -> str:
+    try:
+        return FORMAT_ALIASES[name.strip().lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown format {name!r}: choose one of {', '.join(FORMATS)} (aliases: v21, v3, h5)"
+        ) from None
+
+
+def check_component(name: str, what: str = "name") -> str:
+    """Accept ``name`` only as one plain path component: no '/', '..', leading dot or control chars."""
+    if not isinstance(name, str) or not _SAFE_NAME.match(name) or name in (".", ".."):
+        raise UnsafeNameError(
+            f"invalid {what} {name!r}: use 1-128 letters, digits, '.', '_', '+' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def sanitize_dataset_name(name: str) -> str:
+    """Turn a free-form dataset name into a safe directory name, refusing traversal attempts."""
+    if any(part in ("..", ".") for part in re.split(r"[\\/]", name)) or "\x00" in name:
+        raise UnsafeNameError(f"dataset name {name!r} would escape the log directory")
+    cleaned = re.sub(r"[^A-Za-z0-9._+-]+", "_", name.strip()).strip("._")
+    if not cleaned:
+        raise UnsafeNameError(f"dataset name {name!r} has no usable characters")
+    return check_component(cleaned[:128], "dataset name")
+
+
+def check_video_key(key: str) -> str:
+    """Video keys become directory names (``observation.images.front``): one safe component."""
+    return check_component(key, "video key")
+
+
+def episode_chunk(episode_index: int, chunks_size: int = DEFAULT_CHUNKS_SIZE) -> int:
+    return episode_index // chunks_size
+
+
+def export_root(source_dir: Path, fmt: str) -> Path:
+    """``<parent>/export/<fmt>`` for a source named ``raw``, else ``<parent>/<name>_export/<fmt>``."""
+    source_dir = Path(source_dir).resolve()
+    fmt = normalize_format(fmt)
+    if source_dir.name == "raw":
+        return source_dir.parent / "export" / fmt
+    return source_dir.parent / f"{source_dir.name}_export" / fmt
+
+
+def export_paths(source_dir: Path, fmt: str) -> dict[str, Path]:
+    root = export_root(source_dir, fmt)
+    return {subset: root / subset for subset in SUBSETS}
+
+
+def is_within(path: Path, root: Path) -> bool:
+    """True when ``path`` (symlinks resolved) stays inside ``root``."""
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+        return True
+    except ValueError:
+        return False

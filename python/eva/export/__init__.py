@@ -1,0 +1,1 @@
+"""export stage of the eva dataflow."""

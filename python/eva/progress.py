@@ -1,0 +1,52 @@
+"""Progress reporting shared by the writers, exporters and uploader (no terminal code here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class ProgressSink(Protocol):
+    def __call__(
+        self, *, episodes: int = 0, files: int = 0, bytes: int = 0, current: str | None = None
+    ) -> None: ...
+
+
+@dataclass
+class Progress:
+    """Running totals; call it with increments. ``on_change`` gets the object after each update."""
+
+    episodes: int = 0
+    files: int = 0
+    bytes: int = 0
+    current: str | None = None
+    total_episodes: int | None = None
+    total_files: int | None = None
+    total_bytes: int | None = None
+    listeners: list = field(default_factory=list, repr=False)
+
+    def __call__(
+        self, *, episodes: int = 0, files: int = 0, bytes: int = 0, current: str | None = None
+    ) -> None:
+        self.episodes += episodes
+        self.files += files
+        self.bytes += bytes
+        if current is not None:
+            self.current = current
+        for listener in self.listeners:
+            listener(self)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "episodes": self.episodes,
+            "files": self.files,
+            "bytes": self.bytes,
+            "current": self.current,
+            "total_episodes": self.total_episodes,
+            "total_files": self.total_files,
+            "total_bytes": self.total_bytes,
+        }
+
+
+def null_progress(**_: object) -> None:
+    return None

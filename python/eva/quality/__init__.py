@@ -1,0 +1,1 @@
+"""quality stage of the eva dataflow."""

@@ -1,0 +1,1 @@
+"""upload stage of the eva dataflow."""
