@@ -1,0 +1,505 @@
+"""Per-episode feature statistics (LeRobot ``episodes_stats`` / ``stats.json`` shape) and their merge.
+
+Two accumulators are fed batch by batch while an episode is written, so no episode is ever held
+whole in memory:
+
+* ``VectorStats(dim)`` for state/action-like columns: per-dimension min, max, mean, population std.
+  Accumulation is float64 (float32 accumulation over a long episode is measurably wrong, see
+  perf-notes). For numerical stability each batch is reduced with a two-pass mean / M2 (sum of
+  squared deviations from the batch mean, never the cancellation-prone ``E[x^2] - E[x]^2``), and
+  batches are combined with Chan et al.'s parallel update::
+
+      n = na + nb;  delta = mean_b - mean_a
+      mean = mean_a + delta * nb / n;  M2 = M2a + M2b + delta^2 * na * nb / n
+
+  so the error stays at the level of one batch's rounding, independent of the signal's offset.
+
+* ``ImageStats()`` for camera frames (n, H, W, 3) uint8: the only thing accumulated is an exact
+  per-channel 256-bin histogram (uint64). Everything else follows from it exactly: min/max are the
+  first/last non-empty bins, sum and sum of squares are ``sum(v * h[v])`` and ``sum(v^2 * h[v])``
+  in Python integers, so mean and std are exact (one rounding at the end), and exact quantiles are
+  available through ``quantiles_from_histogram``. Results use the 0..1 scale and LeRobot's
+  ``[3][1][1]`` nesting. LeRobot 0.3.3 samples (and downsamples) frames and counts the sampled
+  frames; eva reduces every pixel of every frame and counts every frame (``count = [n_frames]``).
+
+The public ``VectorStats`` / ``ImageStats`` use the native kernel ``eva_fast.stats`` when
+``eva._native.load("stats")`` returns it; ``ReferenceVectorStats`` / ``ReferenceImageStats`` are the
+plain numpy definitions the native kernel is tested against.
+
+``merge_stats`` and ``RunningMerge`` build dataset-level stats (``meta/stats.json``) from
+per-episode stats: count-weighted mean, pooled population std, min of mins, max of maxes, count sum.
+Quantile keys are not mergeable from per-episode summaries and are left out of merged results.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from eva import _native
+
+__all__ = [
+    "DEFAULT_QUANTILES",
+    "ImageStats",
+    "ReferenceImageStats",
+    "ReferenceVectorStats",
+    "RunningMerge",
+    "VectorStats",
+    "merge_stats",
+    "quantile_key",
+    "quantiles_from_histogram",
+    "vector_quantiles",
+]
+
+# The quantiles LeRobot >= 0.4 uses for quantile normalisation.
+DEFAULT_QUANTILES: tuple[float, ...] = (0.01, 0.10, 0.50, 0.90, 0.99)
+
+# Stat keys that merge_stats understands; anything else (quantiles, ...) is not mergeable.
+MERGEABLE_KEYS = ("min", "max", "mean", "std", "count")
+
+_CHANNELS = 3
+_BINS = 256
+_LEVELS = np.arange(_BINS, dtype=np.int64)
+
+
+def quantile_key(q: float) -> str:
+    """``0.01 -> "q01"``, ``0.5 -> "q50"``, ``0.995 -> "q99.5"`` (LeRobot's key names)."""
+    percent = q * 100.0
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile {q!r} is outside [0, 1]")
+    rounded = round(percent)
+    if abs(percent - rounded) < 1e-9:
+        return f"q{rounded:02d}"
+    return f"q{percent:g}"
+
+
+def _image_nested(per_channel: Sequence[float]) -> list[list[list[float]]]:
+    """Per-channel values -> LeRobot's image stat shape [3][1][1]."""
+    return [[[float(v)]] for v in per_channel]
+
+
+# --------------------------------------------------------------------------------------------------
+# Vectors
+# --------------------------------------------------------------------------------------------------
+
+
+def _as_float64_rows(batch: Any, dim: int) -> np.ndarray:
+    """(n, dim) or (n,) numeric input -> C-contiguous (n, dim) float64 (no copy when already so)."""
+    array = np.asarray(batch)
+    if array.ndim == 1:
+        array = array.reshape(-1, 1)
+    if array.ndim != 2 or array.shape[1] != dim:
+        raise ValueError(f"expected a (n, {dim}) array, got shape {array.shape}")
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"expected a numeric array, got dtype {array.dtype}")
+    return np.ascontiguousarray(array, dtype=np.float64)
+
+
+class ReferenceVectorStats:
+    """Numpy reference: running per-dim count, min, max, mean, M2 in float64 (see module doc)."""
+
+    def __init__(self, dim: int) -> None:
+        if dim < 1:
+            raise ValueError(f"vector dim must be >= 1, got {dim}")
+        self.dim = dim
+        self.count = 0
+        self._min = np.full(dim, np.inf)
+        self._max = np.full(dim, -np.inf)
+        self._mean = np.zeros(dim)
+        self._m2 = np.zeros(dim)
+
+    def update(self, batch: Any) -> None:
+        rows = _as_float64_rows(batch, self.dim)
+        n_b = rows.shape[0]
+        if n_b == 0:
+            return
+        mean_b = rows.mean(axis=0)
+        m2_b = np.square(rows - mean_b).sum(axis=0)
+        # np.minimum propagates NaN, like np.min over the concatenated data.
+        self._min = np.minimum(self._min, rows.min(axis=0))
+        self._max = np.maximum(self._max, rows.max(axis=0))
+        n_a = self.count
+        n = n_a + n_b
+        delta = mean_b - self._mean
+        self._mean = self._mean + delta * (n_b / n)
+        self._m2 = self._m2 + m2_b + np.square(delta) * (n_a * n_b / n)
+        self.count = n
+
+    def result(self) -> dict[str, list[float] | list[int]]:
+        if self.count == 0:
+            raise ValueError("no samples were accumulated")
+        return _vector_result(self._min, self._max, self._mean, self._m2, self.count)
+
+
+def _vector_result(
+    minimum: np.ndarray, maximum: np.ndarray, mean: np.ndarray, m2: np.ndarray, count: int
+) -> dict[str, list[float] | list[int]]:
+    std = np.sqrt(np.maximum(m2, 0.0) / count)
+    return {
+        "min": [float(v) for v in minimum],
+        "max": [float(v) for v in maximum],
+        "mean": [float(v) for v in mean],
+        "std": [float(v) for v in std],
+        "count": [int(count)],
+    }
+
+
+def vector_quantiles(
+    values: Any, qs: Sequence[float] = DEFAULT_QUANTILES
+) -> dict[str, list[float]]:
+    """Exact per-dim quantiles of (n, dim) values (numpy's default linear interpolation)."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim == 1:
+        array = array.reshape(-1, 1)
+    if array.ndim != 2 or array.shape[0] == 0:
+        raise ValueError(f"expected a non-empty (n, dim) array, got shape {array.shape}")
+    table = np.quantile(array, np.asarray(qs, dtype=np.float64), axis=0)
+    return {quantile_key(q): [float(v) for v in row] for q, row in zip(qs, table, strict=True)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Images
+# --------------------------------------------------------------------------------------------------
+
+
+def _as_frames(frames: Any) -> np.ndarray:
+    """(n, H, W, 3) or (H, W, 3) uint8 -> C-contiguous (n, H, W, 3) uint8."""
+    array = np.asarray(frames)
+    if array.ndim == 3:
+        array = array[np.newaxis]
+    if array.ndim != 4 or array.shape[3] != _CHANNELS:
+        raise ValueError(f"expected (n, H, W, 3) frames, got shape {array.shape}")
+    if array.dtype != np.uint8:
+        raise ValueError(f"expected uint8 frames, got dtype {array.dtype}")
+    return np.ascontiguousarray(array)
+
+
+def reference_channel_histogram(frames: np.ndarray) -> np.ndarray:
+    """(n, H, W, 3) uint8 -> (3, 256) uint64 counts, by plain numpy bincount."""
+    pixels = frames.reshape(-1, _CHANNELS)
+    return np.stack([np.bincount(pixels[:, c], minlength=_BINS) for c in range(_CHANNELS)]).astype(
+        np.uint64
+    )
+
+
+def _image_result_from_histogram(
+    histogram: np.ndarray, frame_count: int
+) -> dict[str, list[list[list[float]]] | list[int]]:
+    if frame_count == 0:
+        raise ValueError("no frames were accumulated")
+    minimum: list[float] = []
+    maximum: list[float] = []
+    mean: list[float] = []
+    std: list[float] = []
+    for channel in range(_CHANNELS):
+        counts = [int(c) for c in histogram[channel]]
+        occupied = [v for v in range(_BINS) if counts[v]]
+        pixel_count = sum(counts)
+        if pixel_count == 0:
+            # Frames with zero pixels (H or W = 0): nothing to describe.
+            raise ValueError("the accumulated frames contain no pixels")
+        # Exact integer moments: mean = S1/N, var = (N*S2 - S1^2) / N^2; one rounding each.
+        s1 = sum(v * counts[v] for v in occupied)
+        s2 = sum(v * v * counts[v] for v in occupied)
+        minimum.append(occupied[0] / 255.0)
+        maximum.append(occupied[-1] / 255.0)
+        mean.append(s1 / (pixel_count * 255.0))
+        std.append(math.sqrt(pixel_count * s2 - s1 * s1) / (pixel_count * 255.0))
+    return {
+        "min": _image_nested(minimum),
+        "max": _image_nested(maximum),
+        "mean": _image_nested(mean),
+        "std": _image_nested(std),
+        "count": [int(frame_count)],
+    }
+
+
+class ReferenceImageStats:
+    """Numpy reference: exact per-channel histogram; stats derived from it (see module doc)."""
+
+    def __init__(self) -> None:
+        self.frame_count = 0
+        self._histogram = np.zeros((_CHANNELS, _BINS), dtype=np.uint64)
+
+    def update(self, frames: Any) -> None:
+        array = _as_frames(frames)
+        if array.shape[0] == 0:
+            return
+        self._histogram += reference_channel_histogram(array)
+        self.frame_count += array.shape[0]
+
+    def histogram(self) -> np.ndarray:
+        """(3, 256) uint64 pixel counts per channel and value (a copy)."""
+        return self._histogram.copy()
+
+    def result(self) -> dict[str, list[list[list[float]]] | list[int]]:
+        return _image_result_from_histogram(self._histogram, self.frame_count)
+
+
+def quantiles_from_histogram(
+    histogram: Any, qs: Sequence[float] = DEFAULT_QUANTILES
+) -> dict[str, list[list[list[float]]]]:
+    """Exact per-channel quantiles on the 0..1 scale, shape [3][1][1] per key.
+
+    Definition: numpy's default ``np.quantile(..., method="linear")`` (Hyndman & Fan type 7) over
+    the channel's sorted pixel values x[0..N-1]: position h = (N - 1) * q, value
+    x[floor h] + (h - floor h) * (x[floor h + 1] - x[floor h]), divided by 255. The sorted values
+    are read off the cumulative histogram, so the result equals ``np.quantile`` on the same uint8
+    data up to float rounding (documented bound: 1e-12 on the 0..1 scale).
+    """
+    hist = np.asarray(histogram)
+    if hist.ndim != 2 or hist.shape[1] != _BINS:
+        raise ValueError(f"expected a (channels, 256) histogram, got shape {hist.shape}")
+    quantiles: dict[str, list[list[list[float]]]] = {quantile_key(q): [] for q in qs}
+    for channel in range(hist.shape[0]):
+        counts = [int(c) for c in hist[channel]]
+        total = sum(counts)
+        if total == 0:
+            raise ValueError(f"channel {channel} of the histogram is empty")
+        # cumulative[v] = number of pixels with value <= v; x[k] = first v with cumulative[v] > k.
+        cumulative = np.cumsum(np.asarray(counts, dtype=np.uint64))
+        for q in qs:
+            if not 0.0 <= q <= 1.0:
+                raise ValueError(f"quantile {q!r} is outside [0, 1]")
+            position = (total - 1) * q
+            below = math.floor(position)
+            fraction = position - below
+            above = min(below + 1, total - 1)
+            x_below = int(np.searchsorted(cumulative, below, side="right"))
+            x_above = int(np.searchsorted(cumulative, above, side="right"))
+            value = x_below + fraction * (x_above - x_below)
+            quantiles[quantile_key(q)].append([[value / 255.0]])
+    return quantiles
+
+
+# --------------------------------------------------------------------------------------------------
+# Public classes: native kernel when available, else the references
+# --------------------------------------------------------------------------------------------------
+
+
+def _native_stats() -> Any:
+    return _native.load("stats")
+
+
+class VectorStats:
+    """Per-dim float64 stats of (n, dim) batches; native kernel when built (see module doc)."""
+
+    def __init__(self, dim: int) -> None:
+        if dim < 1:
+            raise ValueError(f"vector dim must be >= 1, got {dim}")
+        self.dim = dim
+        native = _native_stats()
+        self._native = native.VectorAccumulator(dim) if native is not None else None
+        self._reference = ReferenceVectorStats(dim) if native is None else None
+
+    @property
+    def count(self) -> int:
+        if self._native is not None:
+            return int(self._native.count)
+        assert self._reference is not None
+        return self._reference.count
+
+    def update(self, batch: Any) -> None:
+        if self._native is None:
+            assert self._reference is not None
+            self._reference.update(batch)
+            return
+        array = np.asarray(batch)
+        if array.ndim == 1:
+            array = array.reshape(-1, 1)
+        if array.ndim != 2 or array.shape[1] != self.dim:
+            raise ValueError(f"expected a (n, {self.dim}) array, got shape {array.shape}")
+        if array.dtype == np.float32:
+            self._native.update_f32(np.ascontiguousarray(array))
+        else:
+            self._native.update_f64(_as_float64_rows(array, self.dim))
+
+    def result(self) -> dict[str, list[float] | list[int]]:
+        if self._native is None:
+            assert self._reference is not None
+            return self._reference.result()
+        count = int(self._native.count)
+        if count == 0:
+            raise ValueError("no samples were accumulated")
+        minimum, maximum, mean, m2 = self._native.moments()
+        return _vector_result(minimum, maximum, mean, m2, count)
+
+
+class ImageStats:
+    """Exact per-channel image stats of (n, H, W, 3) uint8 batches; native kernel when built."""
+
+    def __init__(self) -> None:
+        native = _native_stats()
+        self._native = native.ImageAccumulator() if native is not None else None
+        self._reference = ReferenceImageStats() if native is None else None
+
+    @property
+    def frame_count(self) -> int:
+        if self._native is not None:
+            return int(self._native.frame_count)
+        assert self._reference is not None
+        return self._reference.frame_count
+
+    def update(self, frames: Any) -> None:
+        if self._native is None:
+            assert self._reference is not None
+            self._reference.update(frames)
+            return
+        array = _as_frames(frames)
+        if array.shape[0] == 0:
+            return
+        self._native.update(array.reshape(-1), array.shape[0])
+
+    def histogram(self) -> np.ndarray:
+        """(3, 256) uint64 pixel counts per channel and value (a copy)."""
+        if self._native is None:
+            assert self._reference is not None
+            return self._reference.histogram()
+        return np.asarray(self._native.histogram(), dtype=np.uint64).reshape(_CHANNELS, _BINS)
+
+    def result(self) -> dict[str, list[list[list[float]]] | list[int]]:
+        return _image_result_from_histogram(self.histogram(), self.frame_count)
+
+
+# --------------------------------------------------------------------------------------------------
+# Merging per-episode stats into dataset stats
+# --------------------------------------------------------------------------------------------------
+
+
+def _to_list(array: np.ndarray) -> Any:
+    return array.tolist()
+
+
+class _FeatureMerge:
+    """Running merge of one feature: count, mean and M2 (= N * var) in float64, min, max."""
+
+    def __init__(self, stat: Mapping[str, Any]) -> None:
+        self.shape = np.asarray(stat["mean"], dtype=np.float64).shape
+        self.count = 0
+        self.mean = np.zeros(self.shape)
+        self.m2 = np.zeros(self.shape)
+        self.minimum = np.full(self.shape, np.inf)
+        self.maximum = np.full(self.shape, -np.inf)
+
+    def add(self, feature: str, stat: Mapping[str, Any]) -> None:
+        count = _stat_count(feature, stat)
+        if count == 0:
+            return
+        mean = self._field(feature, stat, "mean")
+        std = self._field(feature, stat, "std")
+        # Chan's parallel combination (see module doc); M2 of the added part is n * std^2.
+        total = self.count + count
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (count / total)
+        self.m2 = self.m2 + count * np.square(std) + np.square(delta) * (self.count * count / total)
+        self.minimum = np.minimum(self.minimum, self._field(feature, stat, "min"))
+        self.maximum = np.maximum(self.maximum, self._field(feature, stat, "max"))
+        self.count = total
+
+    def _field(self, feature: str, stat: Mapping[str, Any], key: str) -> np.ndarray:
+        if key not in stat:
+            raise ValueError(f"stats of feature {feature!r} lack {key!r}")
+        value = np.asarray(stat[key], dtype=np.float64)
+        if value.shape != self.shape:
+            raise ValueError(
+                f"stats of feature {feature!r}: {key!r} has shape {value.shape}, expected {self.shape}"
+            )
+        return value
+
+    def result(self) -> dict[str, Any]:
+        std = np.sqrt(np.maximum(self.m2, 0.0) / self.count)
+        return {
+            "min": _to_list(self.minimum),
+            "max": _to_list(self.maximum),
+            "mean": _to_list(self.mean),
+            "std": _to_list(std),
+            "count": [int(self.count)],
+        }
+
+
+def _stat_count(feature: str, stat: Mapping[str, Any]) -> int:
+    if "count" not in stat:
+        raise ValueError(f"stats of feature {feature!r} lack 'count'")
+    count = np.asarray(stat["count"]).reshape(-1)
+    if count.shape != (1,) or count[0] < 0:
+        raise ValueError(
+            f"stats of feature {feature!r}: 'count' must be [n >= 0], got {stat['count']!r}"
+        )
+    return int(count[0])
+
+
+class RunningMerge:
+    """Dataset stats updated one episode at a time in O(features), e.g. on every append.
+
+    ``RunningMerge.from_stats(json.load(stats.json))`` seeds the merge from existing dataset stats
+    (mean, std and count fully describe the pooled moments), so the writer never re-reads the
+    per-episode stats. ``result()`` equals ``merge_stats`` over all episodes up to float rounding.
+    """
+
+    def __init__(self) -> None:
+        self._features: dict[str, _FeatureMerge] = {}
+
+    @classmethod
+    def from_stats(cls, stats: Mapping[str, Mapping[str, Any]]) -> RunningMerge:
+        merge = cls()
+        merge.add(stats)
+        return merge
+
+    def add(self, stats: Mapping[str, Mapping[str, Any]]) -> None:
+        """Fold one episode's (or one dataset's) {feature: {min, max, mean, std, count}} in."""
+        for feature, stat in stats.items():
+            if feature not in self._features:
+                self._features[feature] = _FeatureMerge(stat)
+            self._features[feature].add(feature, stat)
+
+    def features(self) -> list[str]:
+        return list(self._features)
+
+    def result(self) -> dict[str, dict[str, Any]]:
+        return {
+            feature: merged.result()
+            for feature, merged in self._features.items()
+            if merged.count > 0
+        }
+
+
+def merge_stats(
+    per_episode: Iterable[Mapping[str, Mapping[str, Any]]],
+) -> dict[str, dict[str, Any]]:
+    """Dataset stats from per-episode stats (LeRobot's aggregate_stats semantics, exact formula).
+
+    Per feature over the episodes that have it: count-weighted mean, pooled population std
+    sqrt(sum_i n_i * (std_i^2 + (mean_i - mean)^2) / N), min of mins, max of maxes, count sum.
+    Shapes are preserved ([dim] for vectors, [3][1][1] for images). Quantile keys are dropped.
+    """
+    by_feature: dict[str, list[Mapping[str, Any]]] = {}
+    for episode in per_episode:
+        for feature, stat in episode.items():
+            by_feature.setdefault(feature, []).append(stat)
+    merged: dict[str, dict[str, Any]] = {}
+    for feature, stats in by_feature.items():
+        counts = [_stat_count(feature, stat) for stat in stats]
+        stats = [stat for stat, count in zip(stats, counts, strict=True) if count > 0]
+        counts = [count for count in counts if count > 0]
+        if not stats:
+            continue
+        shape_probe = _FeatureMerge(stats[0])
+        means = np.stack([shape_probe._field(feature, s, "mean") for s in stats])
+        stds = np.stack([shape_probe._field(feature, s, "std") for s in stats])
+        mins = np.stack([shape_probe._field(feature, s, "min") for s in stats])
+        maxs = np.stack([shape_probe._field(feature, s, "max") for s in stats])
+        weights = np.asarray(counts, dtype=np.float64).reshape((-1,) + (1,) * (means.ndim - 1))
+        total = sum(counts)
+        mean = (weights * means).sum(axis=0) / total
+        variance = (weights * (np.square(stds) + np.square(means - mean))).sum(axis=0) / total
+        merged[feature] = {
+            "min": _to_list(mins.min(axis=0)),
+            "max": _to_list(maxs.max(axis=0)),
+            "mean": _to_list(mean),
+            "std": _to_list(np.sqrt(variance)),
+            "count": [int(total)],
+        }
+    return merged
