@@ -1,0 +1,269 @@
+"""Packet-copy concatenation of per-episode MP4s into LeRobot v3.0 video shards (private to v3).
+
+LeRobot v3.0 stores each camera's episodes back to back in one MP4 stream per shard and finds an
+episode's frame ``t`` at ``from_timestamp + t / fps`` inside that shard. The raw v2.1 videos are
+H.264 with a fixed GOP and no B-frames (contracts §1), so every episode starts on a keyframe and
+episodes can be appended without decoding: each compressed packet is copied as is and only its
+pts/dts are shifted by the duration already in the shard. That is what LeRobot's own converter
+does (through FFmpeg's concat demuxer); here the shift is explicit so that the episode's start
+(``from_timestamp``) is known exactly, in the stream's own time base.
+
+Stream compatibility: a packet-copied MP4 has one sample description (codec, size, pixel format,
+time base and the codec's extradata, i.e. H.264 SPS/PPS). An episode whose parameters differ from
+the open shard's cannot join it; the caller starts a new shard file for it (no re-encoding: a
+re-encode would silently change the pixels and cost ~100x the time; a new file costs nothing and
+LeRobot addresses files per episode anyway). ``StreamParams.compatible_with`` is that test.
+
+Frame counting without decoding is sound for MP4: a video sample is one coded frame, so the number
+of demuxed video packets is the frame count. It is checked against the container's sample count
+(``stream.frames``, from the sample table) and against the table rows by the caller. With
+``decode_count_frames`` every frame is decoded instead (the ``--verify-decode`` option).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import av
+
+# LeRobot writes its shards with the moov atom first so a reader can start without seeking to the
+# end of a large file (streaming from the Hub, or a remote copy after the SFTP upload).
+MUXER_OPTIONS = {"movflags": "faststart"}
+
+
+class VideoConcatError(ValueError):
+    """An episode video cannot be appended (unreadable, no video stream, or bad timestamps)."""
+
+
+@dataclass(frozen=True)
+class StreamParams:
+    """What must be identical for two episodes to share one packet-copied MP4 stream."""
+
+    codec: str
+    width: int
+    height: int
+    pix_fmt: str | None
+    time_base: Fraction
+    extradata: bytes
+
+    def differences(self, other: StreamParams) -> list[str]:
+        """Names of the parameters that differ, e.g. ``["width 64 != 32"]``."""
+        out = []
+        for name in ("codec", "width", "height", "pix_fmt", "time_base"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                out.append(f"{name} {mine} != {theirs}")
+        if self.extradata != other.extradata:
+            out.append("extradata (codec headers such as H.264 SPS/PPS) differ")
+        return out
+
+    def compatible_with(self, other: StreamParams) -> bool:
+        return not self.differences(other)
+
+
+@dataclass(frozen=True)
+class EpisodeVideoInfo:
+    """An episode MP4 as seen by its container (no decoding)."""
+
+    params: StreamParams
+    frames: int  # sample count from the container's index (0 when the muxer did not record it)
+    size_bytes: int
+
+
+def _stream_params(stream: av.video.stream.VideoStream) -> StreamParams:
+    ctx = stream.codec_context
+    if stream.time_base is None:
+        raise VideoConcatError("video stream has no time base")
+    return StreamParams(
+        codec=ctx.name,
+        width=int(ctx.width),
+        height=int(ctx.height),
+        pix_fmt=ctx.pix_fmt,
+        time_base=Fraction(stream.time_base),
+        extradata=bytes(ctx.extradata or b""),
+    )
+
+
+def probe(path: Path) -> EpisodeVideoInfo:
+    """Read the stream parameters and the sample count of ``path`` without decoding."""
+    path = Path(path)
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise VideoConcatError(f"{path}: no video stream")
+            stream = container.streams.video[0]
+            return EpisodeVideoInfo(
+                params=_stream_params(stream),
+                frames=int(stream.frames or 0),
+                size_bytes=path.stat().st_size,
+            )
+    except av.error.FFmpegError as e:
+        raise VideoConcatError(f"{path}: cannot open video ({e})") from None
+
+
+def decode_count_frames(path: Path) -> int:
+    """Decode every frame of ``path`` and count them (no pixel conversion: that is most of the cost)."""
+    n = 0
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        for _ in container.decode(stream):
+            n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class AppendedEpisode:
+    """Where an appended episode landed in the shard, in seconds of the shard's stream."""
+
+    from_timestamp: float
+    to_timestamp: float
+    packets: int  # frames copied (one video packet = one frame in MP4)
+    container_frames: int  # the source container's own sample count
+    bytes: int  # compressed payload bytes copied
+
+
+class VideoShardWriter:
+    """One camera's MP4 shard: episodes appended by packet copy, timestamps running on.
+
+    The shard is written at ``path`` directly (the whole export lives in a staging directory that
+    is published only when complete). ``close()`` finalises the MP4; ``abort()`` deletes it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.params: StreamParams | None = None
+        self.episodes = 0
+        self.payload_bytes = 0
+        self._container: av.container.OutputContainer | None = None
+        self._stream: av.video.stream.VideoStream | None = None
+        # Start of the next episode, in ticks of the shard's time base.
+        self._next_start = 0
+        self._last_dts: int | None = None
+
+    @property
+    def duration_s(self) -> float:
+        if self.params is None:
+            return 0.0
+        return float(self._next_start * self.params.time_base)
+
+    def append(self, source: Path, params: StreamParams | None = None) -> AppendedEpisode:
+        """Copy every video packet of ``source`` to the end of the shard.
+
+        ``params`` (from ``probe``) saves a second open when the caller already probed the file.
+        Raises ``VideoConcatError`` when the source is incompatible with the shard; the caller
+        checks ``compatible_with`` first and opens a new shard instead.
+        """
+        source = Path(source)
+        try:
+            src = av.open(str(source))
+        except av.error.FFmpegError as e:
+            raise VideoConcatError(f"{source}: cannot open video ({e})") from None
+        with src:
+            if not src.streams.video:
+                raise VideoConcatError(f"{source}: no video stream")
+            in_stream = src.streams.video[0]
+            src_params = params or _stream_params(in_stream)
+            if self._container is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._container = av.open(str(self.path), "w", format="mp4", options=MUXER_OPTIONS)
+                # The template copies codec id, size, pixel format and extradata into the new
+                # stream; the time base is not part of the codec parameters, so set it too.
+                self._stream = self._container.add_stream_from_template(in_stream, opaque=True)
+                self._stream.time_base = in_stream.time_base
+                self.params = src_params
+            elif not src_params.compatible_with(self.params):
+                raise VideoConcatError(
+                    f"{source}: stream parameters differ from shard {self.path.name}: "
+                    + "; ".join(self.params.differences(src_params))
+                )
+            return self._copy_packets(source, src, in_stream, int(stream_frames(in_stream)))
+
+    def _copy_packets(
+        self,
+        source: Path,
+        src: av.container.InputContainer,
+        in_stream: av.video.stream.VideoStream,
+        container_frames: int,
+    ) -> AppendedEpisode:
+        assert self._container is not None and self._stream is not None
+        shift: int | None = None
+        end = self._next_start
+        packets = 0
+        payload = 0
+        for packet in src.demux(in_stream):
+            if packet.dts is None and packet.pts is None:
+                continue  # the demuxer's end-of-stream flush packet
+            if shift is None:
+                if not packet.is_keyframe:
+                    raise VideoConcatError(
+                        f"{source}: first packet is not a keyframe, the episode cannot be "
+                        "appended without re-encoding"
+                    )
+                # Episodes start on a keyframe whose pts is the episode's t = 0 (no B-frames:
+                # the first packet in decode order is also first in presentation order).
+                shift = self._next_start - int(packet.pts if packet.pts is not None else packet.dts)
+            pts = None if packet.pts is None else int(packet.pts) + shift
+            dts = None if packet.dts is None else int(packet.dts) + shift
+            if dts is not None and self._last_dts is not None and dts <= self._last_dts:
+                raise VideoConcatError(
+                    f"{source}: decode timestamps go backwards after shifting ({dts} <= "
+                    f"{self._last_dts}); B-frame or edit-list streams need re-encoding"
+                )
+            duration = int(packet.duration or 0)
+            if pts is not None:
+                end = max(end, pts + max(duration, 1))
+            packet.pts, packet.dts = pts, dts
+            packet.stream = self._stream
+            payload += packet.size
+            self._container.mux(packet)
+            if dts is not None:
+                self._last_dts = dts
+            packets += 1
+        if packets == 0:
+            raise VideoConcatError(f"{source}: no video packets")
+        assert self.params is not None
+        start = self._next_start
+        self._next_start = end
+        self.episodes += 1
+        self.payload_bytes += payload
+        tb = self.params.time_base
+        return AppendedEpisode(
+            from_timestamp=float(start * tb),
+            to_timestamp=float(end * tb),
+            packets=packets,
+            container_frames=container_frames,
+            bytes=payload,
+        )
+
+    def close(self) -> None:
+        if self._container is not None:
+            self._container.close()
+            self._container = None
+
+    def abort(self) -> None:
+        if self._container is not None:
+            with contextlib.suppress(Exception):
+                self._container.close()
+            self._container = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def stream_frames(stream: av.video.stream.VideoStream) -> int:
+    return int(stream.frames or 0)
+
+
+def decode_frame_times(path: Path) -> list[float]:
+    """Presentation time (seconds) of every decoded frame of ``path``, in order."""
+    times = []
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        for frame in container.decode(stream):
+            times.append(float(frame.pts * frame.time_base))
+    return times

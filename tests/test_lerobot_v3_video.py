@@ -1,0 +1,149 @@
+"""Packet-copy MP4 concatenation for LeRobot v3.0 video shards, on real PyAV-encoded H.264 files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+from eva.formats._v3_video import (
+    VideoConcatError,
+    VideoShardWriter,
+    decode_count_frames,
+    decode_frame_times,
+    probe,
+)
+
+FPS = 30
+
+
+def encode_h264(path: Path, frames: np.ndarray, fps: int = FPS, gop: int = 10) -> None:
+    """Like the raw writer: libx264, yuv420p, fixed GOP, no scene-cut keyframes, no B-frames."""
+    n, h, w, _ = frames.shape
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        stream.codec_context.options = {
+            "g": str(gop),
+            "keyint_min": str(gop),
+            "sc_threshold": "0",
+            "bf": "0",
+            "preset": "ultrafast",
+        }
+        for i in range(n):
+            frame = av.VideoFrame.from_ndarray(frames[i], format="rgb24")
+            frame.pts = i
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def synthetic_frames(n: int, seed: int, w: int = 64, h: int = 48) -> np.ndarray:
+    """Smooth, distinct-per-frame images (random noise would be mush after lossy coding)."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    out = np.empty((n, h, w, 3), np.uint8)
+    for i in range(n):
+        out[i, ..., 0] = (xx * 3 + i * 5 + seed * 40) % 256
+        out[i, ..., 1] = (yy * 4 + i * 3) % 256
+        out[i, ..., 2] = (seed * 70 + i * 9) % 256
+    return out
+
+
+def decode_all(path: Path) -> list[tuple[float, np.ndarray]]:
+    with av.open(str(path)) as container:
+        return [
+            (float(f.pts * f.time_base), f.to_ndarray(format="rgb24"))
+            for f in container.decode(video=0)
+        ]
+
+
+@pytest.fixture
+def episodes(tmp_path: Path) -> list[tuple[Path, int]]:
+    out = []
+    for seed, n in enumerate((12, 7, 23)):
+        p = tmp_path / f"episode_{seed:06d}.mp4"
+        encode_h264(p, synthetic_frames(n, seed))
+        out.append((p, n))
+    return out
+
+
+def test_concatenation_decodes_every_source_frame_at_from_timestamp_plus_t(
+    tmp_path: Path, episodes: list[tuple[Path, int]]
+) -> None:
+    shard = tmp_path / "shard.mp4"
+    writer = VideoShardWriter(shard)
+    placed = [writer.append(p) for p, _ in episodes]
+    writer.close()
+
+    decoded = decode_all(shard)
+    assert len(decoded) == sum(n for _, n in episodes)
+    by_time = {round(t, 4): img for t, img in decoded}
+    for (source, n), ep in zip(episodes, placed, strict=True):
+        assert ep.packets == n == ep.container_frames
+        assert ep.to_timestamp == pytest.approx(ep.from_timestamp + n / FPS, abs=1e-9)
+        source_frames = decode_all(source)
+        assert len(source_frames) == n
+        for t, (src_t, src_img) in enumerate(source_frames):
+            assert src_t == pytest.approx(t / FPS, abs=1e-9)
+            img = by_time[round(ep.from_timestamp + t / FPS, 4)]
+            # Same compressed packets, decoded from the same keyframe: bit-identical pixels.
+            np.testing.assert_array_equal(img, src_img)
+    # Episodes abut: the next starts where the previous ended.
+    for a, b in zip(placed, placed[1:], strict=False):
+        assert b.from_timestamp == a.to_timestamp
+
+
+def test_timestamps_are_continuous_and_counts_agree(
+    tmp_path: Path, episodes: list[tuple[Path, int]]
+) -> None:
+    shard = tmp_path / "shard.mp4"
+    writer = VideoShardWriter(shard)
+    for p, _ in episodes:
+        writer.append(p)
+    writer.close()
+    total = sum(n for _, n in episodes)
+    times = decode_frame_times(shard)
+    np.testing.assert_allclose(times, np.arange(total) / FPS, atol=1e-9)
+    info = probe(shard)
+    assert info.frames == total
+    assert decode_count_frames(shard) == total
+    assert writer.duration_s == pytest.approx(total / FPS)
+
+
+def test_incompatible_stream_is_refused_and_names_the_difference(
+    tmp_path: Path, episodes: list[tuple[Path, int]]
+) -> None:
+    small = tmp_path / "small.mp4"
+    encode_h264(small, synthetic_frames(5, 9, w=32, h=48))
+    other_rate = tmp_path / "rate.mp4"
+    encode_h264(other_rate, synthetic_frames(5, 9), fps=15)
+    writer = VideoShardWriter(tmp_path / "shard.mp4")
+    writer.append(episodes[0][0])
+    with pytest.raises(VideoConcatError, match="width 64 != 32"):
+        writer.append(small, probe(small).params)
+    assert not probe(episodes[0][0]).params.compatible_with(probe(other_rate).params)
+    # A refused episode leaves the shard usable.
+    writer.append(episodes[1][0])
+    writer.close()
+    assert decode_count_frames(tmp_path / "shard.mp4") == episodes[0][1] + episodes[1][1]
+
+
+def test_abort_removes_the_partial_shard(tmp_path: Path, episodes: list[tuple[Path, int]]) -> None:
+    shard = tmp_path / "shard.mp4"
+    writer = VideoShardWriter(shard)
+    writer.append(episodes[0][0])
+    writer.abort()
+    assert not shard.exists()
+
+
+def test_unreadable_source_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"not a video")
+    with pytest.raises(VideoConcatError, match="bad.mp4"):
+        probe(bad)
+    writer = VideoShardWriter(tmp_path / "shard.mp4")
+    with pytest.raises(VideoConcatError, match="bad.mp4"):
+        writer.append(bad)
+    writer.abort()
