@@ -1,0 +1,262 @@
+"""Metadata of one quality subset (accepted or rejected) and the column-wise index rewrite.
+
+A subset is a self-consistent dataset cut out of a source (contracts §4): its episodes are
+renumbered from 0 in source order, ``index`` becomes contiguous over the subset, ``task_index``
+points into the subset's own task table, and every other column / episodes.jsonl field is kept.
+Everything here works on plain dicts and arrow tables, so every format module can share it:
+
+- ``build_subset_meta(...)`` -> ``SubsetMeta`` (renumbered rows, task table and remap, renumbered
+  per-episode stats, merged stats, v2.1 info with subset totals);
+- ``rewrite_index_columns(table, episode_index, index_offset, task_remap)``: pyarrow compute, no
+  per-row Python;
+- ``write_common_meta(dest, meta, info)``: info.json, episodes.jsonl, episodes_stats.jsonl,
+  tasks.jsonl, stats.json of the subset.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from eva.dataset import layout
+from eva.dataset.atomic import atomic_write_json, atomic_write_jsonl
+from eva.dataset.errors import DatasetError
+
+# Columns whose values the renumbering changes (so their per-episode stats are recomputed).
+INDEX_COLUMNS = ("episode_index", "index", "task_index")
+
+Stats = dict[str, dict[str, list[Any]]]
+
+
+@dataclass
+class SubsetMeta:
+    """Everything a format writer needs to know about one subset, before touching any data.
+
+    Lists are in output order: output episode ``i`` is source episode ``source_episode_indices[i]``,
+    its rows get ``index`` values ``index_offsets[i] .. index_offsets[i] + lengths[i] - 1``.
+    """
+
+    subset: str
+    source_episode_indices: list[int]
+    episodes: list[dict[str, Any]]
+    lengths: list[int]
+    index_offsets: list[int]
+    tasks: dict[int, str]
+    task_remap: dict[int, int]
+    episodes_stats: dict[int, Stats]
+    stats: Stats
+    info: dict[str, Any]
+    video_keys: list[str] = field(default_factory=list)
+
+    @property
+    def total_episodes(self) -> int:
+        return len(self.source_episode_indices)
+
+    @property
+    def total_frames(self) -> int:
+        return int(sum(self.lengths))
+
+    def source_index(self, output_episode: int) -> int:
+        return self.source_episode_indices[output_episode]
+
+
+def _constant_stats(value: float, n: int) -> dict[str, list[Any]]:
+    return {"min": [value], "max": [value], "mean": [float(value)], "std": [0.0], "count": [n]}
+
+
+def _range_stats(start: int, n: int) -> dict[str, list[Any]]:
+    # Stats of start, start+1, ..., start+n-1 (population std of a contiguous range).
+    return {
+        "min": [start],
+        "max": [start + n - 1],
+        "mean": [start + (n - 1) / 2.0],
+        "std": [math.sqrt((n * n - 1) / 12.0)],
+        "count": [n],
+    }
+
+
+def _array_stats(values: np.ndarray) -> dict[str, list[Any]]:
+    as_float = values.astype(np.float64)
+    return {
+        "min": [int(values.min())],
+        "max": [int(values.max())],
+        "mean": [float(as_float.mean())],
+        "std": [float(as_float.std())],
+        "count": [int(values.size)],
+    }
+
+
+def _remap_values(values: np.ndarray, remap: Mapping[int, int]) -> np.ndarray:
+    """Map every value through ``remap`` (all values must be keys) without a per-row loop."""
+    keys = np.array(sorted(remap), dtype=np.int64)
+    targets = np.array([remap[int(k)] for k in keys], dtype=np.int64)
+    return targets[np.searchsorted(keys, values)]
+
+
+def _ordered_unique(values: np.ndarray) -> list[int]:
+    """Unique values in order of first appearance (vectorised)."""
+    if values.size == 0:
+        return []
+    uniq, first = np.unique(values, return_index=True)
+    return [int(v) for v in uniq[np.argsort(first, kind="stable")]]
+
+
+def build_subset_meta(
+    subset: str,
+    *,
+    source_info: Mapping[str, Any],
+    source_episodes: Mapping[int, Mapping[str, Any]],
+    source_tasks: Mapping[int, str],
+    source_episodes_stats: Mapping[int, Stats],
+    source_indices: Sequence[int],
+    task_index_values: Mapping[int, np.ndarray],
+    merge: Any = None,
+) -> SubsetMeta:
+    """Describe the subset made of ``source_indices`` (in that order) of a v2.1 source.
+
+    ``source_episodes`` maps source episode index -> its episodes.jsonl row; ``task_index_values``
+    maps source episode index -> that episode's ``task_index`` column (used for the task remap and
+    the renumbered ``task_index`` stats); ``source_episodes_stats`` must hold complete per-episode
+    stats (the caller fills features missing there from the table). ``merge`` is the stats merge
+    function (defaults to ``eva.dataset.stats.merge_stats``).
+    """
+    if merge is None:
+        from eva.dataset.stats import merge_stats as merge
+
+    source_indices = [int(i) for i in source_indices]
+    # Task remap: subset tasks numbered in order of first use over the subset's episodes.
+    task_remap: dict[int, int] = {}
+    for src in source_indices:
+        for old in _ordered_unique(np.asarray(task_index_values[src])):
+            if old not in task_remap:
+                if old not in source_tasks:
+                    raise DatasetError(
+                        f"{layout.TASKS}: episode {src}: task_index {old} has no task entry"
+                    )
+                task_remap[old] = len(task_remap)
+    tasks = {new: source_tasks[old] for old, new in task_remap.items()}
+
+    episodes: list[dict[str, Any]] = []
+    lengths: list[int] = []
+    offsets: list[int] = []
+    episodes_stats: dict[int, Stats] = {}
+    offset = 0
+    for new, src in enumerate(source_indices):
+        row = copy.deepcopy(dict(source_episodes[src]))
+        length = int(row.get("length", len(task_index_values[src])))
+        row["episode_index"] = new
+        episodes.append(row)
+        lengths.append(length)
+        offsets.append(offset)
+
+        ep_stats = copy.deepcopy(dict(source_episodes_stats.get(src, {})))
+        if "episode_index" in ep_stats:
+            ep_stats["episode_index"] = _constant_stats(new, length)
+        if "index" in ep_stats:
+            ep_stats["index"] = _range_stats(offset, length)
+        if "task_index" in ep_stats:
+            old_values = np.asarray(task_index_values[src], dtype=np.int64)
+            if old_values.size:
+                ep_stats["task_index"] = _array_stats(_remap_values(old_values, task_remap))
+        episodes_stats[new] = ep_stats
+        offset += length
+
+    stats: Stats = (
+        merge([episodes_stats[i] for i in range(len(source_indices))]) if episodes else {}
+    )
+
+    video_keys = [
+        k for k, f in source_info.get("features", {}).items() if f.get("dtype") == "video"
+    ]
+    info = copy.deepcopy(dict(source_info))
+    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
+    n = len(source_indices)
+    info["total_episodes"] = n
+    info["total_frames"] = int(sum(lengths))
+    info["total_tasks"] = len(tasks)
+    info["total_videos"] = n * len(video_keys)
+    info["total_chunks"] = (n + chunks_size - 1) // chunks_size if n else 0
+    info["splits"] = {"train": f"0:{n}"} if n else {}
+    return SubsetMeta(
+        subset=subset,
+        source_episode_indices=source_indices,
+        episodes=episodes,
+        lengths=lengths,
+        index_offsets=offsets,
+        tasks=tasks,
+        task_remap=task_remap,
+        episodes_stats=episodes_stats,
+        stats=stats,
+        info=info,
+        video_keys=video_keys,
+    )
+
+
+def _replace_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    pos = table.schema.get_field_index(name)
+    old_field = table.schema.field(pos)
+    if values.type != old_field.type:
+        values = values.cast(old_field.type)
+    return table.set_column(pos, old_field, values)
+
+
+def rewrite_index_columns(
+    table: pa.Table, episode_index: int, index_offset: int, task_remap: Mapping[int, int]
+) -> pa.Table:
+    """Return ``table`` with ``episode_index``, ``index`` and ``task_index`` renumbered.
+
+    Column-wise (numpy/pyarrow compute); field types and schema metadata are kept. A ``task_index``
+    value missing from ``task_remap`` raises ``DatasetError``.
+    """
+    n = table.num_rows
+    for name in ("episode_index", "index"):
+        if table.schema.get_field_index(name) < 0:
+            raise DatasetError(f"episode {episode_index}: table has no {name!r} column")
+    table = _replace_column(
+        table, "episode_index", pa.array(np.full(n, episode_index, dtype=np.int64))
+    )
+    table = _replace_column(
+        table, "index", pa.array(np.arange(index_offset, index_offset + n, dtype=np.int64))
+    )
+    if table.schema.get_field_index("task_index") >= 0:
+        keys = pa.array(sorted(task_remap), type=pa.int64())
+        values = pa.array([task_remap[k] for k in sorted(task_remap)], type=pa.int64())
+        column = table.column("task_index").cast(pa.int64())
+        positions = pc.index_in(column, value_set=keys)
+        if positions.null_count:
+            bad = pc.filter(column, pc.is_null(positions))[0].as_py()
+            raise DatasetError(
+                f"episode {episode_index}: task_index {bad} is not in the subset task table"
+            )
+        table = _replace_column(table, "task_index", pc.take(values, positions))
+    return table
+
+
+def write_common_meta(dest: Path, meta: SubsetMeta, info: Mapping[str, Any]) -> None:
+    """Write the subset's common metadata under ``dest/meta`` (info as given: formats adapt it).
+
+    Staging files are not fsynced one by one: publication makes them visible only as a whole.
+    """
+    dest = Path(dest)
+    (dest / layout.META_DIR).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(dest / layout.INFO, dict(info), durable=False)
+    atomic_write_jsonl(dest / layout.EPISODES, meta.episodes, durable=False)
+    atomic_write_jsonl(
+        dest / layout.TASKS,
+        ({"task_index": i, "task": t} for i, t in sorted(meta.tasks.items())),
+        durable=False,
+    )
+    atomic_write_jsonl(
+        dest / layout.EPISODES_STATS,
+        ({"episode_index": i, "stats": s} for i, s in sorted(meta.episodes_stats.items())),
+        durable=False,
+    )
+    atomic_write_json(dest / layout.STATS, meta.stats, durable=False)
