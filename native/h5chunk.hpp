@@ -1,0 +1,30 @@
+// Frame packing for the HDF5 exporter: decoded video frames -> chunk-sized blocks.
+//
+// The exporter decodes a batch of frames into a preallocated (n, H, W, 3) buffer whose frames
+// [c*fpc, (c+1)*fpc) form HDF5 chunk c, then writes each block with one direct chunk write.
+// These loops fill that buffer without allocating and are called with the GIL released.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace eva {
+namespace h5chunk {
+
+// Copy `height` rows of `row_bytes` bytes from a strided source (row stride `src_stride`, e.g. a
+// decoder plane with line padding) into the contiguous destination `dst`.
+void copy_rows(const std::uint8_t* src, std::ptrdiff_t src_stride, std::size_t height,
+               std::size_t row_bytes, std::uint8_t* dst);
+
+// yuv420p -> packed rgb24 through lookup tables calibrated from the reference converter, so the
+// result equals it bit for bit (chroma is nearest-neighbour: pixel (x, y) uses sample (x/2, y/2)).
+//   lut_r[v * 256 + y], lut_b[u * 256 + y], lut_g[(u * 256 + v) * 256 + y]
+// `dst` receives height * width * 3 bytes, row-major, no padding.
+void yuv420p_to_rgb24(const std::uint8_t* y_plane, std::ptrdiff_t y_stride,
+                      const std::uint8_t* u_plane, std::ptrdiff_t u_stride,
+                      const std::uint8_t* v_plane, std::ptrdiff_t v_stride, std::size_t width,
+                      std::size_t height, const std::uint8_t* lut_r, const std::uint8_t* lut_g,
+                      const std::uint8_t* lut_b, std::uint8_t* dst);
+
+}  // namespace h5chunk
+}  // namespace eva

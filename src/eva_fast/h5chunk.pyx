@@ -1,0 +1,74 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Native frame packing for the HDF5 exporter (reference: ``eva.formats.hdf5``).
+
+Both functions write one decoded frame into slot ``slot`` of a preallocated batch buffer shaped
+(n, H, W, 3) uint8, whose chunk-sized slices are then written with direct chunk writes. The loops
+run with the GIL released so decoder threads keep running.
+"""
+
+from libc.stdint cimport uint8_t
+
+
+cdef extern from "h5chunk.hpp" namespace "eva::h5chunk" nogil:
+    void copy_rows(const uint8_t* src, Py_ssize_t src_stride, size_t height, size_t row_bytes,
+                   uint8_t* dst)
+    void c_yuv420p_to_rgb24 "eva::h5chunk::yuv420p_to_rgb24"(
+        const uint8_t* y_plane, Py_ssize_t y_stride, const uint8_t* u_plane, Py_ssize_t u_stride,
+        const uint8_t* v_plane, Py_ssize_t v_stride, size_t width, size_t height,
+        const uint8_t* lut_r, const uint8_t* lut_g, const uint8_t* lut_b, uint8_t* dst)
+
+
+cdef inline void _check_slot(uint8_t[:, :, :, ::1] batch, Py_ssize_t slot, Py_ssize_t height,
+                             Py_ssize_t width) except *:
+    if batch.shape[3] != 3:
+        raise ValueError(f"batch must be shaped (n, H, W, 3), got last axis {batch.shape[3]}")
+    if batch.shape[1] != height or batch.shape[2] != width:
+        raise ValueError(
+            f"frame is {height}x{width} but the batch holds {batch.shape[1]}x{batch.shape[2]} frames"
+        )
+    if slot < 0 or slot >= batch.shape[0]:
+        raise IndexError(f"slot {slot} outside a batch of {batch.shape[0]} frames")
+
+
+def pack_frame(const uint8_t[:, :, ::1] frame, uint8_t[:, :, :, ::1] batch, Py_ssize_t slot):
+    """Copy one (H, W, 3) frame whose rows may be padded (stride > W*3) into ``batch[slot]``."""
+    cdef Py_ssize_t height = frame.shape[0]
+    cdef Py_ssize_t width = frame.shape[1]
+    if frame.shape[2] != 3 or (width > 1 and frame.strides[1] != 3):
+        raise ValueError("frame must be (H, W, 3) with packed pixels")
+    _check_slot(batch, slot, height, width)
+    if height == 0 or width == 0:
+        return
+    cdef Py_ssize_t stride = frame.strides[0]
+    with nogil:
+        copy_rows(&frame[0, 0, 0], stride, <size_t>height, <size_t>(width * 3),
+                  &batch[slot, 0, 0, 0])
+
+
+def yuv420p_to_rgb24(const uint8_t[:, ::1] y_plane, const uint8_t[:, ::1] u_plane,
+                     const uint8_t[:, ::1] v_plane, Py_ssize_t width, Py_ssize_t height,
+                     const uint8_t[::1] lut_r, const uint8_t[::1] lut_g,
+                     const uint8_t[::1] lut_b, uint8_t[:, :, :, ::1] batch, Py_ssize_t slot):
+    """Convert one yuv420p frame (planes shaped (rows, line_size)) into ``batch[slot]`` as rgb24.
+
+    ``lut_r[v*256+y]``, ``lut_b[u*256+y]`` and ``lut_g[(u*256+v)*256+y]`` hold the conversion.
+    """
+    cdef Py_ssize_t chroma_w = (width + 1) // 2
+    cdef Py_ssize_t chroma_h = (height + 1) // 2
+    if width <= 0 or height <= 0:
+        raise ValueError(f"invalid frame size {width}x{height}")
+    if y_plane.shape[0] < height or y_plane.shape[1] < width:
+        raise ValueError("luma plane smaller than the frame")
+    if (u_plane.shape[0] < chroma_h or u_plane.shape[1] < chroma_w
+            or v_plane.shape[0] < chroma_h or v_plane.shape[1] < chroma_w):
+        raise ValueError("chroma plane smaller than half the frame")
+    if lut_r.shape[0] != 65536 or lut_b.shape[0] != 65536 or lut_g.shape[0] != 16777216:
+        raise ValueError("lookup tables must hold 2**16 (r, b) and 2**24 (g) entries")
+    _check_slot(batch, slot, height, width)
+    cdef Py_ssize_t ys = y_plane.strides[0]
+    cdef Py_ssize_t us = u_plane.strides[0]
+    cdef Py_ssize_t vs = v_plane.strides[0]
+    with nogil:
+        c_yuv420p_to_rgb24(&y_plane[0, 0], ys, &u_plane[0, 0], us, &v_plane[0, 0], vs,
+                           <size_t>width, <size_t>height, &lut_r[0], &lut_g[0], &lut_b[0],
+                           &batch[slot, 0, 0, 0])
