@@ -178,11 +178,17 @@ def _as_frames(frames: Any) -> np.ndarray:
 
 
 def reference_channel_histogram(frames: np.ndarray) -> np.ndarray:
-    """(n, H, W, 3) uint8 -> (3, 256) uint64 counts, by plain numpy bincount."""
-    pixels = frames.reshape(-1, _CHANNELS)
-    return np.stack([np.bincount(pixels[:, c], minlength=_BINS) for c in range(_CHANNELS)]).astype(
-        np.uint64
-    )
+    """(n, H, W, 3) uint8 -> (3, 256) uint64 counts, by plain numpy bincount.
+
+    Frame by frame: bincount converts its input to intp, so a whole batch at once would need
+    8 bytes of temporary memory per pixel value.
+    """
+    histogram = np.zeros((_CHANNELS, _BINS), dtype=np.uint64)
+    for frame in frames:
+        pixels = frame.reshape(-1, _CHANNELS)
+        for channel in range(_CHANNELS):
+            histogram[channel] += np.bincount(pixels[:, channel], minlength=_BINS).astype(np.uint64)
+    return histogram
 
 
 def _image_result_from_histogram(
