@@ -1,0 +1,187 @@
+"""Operator review (QUALITY CHECK) and the accept/reject priority of contracts §2.
+
+Priority, per episode, compared case-insensitively:
+1. ``qc_verdict == "pass"`` -> accepted (overrides an automatic red flag);
+2. ``qc_verdict == "fail"`` -> rejected;
+3. otherwise ``quality == "red"`` -> rejected;
+4. otherwise -> accepted.
+A note never changes the outcome.
+
+Verdicts are written into ``meta/episodes.jsonl`` by an atomic rewrite, under the dataset's meta
+lock (``.eva-work/meta.lock``) shared with the capture writer, and refused while the episode is
+still being saved (``.eva-work/saving-<N:06d>.lock`` held by the save worker; docs/design.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eva.dataset import layout
+from eva.dataset.atomic import atomic_write_jsonl, read_jsonl
+from eva.dataset.errors import DatasetError
+
+ACCEPTED = "accepted"
+REJECTED = "rejected"
+VERDICTS = ("pass", "fail")
+RULE = (
+    "qc_verdict pass -> accepted; qc_verdict fail -> rejected; otherwise quality red -> rejected; "
+    "otherwise accepted (case-insensitive; a note never changes the outcome)"
+)
+META_LOCK = "meta.lock"
+
+
+def _lower(value: Any) -> str | None:
+    return value.strip().lower() if isinstance(value, str) else None
+
+
+def subset_of(row: Mapping[str, Any]) -> str:
+    """``"accepted"`` or ``"rejected"`` for one episodes.jsonl row (contracts §2)."""
+    verdict = _lower(row.get("qc_verdict"))
+    if verdict == "pass":
+        return ACCEPTED
+    if verdict == "fail":
+        return REJECTED
+    if _lower(row.get("quality")) == "red":
+        return REJECTED
+    return ACCEPTED
+
+
+def reason_of(row: Mapping[str, Any]) -> str:
+    """Which rule decided the subset (for ``eva qc --list``)."""
+    verdict = _lower(row.get("qc_verdict"))
+    if verdict in VERDICTS:
+        overrides = verdict == "pass" and _lower(row.get("quality")) == "red"
+        return f"verdict {verdict}" + (" (overrides red)" if overrides else "")
+    return "quality red" if _lower(row.get("quality")) == "red" else "no issue"
+
+
+def saving_marker(root: Path, episode_index: int) -> Path:
+    return Path(root) / layout.WORK_DIR / f"saving-{episode_index:06d}.lock"
+
+
+def _lock_is_held(path: Path) -> bool:
+    """True when another process holds a flock on ``path`` (a leftover file alone does not count)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return True
+        raise
+    finally:
+        os.close(fd)
+    return False
+
+
+def is_being_saved(root: Path, episode_index: int) -> bool:
+    return _lock_is_held(saving_marker(root, episode_index))
+
+
+@contextlib.contextmanager
+def meta_lock(root: Path) -> Iterator[None]:
+    """Exclusive lock serialising read-modify-write of ``meta/episodes.jsonl`` with the writer."""
+    work = Path(root) / layout.WORK_DIR
+    work.mkdir(exist_ok=True)
+    fd = os.open(work / META_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_episode_rows(root: Path) -> list[dict[str, Any]]:
+    path = Path(root) / layout.EPISODES
+    if not path.is_file():
+        raise DatasetError(f"{path}: missing (not a v2.1 dataset?)")
+    try:
+        return read_jsonl(path)
+    except ValueError as e:
+        raise DatasetError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class ReviewUpdate:
+    """The row after a review update, and whether the file actually changed."""
+
+    row: dict[str, Any]
+    changed: bool
+
+
+def review_episode(
+    root: Path,
+    episode_index: int,
+    *,
+    verdict: str | None = None,
+    note: str | None = None,
+) -> ReviewUpdate:
+    """Set ``qc_verdict`` (``"pass"``/``"fail"``, any case) and/or replace ``qc_note``.
+
+    ``verdict=None`` with a note is a note-only update: the verdict (or its absence) is left alone.
+    Refused while the episode is being saved. The file is rewritten atomically.
+    """
+    root = Path(root)
+    if verdict is None and note is None:
+        raise DatasetError("qc: give a verdict (--pass/--fail) or a note (--note)")
+    if verdict is not None:
+        verdict = verdict.strip().lower()
+        if verdict not in VERDICTS:
+            raise DatasetError(f"qc: verdict {verdict!r}: use pass or fail")
+    if note is not None and any(ord(c) < 32 and c not in "\t" for c in note):
+        raise DatasetError("qc: note: control characters (newlines) are not allowed")
+    if is_being_saved(root, episode_index):
+        raise DatasetError(
+            f"{root / layout.EPISODES}: episode {episode_index} is still being saved; "
+            "review it after the save worker finishes"
+        )
+    with meta_lock(root):
+        rows = read_episode_rows(root)
+        matches = [i for i, r in enumerate(rows) if r.get("episode_index") == episode_index]
+        if not matches:
+            raise DatasetError(f"{root / layout.EPISODES}: episode {episode_index} does not exist")
+        if len(matches) > 1:
+            raise DatasetError(
+                f"{root / layout.EPISODES}: episode_index {episode_index} appears more than once"
+            )
+        row = rows[matches[0]]
+        before = dict(row)
+        if verdict is not None:
+            row["qc_verdict"] = verdict
+        if note is not None:
+            row["qc_note"] = note
+        changed = row != before
+        if changed:
+            atomic_write_jsonl(root / layout.EPISODES, rows)
+    return ReviewUpdate(row=row, changed=changed)
+
+
+def review_table(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One summary dict per episode for ``eva qc --list`` (the CLI formats it)."""
+    table = []
+    for row in sorted(rows, key=lambda r: r.get("episode_index", -1)):
+        issues = row.get("quality_issues") or []
+        table.append(
+            {
+                "episode_index": row.get("episode_index"),
+                "length": row.get("length"),
+                "quality": row.get("quality"),
+                "issues": [
+                    str(i.get("code", "?")) if isinstance(i, Mapping) else str(i) for i in issues
+                ],
+                "qc_verdict": row.get("qc_verdict"),
+                "qc_note": row.get("qc_note"),
+                "subset": subset_of(row),
+                "reason": reason_of(row),
+            }
+        )
+    return table
