@@ -35,6 +35,8 @@ RULE = (
     "otherwise accepted (case-insensitive; a note never changes the outcome)"
 )
 META_LOCK = "meta.lock"
+# Held by eva.dataset.writer.DatasetWriter for as long as a capture writer has the dataset open.
+WRITER_LOCK = "writer.lock"
 
 
 def _lower(value: Any) -> str | None:
@@ -148,6 +150,11 @@ def review_episode(
         rows = read_episode_rows(root)
         matches = [i for i, r in enumerate(rows) if r.get("episode_index") == episode_index]
         if not matches:
+            if _lock_is_held(root / layout.WORK_DIR / WRITER_LOCK):
+                raise DatasetError(
+                    f"{root / layout.EPISODES}: episode {episode_index} is not saved yet "
+                    "(a capture writer is still working on this dataset)"
+                )
             raise DatasetError(f"{root / layout.EPISODES}: episode {episode_index} does not exist")
         if len(matches) > 1:
             raise DatasetError(
