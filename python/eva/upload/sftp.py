@@ -1,0 +1,722 @@
+"""Send a local directory tree over SFTP (paramiko) and publish it with one remote rename.
+
+How an upload goes (contracts §7):
+1. Open ``connections`` SSH connections (host key checked against known_hosts on every one; an
+   unknown key is refused unless the caller opts in, which then records it after the first
+   successful login). Authentication is by key only: the configured identity file, else the keys
+   of the running ssh-agent.
+2. Create ``<remote_dir>`` if missing, then a hidden staging directory beside the target:
+   ``<remote_dir>/.<name>.eva-staging-<random>``. Its path is reported through ``on_staging``
+   before any file is written, so the caller can record it for ``--resume``.
+3. Send every file into staging. Each worker owns one SFTP channel (``sessions_per_connection``
+   per connection) and keeps up to ``max_inflight`` WRITE requests of ``request_size`` bytes in
+   flight, checking the server's status reply of every one (paramiko's own pipelined mode drops
+   the replies of failed writes). Largest files go first so the workers finish together.
+4. Publish with ONE plain SFTP rename (SSH_FXP_RENAME). OpenSSH's server refuses it when the new
+   name exists (a file or a directory, even an empty one); ``posix-rename@openssh.com`` would
+   replace an empty directory, so it is never used here. If the target exists the upload is
+   published as ``<target>.copy_<UTC timestamp>``, then ``..._02``, ``..._03``...
+   Only SFTP requests are used: SFTP-only accounts (``ForceCommand internal-sftp``) work.
+5. On any error the staging directory is removed (over a fresh connection if the old ones died),
+   nothing is published and an existing target is untouched. A cancel (``UploadInterrupted``)
+   keeps the staging directory so that ``resume_staging`` can continue it later: a staged file
+   whose size matches is read back and its SHA-256 compared with the local file; equal files
+   are skipped, everything else is sent again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import os
+import posixpath
+import queue
+import secrets
+import socket
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import paramiko
+from paramiko.sftp import CMD_STATUS, CMD_WRITE, SFTP_OK, int64
+
+from eva.dataset.atomic import atomic_write_bytes
+from eva.dataset.layout import check_component
+from eva.progress import ProgressSink, null_progress
+from eva.upload.config import SftpConfig
+
+STAGING_MARK = ".eva-staging-"
+# OpenSSH's sftp-server accepts messages up to 256 KiB; 255 KiB of data leaves room for headers.
+DEFAULT_REQUEST_SIZE = 255 * 1024
+# Ciphers in order of preference: AES-GCM is the cheapest per byte in paramiko (perf-notes).
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
+MAX_COPY_ATTEMPTS = 99
+
+
+class UploadError(Exception):
+    """The upload failed; the message names the file, path or setting at fault."""
+
+
+class HostKeyError(UploadError):
+    """The server's host key is unknown (and not accepted) or differs from known_hosts."""
+
+
+class UploadInterrupted(UploadError):
+    """The upload was cancelled; the staging directory is kept so it can be resumed."""
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    rel: str  # POSIX relative path inside the tree
+    path: Path
+    size: int
+
+
+@dataclass(frozen=True)
+class LocalTree:
+    root: Path
+    dirs: tuple[str, ...]  # relative, parents before children
+    files: tuple[LocalFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def scan_local_tree(root: Path) -> LocalTree:
+    """List a tree for upload, refusing symlinks, special files and names SFTP cannot carry."""
+    root = Path(root)
+    try:
+        root_stat = os.lstat(root)
+    except OSError as e:
+        raise UploadError(f"{root}: cannot read the directory to upload ({e.strerror})") from None
+    if stat.S_ISLNK(root_stat.st_mode):
+        raise UploadError(f"{root}: is a symlink; refusing to upload through it")
+    if not stat.S_ISDIR(root_stat.st_mode):
+        raise UploadError(f"{root}: is not a directory")
+    dirs: list[str] = []
+    files: list[LocalFile] = []
+
+    def walk(directory: Path, rel: str) -> None:
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError as e:
+            raise UploadError(f"{directory}: cannot list ({e.strerror})") from None
+        for entry in entries:
+            child_rel = f"{rel}/{entry.name}" if rel else entry.name
+            child = Path(entry.path)
+            try:
+                entry.name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise UploadError(f"{child}: file name is not valid UTF-8") from None
+            if any(ord(c) < 0x20 for c in entry.name):
+                raise UploadError(f"{child}: file name contains control characters")
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                raise UploadError(f"{child}: is a symlink; refusing to upload (copy the data in)")
+            if stat.S_ISDIR(st.st_mode):
+                dirs.append(child_rel)
+                walk(child, child_rel)
+            elif stat.S_ISREG(st.st_mode):
+                files.append(LocalFile(child_rel, child, st.st_size))
+            else:
+                raise UploadError(f"{child}: is not a regular file or directory")
+
+    walk(root, "")
+    return LocalTree(root=root, dirs=tuple(dirs), files=tuple(files))
+
+
+@dataclass
+class UploadOptions:
+    accept_new_host_key: bool = False
+    connections: int = 2
+    sessions_per_connection: int = 2
+    request_size: int = DEFAULT_REQUEST_SIZE
+    max_inflight: int = 16
+    connect_timeout: float = 20.0
+    # The UTC clock used for the ``.copy_<timestamp>`` name (injectable for tests).
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+
+
+@dataclass
+class UploadResult:
+    remote_path: str  # where the tree was actually published
+    target_path: str  # the preferred name (remote_path differs on a conflict)
+    staging_path: str
+    files: int
+    bytes: int
+    skipped_files: int = 0
+    skipped_bytes: int = 0
+    resumed: bool = False
+    host_key_recorded: bool = False
+
+    @property
+    def used_copy_name(self) -> bool:
+        return self.remote_path != self.target_path
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "remote_path": self.remote_path,
+            "target_path": self.target_path,
+            "staging_path": self.staging_path,
+            "files": self.files,
+            "bytes": self.bytes,
+            "skipped_files": self.skipped_files,
+            "skipped_bytes": self.skipped_bytes,
+            "resumed": self.resumed,
+            "host_key_recorded": self.host_key_recorded,
+        }
+
+
+# ---- connections ------------------------------------------------------------------------------
+
+
+def known_hosts_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+class Connector:
+    """Opens authenticated transports to one server, all pinned to the same verified host key."""
+
+    def __init__(self, config: SftpConfig, options: UploadOptions) -> None:
+        self.config = config
+        self.options = options
+        self.host_name = known_hosts_name(config.host, config.port)
+        self.pinned_key: paramiko.PKey | None = None
+        self.new_key_to_record: paramiko.PKey | None = None
+        self.host_key_recorded = False
+
+    def _known_keys(self) -> dict[str, paramiko.PKey]:
+        path = self.config.known_hosts
+        host_keys = paramiko.HostKeys()
+        if path.exists():
+            try:
+                host_keys.load(str(path))
+            except (OSError, paramiko.SSHException) as e:
+                raise HostKeyError(f"{path}: cannot read known_hosts ({e})") from None
+        entry = host_keys.lookup(self.host_name)
+        return dict(entry) if entry else {}
+
+    def _check_host_key(self, key: paramiko.PKey, known: dict[str, paramiko.PKey]) -> None:
+        if self.pinned_key is not None:
+            if key != self.pinned_key:
+                raise HostKeyError(f"{self.host_name}: host key changed between connections")
+            return
+        expected = known.get(key.get_name())
+        if expected is not None:
+            if key != expected:
+                raise HostKeyError(
+                    f"{self.host_name}: host key {_fingerprint(key)} does NOT match "
+                    f"{self.config.known_hosts}; refusing to connect (possible "
+                    "man-in-the-middle, or the server was reinstalled: fix known_hosts)"
+                )
+        elif known:
+            raise HostKeyError(
+                f"{self.host_name}: server offered a {key.get_name()} host key but "
+                f"{self.config.known_hosts} only lists {', '.join(sorted(known))} for it"
+            )
+        elif not self.options.accept_new_host_key:
+            raise HostKeyError(
+                f"{self.host_name}: unknown host key {_fingerprint(key)} (not in "
+                f"{self.config.known_hosts}); verify it and rerun with --accept-new-host-key"
+            )
+        else:
+            self.new_key_to_record = key
+        self.pinned_key = key
+
+    def _authenticate(self, transport: paramiko.Transport) -> None:
+        user = self.config.user or getpass.getuser()
+        where = f"{user}@{self.config.describe()}"
+        if self.config.identity_file is not None:
+            path = self.config.identity_file
+            try:
+                key = paramiko.PKey.from_path(path)
+            except FileNotFoundError:
+                raise UploadError(f"identity_file {path}: not found") from None
+            except paramiko.PasswordRequiredException:
+                raise UploadError(
+                    f"identity_file {path}: is passphrase-protected; add it to ssh-agent and "
+                    "leave identity_file unset"
+                ) from None
+            except (OSError, paramiko.SSHException, ValueError) as e:
+                raise UploadError(f"identity_file {path}: cannot load key ({e})") from None
+            try:
+                transport.auth_publickey(user, key)
+            except paramiko.SSHException as e:
+                raise UploadError(f"{where}: key {path} was not accepted ({e})") from None
+            return
+        agent = paramiko.Agent()
+        try:
+            keys = agent.get_keys()
+            if not keys:
+                raise UploadError(
+                    f"{where}: no identity_file configured and no keys in ssh-agent (SSH_AUTH_SOCK)"
+                )
+            for key in keys:
+                try:
+                    transport.auth_publickey(user, key)
+                    return
+                except paramiko.AuthenticationException:
+                    continue
+            raise UploadError(f"{where}: none of the {len(keys)} ssh-agent keys was accepted")
+        finally:
+            agent.close()
+
+    def open_transport(self) -> paramiko.Transport:
+        known = self._known_keys()
+        address = (self.config.host, self.config.port)
+        try:
+            sock = socket.create_connection(address, timeout=self.options.connect_timeout)
+        except OSError as e:
+            raise UploadError(f"cannot connect to {self.config.describe()}: {e}") from None
+        transport = paramiko.Transport(sock)
+        try:
+            security = transport.get_security_options()
+            available = security.ciphers
+            security.ciphers = tuple(c for c in PREFERRED_CIPHERS if c in available) + tuple(
+                c for c in available if c not in PREFERRED_CIPHERS
+            )
+            if known:  # ask for a host key type we can verify, like OpenSSH does
+                security.key_types = tuple(k for k in security.key_types if k in known) + tuple(
+                    k for k in security.key_types if k not in known
+                )
+            try:
+                transport.start_client(timeout=self.options.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise UploadError(
+                    f"SSH handshake with {self.config.describe()} failed: {e}"
+                ) from None
+            self._check_host_key(transport.get_remote_server_key(), known)
+            self._authenticate(transport)
+            self._record_new_host_key()
+            sock.settimeout(None)
+            return transport
+        except BaseException:
+            transport.close()
+            raise
+
+    def _record_new_host_key(self) -> None:
+        """Append an accepted new host key to known_hosts (only after a successful login)."""
+        key = self.new_key_to_record
+        if key is None:
+            return
+        self.new_key_to_record = None
+        path = self.config.known_hosts
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            old = path.read_bytes()
+        except FileNotFoundError:
+            old = b""
+        if old and not old.endswith(b"\n"):
+            old += b"\n"
+        line = f"{self.host_name} {key.get_name()} {key.get_base64()}\n".encode()
+        atomic_write_bytes(path, old + line)
+        self.host_key_recorded = True
+
+
+# ---- remote helpers ---------------------------------------------------------------------------
+
+
+def remote_lstat(sftp: paramiko.SFTPClient, path: str) -> paramiko.SFTPAttributes | None:
+    try:
+        return sftp.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def ensure_remote_dir(sftp: paramiko.SFTPClient, remote_dir: str) -> None:
+    """``mkdir -p`` over SFTP; every existing component must be a directory."""
+    current = ""
+    for part in remote_dir.strip("/").split("/"):
+        current = f"{current}/{part}"
+        try:
+            attrs = sftp.stat(
+                current
+            )  # follows symlinks: a linked remote_dir is the admin's choice
+        except FileNotFoundError:
+            try:
+                sftp.mkdir(current)
+            except OSError as e:
+                if remote_lstat(sftp, current) is None:
+                    raise UploadError(
+                        f"remote_dir {remote_dir}: cannot create {current} ({e})"
+                    ) from None
+            continue
+        except OSError as e:
+            raise UploadError(f"remote_dir {remote_dir}: cannot access {current} ({e})") from None
+        if not stat.S_ISDIR(attrs.st_mode or 0):
+            raise UploadError(f"remote_dir {remote_dir}: {current} exists and is not a directory")
+
+
+def remove_remote_tree(sftp: paramiko.SFTPClient, path: str) -> None:
+    """Delete a remote directory tree without following symlinks (readdir attrs are lstat)."""
+    for attrs in sftp.listdir_attr(path):
+        child = posixpath.join(path, attrs.filename)
+        if stat.S_ISDIR(attrs.st_mode or 0):
+            remove_remote_tree(sftp, child)
+        else:
+            sftp.remove(child)
+    sftp.rmdir(path)
+
+
+def staging_path_for(remote_dir: str, dataset_name: str, token: str) -> str:
+    return posixpath.join(remote_dir, f".{dataset_name}{STAGING_MARK}{token}")
+
+
+def copy_candidates(target: str, now: datetime) -> Iterator[str]:
+    """``target``, then ``target.copy_<UTC ts>``, ``..._02``, ``..._03``, ..."""
+    yield target
+    stamp = now.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    yield f"{target}.copy_{stamp}"
+    for n in range(2, MAX_COPY_ATTEMPTS + 1):
+        yield f"{target}.copy_{stamp}_{n:02d}"
+
+
+def publish_staging(sftp: paramiko.SFTPClient, staging: str, target: str, now: datetime) -> str:
+    """Rename ``staging`` to the first free name; returns the name used. Never replaces anything."""
+    for candidate in copy_candidates(target, now):
+        try:
+            sftp.rename(staging, candidate)  # SSH_FXP_RENAME: fails if ``candidate`` exists
+            return candidate
+        except OSError as e:
+            if remote_lstat(sftp, candidate) is not None:
+                continue  # taken: try the next copy name
+            raise UploadError(f"publishing {staging} as {candidate} failed: {e}") from None
+    raise UploadError(f"{target}: all {MAX_COPY_ATTEMPTS} copy names are taken")
+
+
+class _WriteAcks:
+    """Collects the status replies to pipelined WRITE requests (paramiko calls _async_response)."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.error: str | None = None
+
+    def _async_response(self, t: int, msg: paramiko.Message, num: int) -> None:
+        self.pending -= 1
+        if t != CMD_STATUS:
+            self.error = self.error or f"unexpected SFTP reply type {t} to WRITE"
+            return
+        code = msg.get_int()
+        if code != SFTP_OK and self.error is None:
+            self.error = msg.get_text() or f"SFTP status {code}"
+
+
+def sha256_local(path: Path, buffer_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(buffer_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_remote(sftp: paramiko.SFTPClient, path: str, size: int) -> str:
+    digest = hashlib.sha256()
+    with sftp.open(path, "rb") as f:
+        f.prefetch(size)
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ---- the uploader -----------------------------------------------------------------------------
+
+
+class _Shared:
+    """State shared by the worker threads (all mutation under ``lock``)."""
+
+    def __init__(self, progress: ProgressSink, cancel: threading.Event) -> None:
+        self.lock = threading.Lock()
+        self.progress = progress
+        self.cancel = cancel
+        self.failed = threading.Event()
+        self.error: BaseException | None = None
+        self.skipped_files = 0
+        self.skipped_bytes = 0
+
+    def report(self, *, files: int = 0, nbytes: int = 0, current: str | None = None) -> None:
+        with self.lock:
+            self.progress(files=files, bytes=nbytes, current=current)
+
+    def fail(self, error: BaseException) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error = error
+        self.failed.set()
+
+    def stopping(self) -> bool:
+        return self.failed.is_set() or self.cancel.is_set()
+
+
+def _send_file(
+    sftp: paramiko.SFTPClient,
+    local: LocalFile,
+    remote: str,
+    shared: _Shared,
+    options: UploadOptions,
+) -> None:
+    buffer = bytearray(options.request_size)
+    view = memoryview(buffer)
+    acks = _WriteAcks()
+    sent = 0
+    try:
+        local_file = open(local.path, "rb")  # noqa: SIM115 - closed below
+    except OSError as e:
+        raise UploadError(f"{local.path}: cannot read ({e.strerror})") from None
+    with local_file, sftp.open(remote, "wb") as remote_file:
+        while True:
+            if shared.stopping():
+                return
+            try:
+                n = local_file.readinto(buffer)
+            except OSError as e:
+                raise UploadError(f"{local.path}: read failed ({e.strerror})") from None
+            if not n:
+                break
+            # ``Message.add_string`` copies the view into the packet, so the buffer is reusable.
+            sftp._async_request(acks, CMD_WRITE, remote_file.handle, int64(sent), view[:n])
+            acks.pending += 1
+            sent += n
+            shared.report(nbytes=n)
+            while acks.pending >= options.max_inflight:
+                sftp._read_response()
+            if acks.error:
+                break
+        while acks.pending > 0:
+            sftp._read_response()
+    if acks.error:
+        raise UploadError(f"{remote}: remote write failed ({acks.error})")
+    if sent != local.size:
+        raise UploadError(f"{local.path}: changed during upload ({local.size} -> {sent} bytes)")
+    remote_size = sftp.stat(remote).st_size
+    if remote_size != local.size:
+        raise UploadError(f"{remote}: remote size {remote_size} != local size {local.size}")
+    shared.report(files=1)
+
+
+def _already_staged(sftp: paramiko.SFTPClient, local: LocalFile, remote: str) -> bool:
+    attrs = remote_lstat(sftp, remote)
+    if attrs is None or not stat.S_ISREG(attrs.st_mode or 0) or attrs.st_size != local.size:
+        return False
+    return sha256_remote(sftp, remote, local.size) == sha256_local(local.path)
+
+
+def _worker(
+    sftp: paramiko.SFTPClient,
+    jobs: queue.SimpleQueue[LocalFile | None],
+    staging: str,
+    shared: _Shared,
+    options: UploadOptions,
+    resume: bool,
+) -> None:
+    remote = staging
+    try:
+        while not shared.stopping():
+            local = jobs.get()
+            if local is None:
+                return
+            remote = posixpath.join(staging, local.rel)
+            shared.report(current=local.rel)
+            if resume and _already_staged(sftp, local, remote):
+                with shared.lock:
+                    shared.skipped_files += 1
+                    shared.skipped_bytes += local.size
+                shared.report(files=1, nbytes=local.size)
+                continue
+            _send_file(sftp, local, remote, shared, options)
+    except UploadError as e:
+        shared.fail(e)
+    except (OSError, paramiko.SSHException, EOFError) as e:
+        shared.fail(UploadError(f"{remote}: transfer failed ({_describe_failure(e)})"))
+    except BaseException as e:  # surface anything else in the calling thread
+        shared.fail(e)
+
+
+def _describe_failure(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def upload_tree(
+    config: SftpConfig,
+    tree: LocalTree,
+    dataset_name: str,
+    *,
+    options: UploadOptions | None = None,
+    progress: ProgressSink = null_progress,
+    cancel: threading.Event | None = None,
+    resume_staging: str | None = None,
+    on_staging: Callable[[str], None] | None = None,
+) -> UploadResult:
+    """Upload ``tree`` to ``<remote_dir>/<dataset_name>`` (or a copy name) and publish it."""
+    options = options or UploadOptions()
+    cancel = cancel or threading.Event()
+    check_component(dataset_name, "dataset name")
+    target = config.target_path(dataset_name)
+    connector = Connector(config, options)
+    transports: list[paramiko.Transport] = []
+    clients: list[paramiko.SFTPClient] = []
+    staging: str | None = None
+    published = False
+    try:
+        transports.append(connector.open_transport())
+        control = paramiko.SFTPClient.from_transport(transports[0])
+        if control is None:
+            raise UploadError(f"{config.describe()}: the server refused the SFTP subsystem")
+        clients.append(control)
+        ensure_remote_dir(control, config.remote_dir)
+
+        resumed = False
+        prefix = f".{dataset_name}{STAGING_MARK}"
+        if resume_staging is not None:
+            if posixpath.dirname(resume_staging) != config.remote_dir or not posixpath.basename(
+                resume_staging
+            ).startswith(prefix):
+                raise UploadError(f"resume: {resume_staging} is not a staging dir of {target}")
+            attrs = remote_lstat(control, resume_staging)
+            if attrs is not None and stat.S_ISDIR(attrs.st_mode or 0):
+                staging, resumed = resume_staging, True
+        if staging is None:
+            staging = staging_path_for(config.remote_dir, dataset_name, secrets.token_hex(8))
+            try:
+                control.mkdir(staging, mode=0o700)
+            except OSError as e:
+                raise UploadError(f"cannot create staging directory {staging}: {e}") from None
+        if on_staging is not None:
+            on_staging(staging)
+
+        for rel in tree.dirs:
+            path = posixpath.join(staging, rel)
+            if resumed:
+                attrs = remote_lstat(control, path)
+                if attrs is not None and stat.S_ISDIR(attrs.st_mode or 0):
+                    continue
+                if attrs is not None:
+                    control.remove(path)
+            control.mkdir(path)
+
+        shared = _Shared(progress, cancel)
+        workers_wanted = max(1, options.connections) * max(1, options.sessions_per_connection)
+        workers_wanted = min(workers_wanted, max(1, len(tree.files)))
+        connections_wanted = min(max(1, options.connections), workers_wanted)
+        while len(transports) < connections_wanted:
+            transports.append(connector.open_transport())
+        while len(clients) < workers_wanted:
+            client = paramiko.SFTPClient.from_transport(transports[len(clients) % len(transports)])
+            if client is None:
+                raise UploadError(f"{config.describe()}: the server refused an SFTP session")
+            clients.append(client)
+
+        jobs: queue.SimpleQueue[LocalFile | None] = queue.SimpleQueue()
+        for local in sorted(tree.files, key=lambda f: (-f.size, f.rel)):
+            jobs.put(local)
+        for _ in clients:
+            jobs.put(None)
+        threads = [
+            threading.Thread(
+                target=_worker,
+                args=(client, jobs, staging, shared, options, resumed),
+                name=f"eva-upload-{i}",
+                daemon=True,
+            )
+            for i, client in enumerate(clients)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if shared.error is not None:
+            raise shared.error
+        if cancel.is_set():
+            raise UploadInterrupted(
+                f"upload cancelled; staged files kept in {staging} for --resume"
+            )
+
+        remote_path = publish_staging(control, staging, target, options.clock())
+        published = True
+        return UploadResult(
+            remote_path=remote_path,
+            target_path=target,
+            staging_path=staging,
+            files=len(tree.files),
+            bytes=tree.total_bytes,
+            skipped_files=shared.skipped_files,
+            skipped_bytes=shared.skipped_bytes,
+            resumed=resumed,
+            host_key_recorded=connector.host_key_recorded,
+        )
+    except UploadInterrupted:
+        raise
+    except BaseException as e:
+        if staging is not None and not published:
+            cleanup_error = _remove_staging(connector, transports, staging)
+            if cleanup_error and isinstance(e, UploadError):
+                raise UploadError(f"{e}; also failed to remove staging: {cleanup_error}") from None
+        if isinstance(e, (OSError, paramiko.SSHException, EOFError)):
+            raise UploadError(
+                f"upload to {config.describe()} failed: {_describe_failure(e)}"
+            ) from None
+        raise
+    finally:
+        for client in clients:
+            with contextlib.suppress(Exception):
+                client.close()
+        for transport in transports:
+            with contextlib.suppress(Exception):
+                transport.close()
+
+
+def _remove_staging(
+    connector: Connector, transports: list[paramiko.Transport], staging: str
+) -> str | None:
+    """Remove the staging tree; reconnect once if the old connections are gone. Returns an error."""
+    live = [t for t in transports if t.is_active()]
+    attempts: list[Callable[[], paramiko.Transport]] = [lambda t=t: t for t in live]
+    attempts.append(connector.open_transport)
+    error: str | None = None
+    for get_transport in attempts:
+        try:
+            transport = get_transport()
+            if transport not in transports:
+                transports.append(transport)
+            sftp = paramiko.SFTPClient.from_transport(transport)
+            if sftp is None:
+                continue
+            try:
+                if remote_lstat(sftp, staging) is not None:
+                    remove_remote_tree(sftp, staging)
+                return None
+            finally:
+                sftp.close()
+        except Exception as e:
+            error = _describe_failure(e)
+    return error
+
+
+def remove_staging(config: SftpConfig, staging: str, options: UploadOptions | None = None) -> bool:
+    """Delete a leftover staging directory (e.g. of an abandoned resumable upload)."""
+    if (
+        STAGING_MARK not in posixpath.basename(staging)
+        or posixpath.dirname(staging) != config.remote_dir
+    ):
+        raise UploadError(f"{staging} is not an eva staging directory under {config.remote_dir}")
+    options = options or UploadOptions()
+    connector = Connector(config, options)
+    transport = connector.open_transport()
+    try:
+        sftp = paramiko.SFTPClient.from_transport(transport)
+        if sftp is None:
+            raise UploadError(f"{config.describe()}: the server refused the SFTP subsystem")
+        if remote_lstat(sftp, staging) is None:
+            return False
+        remove_remote_tree(sftp, staging)
+        return True
+    finally:
+        transport.close()

@@ -1,0 +1,197 @@
+"""A real OpenSSH server on 127.0.0.1 for the upload tests and the upload benchmark.
+
+``SshdServer`` generates a host key and a user key in a scratch directory, writes an unprivileged
+sshd_config (own loopback port, no PAM, keys only, SFTP-only via ``ForceCommand internal-sftp`` so
+the uploader provably needs no remote shell), starts ``sshd -D -e`` and waits until it answers.
+The remote file system is this machine's, so a test's remote directory is just a temp path.
+
+Use the pytest fixtures by listing this module in ``pytest_plugins`` of a test module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SSHD = "/usr/sbin/sshd"
+PRIVSEP_DIR = Path("/run/sshd")
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ssh_keygen(path: Path, key_type: str = "ed25519") -> Path:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", key_type, "-N", "", "-C", "eva-test", "-f", str(path)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+    return path
+
+
+@dataclass
+class SshdServer:
+    """One sshd process; ``start()`` / ``stop()`` or use as a context manager."""
+
+    workdir: Path
+    port: int = 0
+    process: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.user = getpass.getuser()
+        self.host_key = ssh_keygen(self.workdir / "ssh_host_ed25519_key")
+        self.client_key = ssh_keygen(self.workdir / "id_ed25519")
+        self.authorized_keys = self.workdir / "authorized_keys"
+        shutil.copyfile(self.workdir / "id_ed25519.pub", self.authorized_keys)
+        self.log_path = self.workdir / "sshd.log"
+
+    @property
+    def host_public_key_line(self) -> str:
+        """The host key as a known_hosts entry for ``[127.0.0.1]:port``."""
+        key_type, key_b64 = (self.workdir / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+        return f"[127.0.0.1]:{self.port} {key_type} {key_b64}\n"
+
+    def write_known_hosts(self, path: Path) -> Path:
+        path.write_text(self.host_public_key_line)
+        return path
+
+    def _write_config(self) -> Path:
+        config = self.workdir / "sshd_config"
+        config.write_text(
+            "\n".join(
+                [
+                    f"ListenAddress 127.0.0.1:{self.port}",
+                    f"HostKey {self.host_key}",
+                    f"PidFile {self.workdir / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {self.authorized_keys}",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "PermitRootLogin prohibit-password",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    f"AllowUsers {self.user}",
+                    "MaxStartups 50",
+                    "MaxSessions 20",
+                    "LogLevel ERROR",
+                    "Subsystem sftp internal-sftp",
+                    # An SFTP-only account: no shell, no exec; the uploader must cope.
+                    "ForceCommand internal-sftp",
+                    "",
+                ]
+            )
+        )
+        return config
+
+    def start(self, timeout: float = 15.0) -> SshdServer:
+        if not os.path.exists(SSHD):
+            raise RuntimeError(f"{SSHD} not found: install openssh-server (scripts/system_deps.sh)")
+        if os.geteuid() == 0:
+            # sshd refuses to start without its privilege-separation directory.
+            PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+        last_error = ""
+        for _attempt in range(5):  # a free port can be taken between probe and bind
+            self.port = free_loopback_port()
+            config = self._write_config()
+            log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            self.process = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+            log.close()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    break
+                if self._answers():
+                    return self
+                time.sleep(0.05)
+            self.stop()
+            last_error = self.log_path.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"sshd did not start on 127.0.0.1: {last_error}")
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
+                s.settimeout(1.0)
+                return s.recv(4).startswith(b"SSH-")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> SshdServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@pytest.fixture(scope="session")
+def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdServer]:
+    server = SshdServer(tmp_path_factory.mktemp("sshd"))
+    with server:
+        yield server
+
+
+@pytest.fixture
+def known_hosts(sshd_server: SshdServer, tmp_path: Path) -> Path:
+    """A known_hosts file that already trusts the test server."""
+    return sshd_server.write_known_hosts(tmp_path / "known_hosts")
+
+
+@pytest.fixture
+def remote_root(tmp_path: Path) -> Path:
+    """The local path the test server exposes as the upload ``remote_dir``'s parent."""
+    path = tmp_path / "remote"
+    path.mkdir()
+    return path
+
+
+@contextlib.contextmanager
+def ssh_agent(key: Path, workdir: Path) -> Iterator[str]:
+    """A real ssh-agent holding ``key``; yields its socket path."""
+    sock = workdir / "agent.sock"
+    agent = subprocess.Popen(
+        ["ssh-agent", "-D", "-a", str(sock)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        env = dict(os.environ, SSH_AUTH_SOCK=str(sock))
+        subprocess.run(["ssh-add", "-q", str(key)], check=True, env=env, stdin=subprocess.DEVNULL)
+        yield str(sock)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
