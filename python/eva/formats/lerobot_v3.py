@@ -1,0 +1,665 @@
+"""LeRobot v3.0 export: sharded Parquet tables and packet-copied MP4 shards (contracts §6a).
+
+Layout written into the staging directory::
+
+    data/chunk-XXX/file-YYY.parquet              rows of consecutive episodes, in ``index`` order
+    videos/<key>/chunk-XXX/file-YYY.mp4          that camera's episodes back to back
+    meta/episodes/chunk-000/file-000.parquet     one row per episode: locators + stats/<f>/<s>
+    meta/tasks.parquet                           task text as the pandas index, task_index column
+    meta/info.json, stats.json                   v3.0 info; stats with q01..q99
+    meta/episodes.jsonl, tasks.jsonl, episodes_stats.jsonl   kept from the v2.1 subset
+
+Sharding, one episode at a time:
+
+* Data: before an episode is added, the open data file is closed when the Arrow size of its rows
+  plus the episode's would pass ``data_files_size_in_mb`` or when the episode's schema differs from
+  the file's. A shard's rows are buffered (bounded by that size) and written with one
+  ``write_table`` (one pass, big row groups; see perf-notes).
+* Video, per camera: the open MP4 shard is closed when the data file rolls, when the shard plus
+  the episode's MP4 would pass ``video_files_size_in_mb``, or when the episode's stream parameters
+  (codec, size, pix_fmt, time base, extradata) differ. Differing parameters start a new file, never
+  a re-encode: LeRobot addresses the video file per episode, so a new file is free, while a
+  re-encode would change the pixels and cost two orders of magnitude more time.
+* ``file_index`` counts to ``chunks_size - 1`` and then wraps to 0 in the next chunk folder.
+
+Frame counts: before copying, the MP4's own sample count must equal the episode's rows; while
+copying, the packets are counted (one MP4 video sample = one frame, so no decode is needed). With
+``verify_decode`` every finished shard is decoded and its frames bucketed per episode by
+timestamp. Any mismatch raises ``DatasetError`` naming episode and camera; the pipeline then
+discards the staging directory, so nothing is published.
+
+Quantiles (``stats.json`` and the per-episode ``stats/<feature>/q..`` columns): vector features are
+exact (numpy ``linear`` quantiles over every row; their float32 values are collected for that).
+Image features come from an exact 256-bin histogram of the frames that are decoded: by default the
+keyframes, which the packet copy decodes on the way (every GOP-th frame, ~1/30 of the frames, at
+least one per episode; no seek, no second read). That is a systematic sample like LeRobot's own
+(it samples frames evenly too): the quantiles are exact for the sampled frames, and their
+deviation from the all-frames value is a sampling error, not a worst-case bound. With
+``verify_decode`` every frame is decoded anyway and the image quantiles are exact (equal to numpy's
+``np.quantile`` on all pixels within 1e-12).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eva.dataset import layout
+from eva.dataset.atomic import atomic_write_json
+from eva.dataset.errors import DatasetError
+from eva.dataset.stats import (
+    DEFAULT_QUANTILES,
+    ImageStats,
+    quantiles_from_histogram,
+    vector_quantiles,
+)
+from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
+from eva.formats._v3_video import (
+    VideoConcatError,
+    VideoShardWriter,
+    decode_frames,
+    probe,
+)
+from eva.progress import ProgressSink
+
+CODEBASE_VERSION = "v3.0"
+DATASET_FORMAT = "lerobot_v3"
+DEFAULT_CHUNKS_SIZE = 1000
+DEFAULT_DATA_FILES_SIZE_IN_MB = 100
+DEFAULT_VIDEO_FILES_SIZE_IN_MB = 200  # LeRobot 0.4.4's default
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+TASKS_PARQUET = "meta/tasks.parquet"
+
+# Columns LeRobot keeps as the frame bookkeeping; they get no quantiles of interest but LeRobot
+# computes stats for them like any other column, so they are treated uniformly.
+_MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class V3Settings:
+    """The v3-specific knobs, read from ``ExportOptions.extra`` (same names as in info.json)."""
+
+    chunks_size: int = DEFAULT_CHUNKS_SIZE
+    data_files_size_in_mb: float = DEFAULT_DATA_FILES_SIZE_IN_MB
+    video_files_size_in_mb: float = DEFAULT_VIDEO_FILES_SIZE_IN_MB
+    verify_decode: bool = False
+
+    @classmethod
+    def from_options(cls, options: Any) -> V3Settings:
+        extra: Mapping[str, Any] = getattr(options, "extra", None) or {}
+        settings = cls(
+            chunks_size=int(extra.get("chunks_size", DEFAULT_CHUNKS_SIZE)),
+            data_files_size_in_mb=float(
+                extra.get("data_files_size_in_mb", DEFAULT_DATA_FILES_SIZE_IN_MB)
+            ),
+            video_files_size_in_mb=float(
+                extra.get("video_files_size_in_mb", DEFAULT_VIDEO_FILES_SIZE_IN_MB)
+            ),
+            verify_decode=bool(extra.get("verify_decode", False)),
+        )
+        if settings.chunks_size < 1:
+            raise DatasetError(f"lerobot_v3: chunks_size must be >= 1, got {settings.chunks_size}")
+        if settings.data_files_size_in_mb <= 0 or settings.video_files_size_in_mb <= 0:
+            raise DatasetError("lerobot_v3: data/video file sizes must be > 0 MB")
+        return settings
+
+
+def next_file(chunk_index: int, file_index: int, chunks_size: int) -> tuple[int, int]:
+    """LeRobot's numbering: file_index runs to chunks_size - 1, then wraps in the next chunk."""
+    if file_index >= chunks_size - 1:
+        return chunk_index + 1, 0
+    return chunk_index, file_index + 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Data shards
+# --------------------------------------------------------------------------------------------------
+
+
+class _DataShards:
+    """Buffers episode tables into data files; rolls on size and on schema change."""
+
+    def __init__(self, root: Path, settings: V3Settings, progress: ProgressSink) -> None:
+        self.root = root
+        self.settings = settings
+        self.progress = progress
+        self.limit_bytes = settings.data_files_size_in_mb * _MB
+        self.chunk_index = 0
+        self.file_index = 0
+        self.tables: list[pa.Table] = []
+        self.buffered_bytes = 0
+        self.schema: pa.Schema | None = None
+        self.files_written = 0
+
+    def add(self, table: pa.Table) -> bool:
+        """Queue one episode; returns True when it starts a new file (after the first one)."""
+        schema = table.schema.remove_metadata()
+        rolled = False
+        if self.tables and (
+            self.buffered_bytes + table.nbytes > self.limit_bytes or not schema.equals(self.schema)
+        ):
+            self.flush()
+            self.chunk_index, self.file_index = next_file(
+                self.chunk_index, self.file_index, self.settings.chunks_size
+            )
+            rolled = True
+        self.schema = schema
+        self.tables.append(table.replace_schema_metadata(None))
+        self.buffered_bytes += table.nbytes
+        return rolled
+
+    def flush(self) -> None:
+        if not self.tables:
+            return
+        path = self.root / DATA_PATH.format(
+            chunk_index=self.chunk_index, file_index=self.file_index
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.concat_tables(self.tables), path, compression="snappy")
+        self.tables = []
+        self.buffered_bytes = 0
+        self.files_written += 1
+        self.progress(files=1, bytes=path.stat().st_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# Video shards
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Placed:
+    episode: int
+    from_timestamp: float
+    to_timestamp: float
+    frames: int
+
+
+@dataclass
+class _CameraShards:
+    """One camera's open MP4 shard, its numbering and the per-episode pixel histograms."""
+
+    key: str
+    root: Path
+    settings: V3Settings
+    progress: ProgressSink
+    chunk_index: int = 0
+    file_index: int = 0
+    writer: VideoShardWriter | None = None
+    placed: list[_Placed] = field(default_factory=list)
+    # output episode -> (3, 256) histogram of its decoded frames (keyframes, or all frames)
+    histograms: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def path(self) -> Path:
+        return self.root / VIDEO_PATH.format(
+            video_key=self.key, chunk_index=self.chunk_index, file_index=self.file_index
+        )
+
+    def close(self) -> None:
+        if self.writer is None:
+            return
+        self.writer.close()
+        path = self.writer.path
+        if self.settings.verify_decode:
+            self.histograms.update(_decode_shard(path, self.key, self.placed))
+        self.progress(files=1, bytes=path.stat().st_size)
+        self.writer = None
+        self.placed = []
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+            self.writer = None
+
+    def roll(self) -> None:
+        self.close()
+        self.chunk_index, self.file_index = next_file(
+            self.chunk_index, self.file_index, self.settings.chunks_size
+        )
+
+
+def _decode_shard(path: Path, key: str, placed: list[_Placed]) -> dict[int, np.ndarray]:
+    """Decode every frame of a finished shard: count each episode's frames by timestamp (they
+    must equal its rows) and return each episode's exact pixel histogram."""
+    stats = {ep.episode: ImageStats() for ep in placed}
+    counts = dict.fromkeys(stats, 0)
+    # Episode boundaries, shifted half a frame down so float rounding never moves a frame across.
+    starts = np.asarray(
+        [ep.from_timestamp - (ep.to_timestamp - ep.from_timestamp) / ep.frames / 2 for ep in placed]
+    )
+    order = [ep.episode for ep in placed]
+    stray = 0
+    for t, frame in decode_frames(path):
+        slot = int(np.searchsorted(starts, t, side="right")) - 1
+        if slot < 0:
+            stray += 1
+            continue
+        ep = order[slot]
+        counts[ep] += 1
+        stats[ep].update(frame)
+    for ep in placed:
+        if counts[ep.episode] != ep.frames or stray:
+            raise DatasetError(
+                f"episode {ep.episode}, camera {key}: {counts[ep.episode]} frames decode from "
+                f"{path.name} in [{ep.from_timestamp:.4f}, {ep.to_timestamp:.4f}) s, the table "
+                f"has {ep.frames} rows"
+            )
+    return {ep: s.histogram() for ep, s in stats.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Stats helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _numeric_vector_columns(table: pa.Table, features: Mapping[str, Any]) -> list[str]:
+    """Columns with numeric per-row values (scalars or fixed-size lists) that are features."""
+    names = []
+    for name in table.column_names:
+        if name not in features or features[name].get("dtype") in ("video", "image", "string"):
+            continue
+        t = table.schema.field(name).type
+        if pa.types.is_fixed_size_list(t) or pa.types.is_list(t):
+            t = t.value_type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            names.append(name)
+    return names
+
+
+def _column_matrix(table: pa.Table, name: str) -> np.ndarray:
+    """(rows, dim) numpy view of a scalar or fixed-size-list column (dtype kept)."""
+    column = table.column(name).combine_chunks()
+    if pa.types.is_fixed_size_list(column.type):
+        dim = column.type.list_size
+        return column.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+    if pa.types.is_list(column.type):
+        return np.stack([np.asarray(v, dtype=np.float64) for v in column.to_pylist()])
+    return column.to_numpy(zero_copy_only=False).reshape(-1, 1)
+
+
+class _QuantileCollector:
+    """Per-feature data for exact dataset-level quantiles (vectors) and image histograms."""
+
+    def __init__(self) -> None:
+        self.vectors: dict[str, list[np.ndarray]] = {}
+        self.image_hist: dict[str, np.ndarray] = {}
+
+    def add_vectors(self, name: str, values: np.ndarray) -> None:
+        self.vectors.setdefault(name, []).append(values)
+
+    def add_histogram(self, key: str, histogram: np.ndarray) -> None:
+        if key in self.image_hist:
+            self.image_hist[key] = self.image_hist[key] + histogram
+        else:
+            self.image_hist[key] = histogram.copy()
+
+    def quantiles(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for name, parts in self.vectors.items():
+            out[name] = vector_quantiles(np.concatenate(parts), DEFAULT_QUANTILES)
+        for key, hist in self.image_hist.items():
+            if int(hist.sum()) > 0:
+                out[key] = quantiles_from_histogram(hist, DEFAULT_QUANTILES)
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Metadata tables
+# --------------------------------------------------------------------------------------------------
+
+
+def _stat_type(stat_name: str, value: Any) -> pa.DataType:
+    """Arrow type of one stat value: ``count`` is list<int64>, every other stat float64 lists
+    nested like the value ([dim] for vectors, [3][1][1] for images)."""
+    depth = 0
+    probe_value = value
+    while isinstance(probe_value, list):
+        depth += 1
+        probe_value = probe_value[0] if probe_value else 0.0
+    t: pa.DataType = pa.int64() if stat_name == "count" else pa.float64()
+    for _ in range(depth):
+        t = pa.list_(t)
+    return t
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, list):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def episodes_table(rows: list[dict[str, Any]], video_keys: Iterable[str]) -> pa.Table:
+    """``meta/episodes`` table from per-episode dicts (locators, tasks, stats/<f>/<s>)."""
+    fixed: list[tuple[str, pa.DataType]] = [
+        ("episode_index", pa.int64()),
+        ("tasks", pa.list_(pa.string())),
+        ("length", pa.int64()),
+        ("data/chunk_index", pa.int64()),
+        ("data/file_index", pa.int64()),
+        ("dataset_from_index", pa.int64()),
+        ("dataset_to_index", pa.int64()),
+    ]
+    for key in video_keys:
+        fixed += [
+            (f"videos/{key}/chunk_index", pa.int64()),
+            (f"videos/{key}/file_index", pa.int64()),
+            (f"videos/{key}/from_timestamp", pa.float64()),
+            (f"videos/{key}/to_timestamp", pa.float64()),
+        ]
+    fixed += [("meta/episodes/chunk_index", pa.int64()), ("meta/episodes/file_index", pa.int64())]
+    stat_columns: dict[str, pa.DataType] = {}
+    for row in rows:
+        for name, value in row.items():
+            if name.startswith("stats/") and name not in stat_columns and value is not None:
+                stat_columns[name] = _stat_type(name.rsplit("/", 1)[-1], _to_plain(value))
+    fields = [pa.field(n, t) for n, t in fixed] + [pa.field(n, t) for n, t in stat_columns.items()]
+    schema = pa.schema(fields)
+    columns = []
+    for f in schema:
+        values = [_to_plain(row.get(f.name)) for row in rows]
+        if pa.types.is_list(f.type) and pa.types.is_floating(_leaf_type(f.type)):
+            values = [_floatify(v) for v in values]
+        columns.append(pa.array(values, type=f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _leaf_type(t: pa.DataType) -> pa.DataType:
+    while pa.types.is_list(t):
+        t = t.value_type
+    return t
+
+
+def _floatify(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [_floatify(v) for v in value]
+    return float(value)
+
+
+def tasks_table(tasks: Mapping[int, str]) -> pa.Table:
+    """LeRobot's tasks.parquet: ``task_index`` column, the task text as the pandas index.
+
+    pandas is not a dependency of eva, so the pandas schema metadata (what ``DataFrame.to_parquet``
+    writes for an unnamed string index) is written by hand; ``pd.read_parquet`` then restores the
+    task text as the index, which LeRobot reads with ``tasks.iloc[task_index].name``.
+    """
+    ordered = sorted(tasks.items())
+    if [i for i, _ in ordered] != list(range(len(ordered))):
+        raise DatasetError(f"{TASKS_PARQUET}: task indices are not 0..{len(ordered) - 1}")
+    table = pa.table(
+        {
+            "task_index": pa.array([i for i, _ in ordered], type=pa.int64()),
+            "__index_level_0__": pa.array([t for _, t in ordered], type=pa.string()),
+        }
+    )
+    pandas_meta = {
+        "index_columns": ["__index_level_0__"],
+        "column_indexes": [
+            {
+                "name": None,
+                "field_name": None,
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": {"encoding": "UTF-8"},
+            }
+        ],
+        "columns": [
+            {
+                "name": "task_index",
+                "field_name": "task_index",
+                "pandas_type": "int64",
+                "numpy_type": "int64",
+                "metadata": None,
+            },
+            {
+                "name": None,
+                "field_name": "__index_level_0__",
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": None,
+            },
+        ],
+        "attributes": {},
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.2.3",
+    }
+    return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
+
+
+def v3_info(meta: SubsetMeta, settings: V3Settings) -> dict:
+    """v3.0 info.json from the subset's v2.1 info (LeRobot's convert_info, plus eva's keys)."""
+    info = json.loads(json.dumps(meta.info))  # deep copy of JSON data
+    fps = info.get("fps")
+    info["codebase_version"] = CODEBASE_VERSION
+    info["dataset_format"] = DATASET_FORMAT
+    info.pop("total_chunks", None)
+    info.pop("total_videos", None)
+    info["fps"] = int(fps) if fps is not None and float(fps).is_integer() else fps
+    info["chunks_size"] = settings.chunks_size
+    info["data_files_size_in_mb"] = _json_number(settings.data_files_size_in_mb)
+    info["video_files_size_in_mb"] = _json_number(settings.video_files_size_in_mb)
+    info["data_path"] = DATA_PATH
+    info["video_path"] = VIDEO_PATH if meta.video_keys else None
+    n = meta.total_episodes
+    info["total_episodes"] = n
+    info["total_frames"] = meta.total_frames
+    info["total_tasks"] = len(meta.tasks)
+    info["splits"] = {"train": f"0:{n}"} if n else {}
+    for feature in info.get("features", {}).values():
+        if feature.get("dtype") != "video":  # video features carry video.fps in "info"
+            feature["fps"] = info["fps"]
+    return info
+
+
+def _json_number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
+# --------------------------------------------------------------------------------------------------
+# write_subset
+# --------------------------------------------------------------------------------------------------
+
+
+def write_subset(
+    reader: Any,
+    meta: SubsetMeta,
+    staging_dir: Path,
+    progress: ProgressSink,
+    options: Any,
+) -> None:
+    """Write one complete v3.0 subset into ``staging_dir`` (see the module doc)."""
+    settings = V3Settings.from_options(options)
+    root = Path(staging_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    features: dict[str, Any] = meta.info.get("features", {})
+    video_keys = list(meta.video_keys)
+    for key in video_keys:
+        layout.check_video_key(key)
+
+    data = _DataShards(root, settings, progress)
+    cameras = {key: _CameraShards(key, root, settings, progress) for key in video_keys}
+    quantiles = _QuantileCollector()
+    episode_rows: list[dict[str, Any]] = []
+    try:
+        for ep in range(meta.total_episodes):
+            source = meta.source_index(ep)
+            progress(current=f"episode {ep} (source {source})")
+            table = reader.read_table(source)
+            n = table.num_rows
+            if n == 0:
+                raise DatasetError(f"episode {source}: empty episode (0 rows) cannot be exported")
+            if n != meta.lengths[ep]:
+                raise DatasetError(
+                    f"episode {source}: table has {n} rows, episodes.jsonl says {meta.lengths[ep]}"
+                )
+            table = rewrite_index_columns(table, ep, meta.index_offsets[ep], meta.task_remap)
+            data_rolled = data.add(table)
+            row = _episode_row(meta, ep, table, data)
+            ep_stats = {k: dict(v) for k, v in meta.episodes_stats.get(ep, {}).items()}
+            for name in _numeric_vector_columns(table, features):
+                values = _column_matrix(table, name)
+                quantiles.add_vectors(name, values)
+                if name in ep_stats:
+                    ep_stats[name].update(vector_quantiles(values, DEFAULT_QUANTILES))
+
+            for key in video_keys:
+                cam = cameras[key]
+                placed = _append_video(reader, source, ep, key, n, cam, data_rolled, settings)
+                row[f"videos/{key}/chunk_index"] = cam.chunk_index
+                row[f"videos/{key}/file_index"] = cam.file_index
+                row[f"videos/{key}/from_timestamp"] = placed.from_timestamp
+                row[f"videos/{key}/to_timestamp"] = placed.to_timestamp
+            row["_stats"] = ep_stats
+            episode_rows.append(row)
+            progress(episodes=1)
+        data.flush()
+        for cam in cameras.values():
+            cam.close()
+    except BaseException:
+        for cam in cameras.values():
+            cam.abort()
+        raise
+
+    # Image quantiles: per episode from its histogram, dataset-wide from their sum.
+    for row in episode_rows:
+        ep_stats = row.pop("_stats")
+        for key, cam in cameras.items():
+            hist = cam.histograms.get(row["episode_index"])
+            if hist is None or int(hist.sum()) == 0:
+                continue
+            quantiles.add_histogram(key, hist)
+            if key in ep_stats:
+                ep_stats[key].update(quantiles_from_histogram(hist, DEFAULT_QUANTILES))
+        for feature, stat in ep_stats.items():
+            for stat_name, value in stat.items():
+                row[f"stats/{feature}/{stat_name}"] = value
+
+    if meta.total_episodes == 0:
+        _write_empty_data(root, features)
+
+    episodes_path = root / EPISODES_PATH.format(chunk_index=0, file_index=0)
+    episodes_path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(episodes_table(episode_rows, video_keys), episodes_path)
+    pq.write_table(tasks_table(meta.tasks), root / TASKS_PARQUET)
+
+    info = v3_info(meta, settings)
+    write_common_meta(root, meta, info)
+    stats = {k: dict(v) for k, v in meta.stats.items()}
+    for feature, q in quantiles.quantiles().items():
+        if feature in stats:
+            stats[feature].update(q)
+    atomic_write_json(root / layout.STATS, stats, durable=False)
+    progress(files=4)
+
+
+def _episode_row(meta: SubsetMeta, ep: int, table: pa.Table, data: _DataShards) -> dict[str, Any]:
+    source_row = meta.episodes[ep]
+    tasks = source_row.get("tasks")
+    if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+        tasks = [meta.tasks[i] for i in sorted(set(table.column("task_index").to_pylist()))]
+    start = meta.index_offsets[ep]
+    return {
+        "episode_index": ep,
+        "tasks": tasks,
+        "length": table.num_rows,
+        "data/chunk_index": data.chunk_index,
+        "data/file_index": data.file_index,
+        "dataset_from_index": start,
+        "dataset_to_index": start + table.num_rows,
+        "meta/episodes/chunk_index": 0,
+        "meta/episodes/file_index": 0,
+    }
+
+
+def _append_video(
+    reader: Any,
+    source: int,
+    ep: int,
+    key: str,
+    rows: int,
+    cam: _CameraShards,
+    data_rolled: bool,
+    settings: V3Settings,
+) -> _Placed:
+    """Append source episode ``source``'s camera ``key`` to the camera's shard (rolling first)."""
+    src_path = Path(reader.video_path(source, key))
+    try:
+        info = probe(src_path)
+    except VideoConcatError as e:
+        raise DatasetError(f"episode {source}, camera {key}: {e}") from None
+    if info.frames and info.frames != rows:
+        raise DatasetError(
+            f"episode {source}, camera {key}: {src_path.name} holds {info.frames} frames, "
+            f"the table has {rows} rows"
+        )
+    writer = cam.writer
+    if writer is not None and (
+        data_rolled
+        or writer.payload_bytes + info.size_bytes > settings.video_files_size_in_mb * _MB
+        or writer.params is None
+        or not writer.params.compatible_with(info.params)
+    ):
+        cam.roll()
+    if cam.writer is None:
+        cam.writer = VideoShardWriter(cam.path())
+    # Without verify_decode the keyframes decoded during the copy are the quantile sample; with
+    # it the whole shard is decoded at close and the histograms come from every frame.
+    stats = None if settings.verify_decode else ImageStats()
+    try:
+        appended = cam.writer.append(src_path, info.params, stats.update if stats else None)
+    except VideoConcatError as e:
+        raise DatasetError(f"episode {source}, camera {key}: {e}") from None
+    if appended.packets != rows:
+        raise DatasetError(
+            f"episode {source}, camera {key}: {src_path.name} holds {appended.packets} frames, "
+            f"the table has {rows} rows"
+        )
+    placed = _Placed(ep, appended.from_timestamp, appended.to_timestamp, rows)
+    cam.placed.append(placed)
+    if stats is not None and stats.frame_count:
+        cam.histograms[ep] = stats.histogram()
+    return placed
+
+
+def _arrow_type_for_feature(feature: Mapping[str, Any]) -> pa.DataType | None:
+    dtype = feature.get("dtype")
+    if dtype in ("video", "image"):
+        return None
+    try:
+        scalar = pa.from_numpy_dtype(np.dtype("bool" if dtype == "bool" else dtype))
+    except (TypeError, ValueError):
+        scalar = pa.string() if dtype == "string" else None
+    if scalar is None:
+        return None
+    shape = list(feature.get("shape") or [1])
+    if shape == [1]:
+        return scalar
+    if len(shape) == 1:
+        return pa.list_(scalar, shape[0])
+    return None
+
+
+def _write_empty_data(root: Path, features: Mapping[str, Any]) -> None:
+    """An empty subset still gets a (zero-row) data file whose schema follows the features."""
+    fields = []
+    for name, feature in features.items():
+        t = _arrow_type_for_feature(feature)
+        if t is not None:
+            fields.append(pa.field(name, t))
+    path = root / DATA_PATH.format(chunk_index=0, file_index=0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.schema(fields).empty_table(), path)
