@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -54,6 +55,248 @@ def main() -> None:
 # [capture commands: collect]
 
 # [quality and export commands: qc, export, verify, cleanup]
+
+
+def _qc_list_line(entry: dict[str, Any]) -> str:
+    issues = ",".join(entry["issues"]) or "-"
+    note = entry["qc_note"] if entry["qc_note"] is not None else ""
+    return (
+        f"{entry['episode_index']:>6}  {entry['length'] if entry['length'] is not None else '?':>6}  "
+        f"{entry['quality'] or '-':<6} {entry['qc_verdict'] or '-':<5} {entry['subset']:<9} "
+        f"{entry['reason']:<26} {issues}  {note}"
+    ).rstrip()
+
+
+@main.command("qc")
+@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("episode", type=int, required=False)
+@click.option("--pass", "verdict", flag_value="pass", help="Accept the episode (overrides red).")
+@click.option("--fail", "verdict", flag_value="fail", help="Reject the episode.")
+@click.option("--note", default=None, help="Replace the operator note (alone: note-only update).")
+@click.option("--list", "list_", is_flag=True, help="Show every episode's review and subset.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def qc_command(
+    dataset: Path,
+    episode: int | None,
+    verdict: str | None,
+    note: str | None,
+    list_: bool,
+    as_json: bool,
+) -> None:
+    """Review episodes: set a verdict and/or note, or --list the review and resulting split.
+
+    \b
+    Examples:
+      eva qc data/pick/raw 3 --pass --note "red flag was a glitch"
+      eva qc data/pick/raw 4 --note "check lighting"      (note only, verdict unchanged)
+      eva qc data/pick/raw --list
+    """
+    from eva.dataset.errors import DatasetError
+    from eva.quality.verdicts import read_episode_rows, review_episode, review_table
+
+    try:
+        if list_:
+            if episode is not None or verdict or note is not None:
+                fail("qc --list takes no episode, verdict or note", EXIT_USAGE)
+            table = review_table(read_episode_rows(dataset))
+            if as_json:
+                for entry in table:
+                    emit_json(entry)
+                return
+            click.echo(
+                f"{'ep':>6}  {'frames':>6}  quality verdict subset    reason{' ' * 21}issues  note"
+            )
+            for entry in table:
+                click.echo(_qc_list_line(entry))
+            accepted = sum(1 for e in table if e["subset"] == "accepted")
+            click.echo(f"accepted {accepted}, rejected {len(table) - accepted}")
+            return
+        if episode is None:
+            fail("qc needs an EPISODE index (or --list)", EXIT_USAGE)
+        if verdict is None and note is None:
+            fail("qc needs --pass, --fail or --note", EXIT_USAGE)
+        update = review_episode(dataset, episode, verdict=verdict, note=note)
+    except DatasetError as e:
+        fail(str(e))
+    from eva.quality.verdicts import subset_of
+
+    row = update.row
+    if as_json:
+        emit_json({**row, "subset": subset_of(row), "changed": update.changed})
+    else:
+        click.echo(
+            f"episode {episode}: verdict {row.get('qc_verdict') or '-'}, "
+            f"note {row.get('qc_note')!r} -> {subset_of(row)}"
+            + ("" if update.changed else " (unchanged)")
+        )
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+@main.command("export")
+@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    required=True,
+    help="lerobot_v21, lerobot_v3, hdf5 or mcap (aliases: v21, v3, h5).",
+)
+@click.option("--copy-videos", is_flag=True, help="lerobot_v21: copy MP4s instead of hard-linking.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="JSON progress lines (default when not a terminal)."
+)
+def export_command(dataset: Path, fmt: str, copy_videos: bool, as_json: bool) -> None:
+    """Split DATASET into accepted/rejected and export both as FMT, published as a pair.
+
+    \b
+    Output: <parent>/export/<fmt>/{accepted,rejected} for a source named raw,
+    else <parent>/<name>_export/<fmt>/{accepted,rejected}.
+    Example:
+      eva export data/pick/raw --format v3
+    """
+    import time
+
+    from eva.dataset.errors import DatasetError
+    from eva.dataset.layout import normalize_format
+    from eva.export.pipeline import export_dataset
+    from eva.export.registry import ExportOptions
+
+    try:
+        fmt = normalize_format(fmt)
+    except ValueError as e:
+        fail(str(e), EXIT_USAGE)
+    json_lines = as_json or not sys.stdout.isatty()
+    last = [0.0]
+
+    def on_progress(progress: Any, job: Any) -> None:
+        now = time.monotonic()
+        final = job.state in ("completed", "failed")
+        if json_lines:
+            if final or now - last[0] >= 0.2:
+                last[0] = now
+                emit_json({"event": "progress", "state": job.state, **progress.as_dict()})
+            return
+        if not final and now - last[0] < 0.1:
+            return
+        last[0] = now
+        total = progress.total_episodes
+        width = 30
+        done = int(width * progress.episodes / total) if total else (width if final else 0)
+        bar = "#" * done + "-" * (width - done)
+        click.echo(
+            f"\r{fmt} [{bar}] {progress.episodes}/{total if total is not None else '?'} episodes, "
+            f"{progress.files} files, {_human_bytes(progress.bytes)}",
+            nl=final,
+            err=True,
+        )
+
+    try:
+        result = export_dataset(
+            dataset,
+            fmt,
+            options=ExportOptions(link_videos=not copy_videos),
+            on_progress=on_progress,
+        )
+    except DatasetError as e:
+        if json_lines:
+            emit_json({"event": "failed", "error": str(e)})
+        fail(str(e))
+    except OSError as e:
+        if json_lines:
+            emit_json({"event": "failed", "error": str(e)})
+        fail(f"export failed: {e}")
+    summary = {
+        "event": "completed",
+        "job_id": result.job.job_id,
+        "format": fmt,
+        "accepted_dir": str(result.accepted_dir),
+        "rejected_dir": str(result.rejected_dir),
+        "accepted_episodes": result.metas["accepted"].total_episodes,
+        "accepted_frames": result.metas["accepted"].total_frames,
+        "rejected_episodes": result.metas["rejected"].total_episodes,
+        "rejected_frames": result.metas["rejected"].total_frames,
+        "recovered": result.recovered,
+    }
+    if json_lines:
+        emit_json(summary)
+        return
+    for line in result.recovered:
+        click.echo(f"recovered: {line}")
+    click.echo(
+        f"accepted: {summary['accepted_dir']} ({summary['accepted_episodes']} episodes, "
+        f"{summary['accepted_frames']} frames)"
+    )
+    click.echo(
+        f"rejected: {summary['rejected_dir']} ({summary['rejected_episodes']} episodes, "
+        f"{summary['rejected_frames']} frames)"
+    )
+
+
+@main.command("verify")
+@click.argument("export_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--source", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Current source dataset (default: derived from the export path).")  # fmt: skip
+@click.option("--format", "fmt", default=None, help="Expected format (default: from the path).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per problem, then a summary."
+)
+def verify_command(export_dir: Path, source: Path | None, fmt: str | None, as_json: bool) -> None:
+    """Verify an exported accepted/rejected directory: marker, totals and a real read.
+
+    \b
+    Example:
+      eva verify data/pick/export/lerobot_v21/accepted
+    """
+    from eva.dataset.errors import DatasetError
+    from eva.export.pipeline import problem_line
+    from eva.export.verify import verify_export
+
+    try:
+        problems = verify_export(export_dir, source_dir=source, fmt=fmt)
+    except (DatasetError, ValueError) as e:
+        fail(str(e))
+    if as_json:
+        for p in problems:
+            emit_json(
+                {"code": p.code, "message": p.message, "path": str(p.path), "episode": p.episode}
+            )
+        emit_json({"ok": not problems, "problems": len(problems), "export_dir": str(export_dir)})
+    else:
+        for p in problems:
+            click.echo(f"{p.code}: {problem_line(p)}", err=True)
+        if not problems:
+            click.echo(f"ok: {export_dir}")
+    if problems:
+        sys.exit(EXIT_INVALID)
+
+
+@main.command("cleanup")
+@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--format", "fmt", default=None, help="Only this format (default: all).")
+def cleanup_command(dataset: Path, fmt: str | None) -> None:
+    """Finish or undo interrupted exports of DATASET and remove hidden staging/backup dirs."""
+    from eva.dataset.errors import DatasetError
+    from eva.export.pipeline import cleanup
+
+    try:
+        actions = cleanup(dataset, fmt)
+    except (DatasetError, ValueError) as e:
+        fail(str(e))
+    count = 0
+    for name, lines in actions.items():
+        for line in lines:
+            click.echo(f"{name}: {line}")
+            count += 1
+    if not count:
+        click.echo("nothing to clean up")
+
 
 # [upload commands: upload]
 

@@ -1,0 +1,300 @@
+"""Quality export: validate the v2.1 source, split it, write both subsets, publish them as a pair.
+
+Order of work (nothing is written before the source has passed validation):
+
+1. format module from the registry (an unavailable format stops here);
+2. the export lock (a second export of the same source+format is refused), then ``recover`` of
+   whatever an interrupted earlier run left;
+3. source validation (``eva.dataset.validate``) plus the export's own checks (v2.1 only, task
+   indices resolvable, stats available) -> one-line ``DatasetError`` naming file/episode/field;
+4. the split plan (contracts §2) and one ``SubsetMeta`` per subset;
+5. both subsets written by the format module into one hidden staging dir, each with its
+   ``meta/quality_split.json``; the completed job record and the completion marker last;
+6. ``publish.publish_pair``: one atomic swap makes the new pair (and its completed job) visible.
+
+The job record (``<export root>/job.json``) follows every state change; a failure leaves the old
+pair untouched, records the error and removes the staging dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from eva import __version__
+from eva.dataset import layout
+from eva.dataset.atomic import atomic_write_json
+from eva.dataset.errors import DatasetError
+from eva.dataset.reader import DatasetReader
+from eva.dataset.subset import SubsetMeta, build_subset_meta
+from eva.export.registry import ExportOptions, load_format
+from eva.jobs import EXPORT_JOB, Job, JobRecorder, utc_now, write_job
+from eva.progress import Progress
+from eva.publish import export_lock, make_staging, mark_complete, publish_pair, recover
+from eva.quality.split import SplitPlan, plan_split
+from eva.quality.verdicts import RULE
+
+SUBSETS = layout.SUBSETS
+
+
+@dataclass
+class ExportResult:
+    job: Job
+    export_root: Path
+    accepted_dir: Path
+    rejected_dir: Path
+    plan: SplitPlan
+    metas: dict[str, SubsetMeta]
+    recovered: list[str]
+
+
+def problem_line(problem: Any) -> str:
+    """One line for a ``eva.dataset.validate.Problem``: path, episode, message."""
+    parts = []
+    path = getattr(problem, "path", None)
+    if path:
+        parts.append(str(path))
+    episode = getattr(problem, "episode", None)
+    if episode is not None:
+        parts.append(f"episode {episode}")
+    parts.append(str(getattr(problem, "message", problem)))
+    return ": ".join(parts)
+
+
+def validate_source(source: Path) -> None:
+    """Stop with the first problem of the shared v2.1 validation (file/episode/field named)."""
+    from eva.dataset.validate import validate_dataset
+
+    problems = validate_dataset(source, decode=False)
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise DatasetError(problem_line(problems[0]) + more)
+
+
+def _check_version(reader: DatasetReader) -> None:
+    info = reader.info
+    path = reader.root / layout.INFO
+    if info.get("codebase_version") != layout.CODEBASE_VERSION:
+        raise DatasetError(
+            f"{path}: codebase_version {info.get('codebase_version')!r}: the source must be v2.1"
+        )
+    fmt = info.get("dataset_format")
+    if fmt is not None and fmt != layout.DATASET_FORMAT:
+        raise DatasetError(f"{path}: dataset_format {fmt!r}: the source must be lerobot_v21")
+
+
+def _column_stats(column: pa.ChunkedArray) -> dict[str, list[Any]]:
+    from eva.dataset.stats import VectorStats
+
+    arr = column.combine_chunks()
+    if pa.types.is_fixed_size_list(arr.type):
+        values = arr.flatten().to_numpy(zero_copy_only=False).reshape(len(arr), arr.type.list_size)
+    else:
+        values = arr.to_numpy(zero_copy_only=False).reshape(len(arr), 1)
+    stats = VectorStats(values.shape[1])
+    stats.update(values)
+    return stats.result()
+
+
+def complete_episode_stats(reader: DatasetReader, episode: int) -> dict[str, Any]:
+    """The episode's stats for every feature: from episodes_stats.jsonl, else from its table.
+
+    Video features cannot be recomputed from the table; a missing one is an error.
+    """
+    stats = dict(reader.episodes_stats.get(episode, {}))
+    missing = [f for f in reader.features if f not in stats]
+    if not missing:
+        return stats
+    table_columns: list[str] = []
+    for feature in missing:
+        if reader.features[feature].get("dtype") in ("video", "image"):
+            raise DatasetError(
+                f"{reader.root / layout.EPISODES_STATS}: episode {episode}: field {feature!r}: "
+                "no per-episode stats and it cannot be computed from the table"
+            )
+        table_columns.append(feature)
+    schema_names = set(reader.read_table(episode, columns=[]).schema.names)
+    absent = [c for c in table_columns if c not in schema_names]
+    if absent:
+        raise DatasetError(
+            f"{reader.data_path(episode)}: episode {episode}: field {absent[0]!r}: no per-episode "
+            "stats and no such column"
+        )
+    table = reader.read_table(episode, columns=table_columns)
+    for name in table_columns:
+        stats[name] = _column_stats(table.column(name))
+    return stats
+
+
+def prepare(source: Path) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]]:
+    """Validate ``source`` and describe both subsets. Reads metadata and index columns only."""
+    validate_source(source)
+    reader = DatasetReader(source)
+    _check_version(reader)
+    plan = plan_split(reader.episodes)
+    rows = {row["episode_index"]: row for row in reader.episodes}
+    task_values: dict[int, np.ndarray] = {}
+    complete_stats: dict[int, dict[str, Any]] = {}
+    for ep in sorted(rows):
+        table = reader.read_table(ep, columns=["task_index"])
+        task_values[ep] = table.column("task_index").to_numpy()
+        unknown = set(np.unique(task_values[ep]).tolist()) - set(reader.tasks)
+        if unknown:
+            raise DatasetError(
+                f"{reader.data_path(ep)}: episode {ep}: field 'task_index': value "
+                f"{min(unknown)} not in {layout.TASKS}"
+            )
+        complete_stats[ep] = complete_episode_stats(reader, ep)
+    metas = {
+        subset: build_subset_meta(
+            subset,
+            source_info=reader.info,
+            source_episodes=rows,
+            source_tasks=reader.tasks,
+            source_episodes_stats=complete_stats,
+            source_indices=plan.indices(subset),
+            task_index_values=task_values,
+        )
+        for subset in SUBSETS
+    }
+    return reader, plan, metas
+
+
+def quality_split_record(
+    meta: SubsetMeta, *, source: Path, fmt: str, export_id: str, plan: SplitPlan
+) -> dict[str, Any]:
+    return {
+        "source_dir": str(source),
+        "subset": meta.subset,
+        "dataset_format": fmt,
+        "source_episode_indices": list(meta.source_episode_indices),
+        "rule": RULE,
+        "export_id": export_id,
+        "total_episodes": meta.total_episodes,
+        "total_frames": meta.total_frames,
+        "source_total_episodes": len(plan.accepted) + len(plan.rejected),
+        "created_at": utc_now(),
+        "tool": "eva",
+        "tool_version": __version__,
+    }
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    message = text[0] if text else type(error).__name__
+    if isinstance(error, DatasetError):
+        return message
+    return f"{type(error).__name__}: {message}"
+
+
+def export_dataset(
+    source_dir: Path | str,
+    fmt: str,
+    *,
+    options: ExportOptions | None = None,
+    on_progress: Callable[[Progress, Job], None] | None = None,
+    exchange: bool = True,
+) -> ExportResult:
+    """Run one quality export of ``source_dir`` to ``fmt``; returns where the pair went.
+
+    Raises ``DatasetError`` (bad source, busy lock, unavailable format) or the writer's error;
+    in every failure case the previously published pair is left as it was.
+    """
+    fmt = layout.normalize_format(fmt)
+    module = load_format(fmt)
+    options = options or ExportOptions()
+    source = Path(source_dir).resolve()
+    if not source.is_dir():
+        raise DatasetError(f"{source}: source dataset directory does not exist")
+    root = layout.export_root(source, fmt)
+    if layout.is_within(root, source):
+        raise DatasetError(f"{root}: export root would lie inside the source {source}")
+
+    with export_lock(root, f"{source} to {fmt}"):
+        recovered = recover(root)
+        root.mkdir(parents=True, exist_ok=True)
+        job = Job(
+            kind="export",
+            source_dir=str(source),
+            format=fmt,
+            accepted_dir=str(root / "accepted"),
+            rejected_dir=str(root / "rejected"),
+        )
+        recorder = JobRecorder(job, root / EXPORT_JOB)
+        recorder.save()
+        job.start()
+        recorder.save()
+        progress = Progress()
+
+        def listener(p: Progress) -> None:
+            recorder.on_progress(p)
+            if on_progress is not None:
+                on_progress(p, job)
+
+        progress.listeners.append(listener)
+        staging: Path | None = None
+        try:
+            reader, plan, metas = prepare(source)
+            progress.total_episodes = sum(m.total_episodes for m in metas.values())
+            listener(progress)
+            staging = make_staging(root, job.job_id)
+            for subset in SUBSETS:
+                subset_dir = staging / subset
+                subset_dir.mkdir()
+                module.write_subset(reader, metas[subset], subset_dir, progress, options)
+                atomic_write_json(
+                    subset_dir / layout.QUALITY_SPLIT,
+                    quality_split_record(
+                        metas[subset], source=source, fmt=fmt, export_id=job.job_id, plan=plan
+                    ),
+                    durable=False,
+                )
+                progress(files=1)
+            job.set_progress(progress)
+            job.complete()
+            write_job(staging / EXPORT_JOB, job)
+            mark_complete(staging, job.job_id)
+            publish_pair(root, staging, exchange=exchange)
+            staging = None
+        except BaseException as e:
+            job.fail(_one_line(e))
+            job.set_progress(progress)
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            # Recording the failure must not mask the error itself.
+            with contextlib.suppress(OSError):
+                root.mkdir(parents=True, exist_ok=True)
+                write_job(root / EXPORT_JOB, job)
+            raise
+        if on_progress is not None:
+            on_progress(progress, job)
+    return ExportResult(
+        job=job,
+        export_root=root,
+        accepted_dir=root / "accepted",
+        rejected_dir=root / "rejected",
+        plan=plan,
+        metas=metas,
+        recovered=recovered,
+    )
+
+
+def cleanup(source_dir: Path | str, fmt: str | None = None) -> dict[str, list[str]]:
+    """Recover interrupted publications and remove hidden leftovers, per format (all by default)."""
+    source = Path(source_dir).resolve()
+    formats = [layout.normalize_format(fmt)] if fmt else list(layout.FORMATS)
+    actions: dict[str, list[str]] = {}
+    for name in formats:
+        root = layout.export_root(source, name)
+        if not root.parent.is_dir():
+            continue
+        with export_lock(root, f"{source} to {name}"):
+            actions[name] = recover(root)
+    return actions

@@ -1,0 +1,233 @@
+"""Native LeRobot v2.1 exporter: the quality subset as a v2.1 dataset, at close to file-copy cost.
+
+- Parquet: each episode table is read once, its ``episode_index`` / ``index`` / ``task_index``
+  columns are replaced column-wise (``eva.dataset.subset.rewrite_index_columns``), every other
+  column and the schema metadata (LeRobot's ``huggingface`` features) are kept, and it is written
+  under the renumbered path.
+- MP4: the frames do not change, so each file is hard-linked into the staging dir when source and
+  export share a filesystem (no data is copied; the source file is never written through the
+  link), else copied.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eva.dataset import layout
+from eva.dataset.atomic import read_jsonl
+from eva.dataset.errors import DatasetError
+from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
+from eva.dataset.validate import Problem
+from eva.progress import ProgressSink
+
+FORMAT = "lerobot_v21"
+STATE = "observation.state"
+ACTION = "action"
+
+
+def link_or_copy(src: Path, dest: Path, *, link: bool = True) -> str:
+    """Hard-link ``src`` to ``dest`` when possible, else copy it; returns "link" or "copy"."""
+    if link:
+        try:
+            os.link(src, dest)
+            return "link"
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+                raise
+    shutil.copyfile(src, dest)
+    return "copy"
+
+
+def export_info(meta: SubsetMeta) -> dict[str, Any]:
+    info = dict(meta.info)
+    info["codebase_version"] = layout.CODEBASE_VERSION
+    info["data_path"] = layout.DATA_PATH
+    info["video_path"] = layout.VIDEO_PATH if meta.video_keys else None
+    info.pop("dataset_format", None)
+    return info
+
+
+def write_subset(
+    reader: Any, meta: SubsetMeta, staging_dir: Path, progress: ProgressSink, options: Any
+) -> None:
+    staging_dir = Path(staging_dir)
+    info = export_info(meta)
+    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
+    link = bool(getattr(options, "link_videos", True))
+    for new, src in enumerate(meta.source_episode_indices):
+        chunk = layout.episode_chunk(new, chunks_size)
+        src_path = Path(reader.data_path(src))
+        table = pq.read_table(src_path)
+        if table.num_rows == 0:
+            raise DatasetError(f"{src_path}: episode {src}: empty episode (no rows)")
+        if table.num_rows != meta.lengths[new]:
+            raise DatasetError(
+                f"{src_path}: episode {src}: {table.num_rows} rows but episodes.jsonl length "
+                f"{meta.lengths[new]}"
+            )
+        table = rewrite_index_columns(table, new, meta.index_offsets[new], meta.task_remap)
+        dest = staging_dir / layout.DATA_PATH.format(episode_chunk=chunk, episode_index=new)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, dest)
+        progress(files=1, bytes=dest.stat().st_size, current=f"{meta.subset} episode {new}")
+        for key in meta.video_keys:
+            video_src = Path(reader.video_path(src, key))
+            if not video_src.is_file():
+                raise DatasetError(f"{video_src}: episode {src}: camera {key!r}: video missing")
+            video_dest = staging_dir / layout.VIDEO_PATH.format(
+                episode_chunk=chunk, video_key=layout.check_video_key(key), episode_index=new
+            )
+            video_dest.parent.mkdir(parents=True, exist_ok=True)
+            link_or_copy(video_src, video_dest, link=link)
+            progress(files=1, bytes=video_dest.stat().st_size)
+        progress(episodes=1)
+    write_common_meta(staging_dir, meta, info)
+    progress(files=5)
+
+
+def _first_frame(path: Path) -> np.ndarray | None:
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        for frame in container.decode(stream):
+            return frame.to_ndarray(format="rgb24")
+    return None
+
+
+def _count_frames(path: Path) -> int:
+    from eva.dataset.video import count_frames
+
+    return int(count_frames(path))
+
+
+def verify(export_dir: Path) -> list[Problem]:
+    """Totals against physical files, then a real read of one state, action and image frame
+    per episode (pyarrow for the tables, PyAV for the MP4s)."""
+    root = Path(export_dir)
+    problems: list[Problem] = []
+
+    def problem(code: str, message: str, path: Path, episode: int | None = None) -> None:
+        problems.append(Problem(code=code, message=message, path=path, episode=episode))
+
+    try:
+        import json
+
+        info = json.loads((root / layout.INFO).read_text(encoding="utf-8"))
+        episodes = read_jsonl(root / layout.EPISODES)
+        tasks = {int(r["task_index"]) for r in read_jsonl(root / layout.TASKS)}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        problem("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR)
+        return problems
+    if info.get("codebase_version") != layout.CODEBASE_VERSION:
+        problem(
+            "wrong_version",
+            f"codebase_version {info.get('codebase_version')!r}",
+            root / layout.INFO,
+        )
+    features = info.get("features", {})
+    video_keys = [k for k, f in features.items() if f.get("dtype") == "video"]
+    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
+    indices = [r.get("episode_index") for r in episodes]
+    if indices != list(range(len(episodes))):
+        problem(
+            "episode_numbering", f"episode indices {indices} are not 0..n-1", root / layout.EPISODES
+        )
+    if info.get("total_episodes") != len(episodes):
+        problem(
+            "total_episodes",
+            f"info total_episodes {info.get('total_episodes')} but {len(episodes)} episodes",
+            root / layout.INFO,
+        )
+    if info.get("total_tasks") != len(tasks):
+        problem(
+            "total_tasks",
+            f"info total_tasks {info.get('total_tasks')} but {len(tasks)} tasks",
+            root / layout.INFO,
+        )
+    if info.get("total_videos") != len(episodes) * len(video_keys):
+        problem(
+            "total_videos",
+            f"info total_videos {info.get('total_videos')} but {len(episodes) * len(video_keys)} videos",
+            root / layout.INFO,
+        )
+    total_rows = 0
+    for ep in range(len(episodes)):
+        chunk = layout.episode_chunk(ep, chunks_size)
+        data = root / layout.DATA_PATH.format(episode_chunk=chunk, episode_index=ep)
+        if not data.is_file():
+            problem("missing_parquet", "episode table missing", data, ep)
+            continue
+        try:
+            table = pq.read_table(data)
+        except (OSError, pa.ArrowException) as e:
+            problem("unreadable_parquet", f"cannot read: {e}", data, ep)
+            continue
+        n = table.num_rows
+        if n != episodes[ep].get("length"):
+            problem(
+                "length_mismatch",
+                f"{n} rows but episodes.jsonl length {episodes[ep].get('length')}",
+                data,
+                ep,
+            )
+        if n == 0:
+            problem("empty_episode", "no rows", data, ep)
+            continue
+        col = table.column("episode_index").to_numpy()
+        if not (col == ep).all():
+            problem("episode_index_column", f"episode_index values differ from {ep}", data, ep)
+        index = table.column("index").to_numpy()
+        if not np.array_equal(index, np.arange(total_rows, total_rows + n)):
+            problem("index_column", f"index is not contiguous from {total_rows}", data, ep)
+        unknown = set(np.unique(table.column("task_index").to_numpy()).tolist()) - tasks
+        if unknown:
+            problem(
+                "task_index_column", f"task_index {sorted(unknown)} not in tasks.jsonl", data, ep
+            )
+        total_rows += n
+        # Real read: one state and one action value.
+        for name in (STATE, ACTION):
+            if name in features:
+                if name not in table.column_names:
+                    problem("missing_column", f"column {name!r} missing", data, ep)
+                    continue
+                value = np.asarray(table.column(name)[0].as_py(), dtype=np.float32)
+                if value.shape != tuple(features[name].get("shape", value.shape)):
+                    problem("bad_value", f"{name} has shape {value.shape}", data, ep)
+        for key in video_keys:
+            video = root / layout.VIDEO_PATH.format(
+                episode_chunk=chunk, video_key=key, episode_index=ep
+            )
+            if not video.is_file():
+                problem("missing_video", f"camera {key!r}: video missing", video, ep)
+                continue
+            try:
+                frames = _count_frames(video)
+                frame = _first_frame(video)
+            except Exception as e:  # noqa: BLE001 - any decoder failure is a verification problem
+                problem("unreadable_video", f"camera {key!r}: cannot decode: {e}", video, ep)
+                continue
+            if frames != n:
+                problem("frame_count", f"camera {key!r}: {frames} frames but {n} rows", video, ep)
+            shape = tuple(features[key].get("shape", ()))
+            if frame is None or frame.shape != shape:
+                got = None if frame is None else frame.shape
+                problem(
+                    "bad_frame", f"camera {key!r}: first frame {got}, expected {shape}", video, ep
+                )
+    if info.get("total_frames") != total_rows:
+        problem(
+            "total_frames",
+            f"info total_frames {info.get('total_frames')} but {total_rows} rows",
+            root / layout.INFO,
+        )
+    return problems
