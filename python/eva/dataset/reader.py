@@ -1,0 +1,289 @@
+"""Read a LeRobot v2.1 dataset (eva-written or LeRobot-written, chunked or all in chunk-000).
+
+Metadata (info.json, the jsonl files, stats.json) is read once, lazily, on first use; episode
+tables are read per episode on request; video frames are decoded in bounded batches. Every path
+the reader hands out is checked to stay inside the dataset after resolving symlinks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eva.dataset import atomic, layout, video
+from eva.dataset.errors import DatasetError
+
+__all__ = ["DatasetReader"]
+
+# Columns that are not data features (they index rows, or they are the video/time bookkeeping).
+_BOOKKEEPING = frozenset(
+    {"timestamp", "capture_time", "frame_index", "episode_index", "index", "task_index"}
+)
+
+
+class DatasetReader:
+    """Read-only view of one raw v2.1 dataset directory."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise DatasetError(f"{self.root}: not a directory")
+        self._resolved_root = self.root.resolve()
+
+    # ---- metadata ------------------------------------------------------------------------
+
+    def _path(self, rel: str) -> Path:
+        """``root / rel``, refusing anything that escapes the dataset (symlinks resolved)."""
+        path = self.root / rel
+        try:
+            path.resolve().relative_to(self._resolved_root)
+        except ValueError:
+            raise DatasetError(f"{path}: resolves outside the dataset {self.root}") from None
+        return path
+
+    def _json(self, rel: str) -> Any:
+        path = self._path(rel)
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DatasetError(f"{path}: missing") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DatasetError(f"{path}: unreadable JSON ({e})") from None
+
+    def _jsonl(self, rel: str, *, required: bool) -> list[dict[str, Any]]:
+        path = self._path(rel)
+        if not path.exists():
+            if required:
+                raise DatasetError(f"{path}: missing")
+            return []
+        try:
+            rows = atomic.read_jsonl(path)
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise DatasetError(str(e) if isinstance(e, ValueError) else f"{path}: {e}") from None
+        for lineno, row in enumerate(rows, 1):
+            if not isinstance(row, dict):
+                raise DatasetError(f"{path}: row {lineno} is not a JSON object")
+        return rows
+
+    @cached_property
+    def info(self) -> dict[str, Any]:
+        info = self._json(layout.INFO)
+        path = self.root / layout.INFO
+        if not isinstance(info, dict):
+            raise DatasetError(f"{path}: not a JSON object")
+        if not isinstance(info.get("features"), dict):
+            raise DatasetError(f"{path}: field 'features' missing or not an object")
+        if not isinstance(info.get("fps"), int | float) or info["fps"] <= 0:
+            raise DatasetError(f"{path}: field 'fps' missing or not a positive number")
+        return info
+
+    @property
+    def codebase_version(self) -> str | None:
+        return self.info.get("codebase_version")
+
+    @property
+    def fps(self) -> int:
+        return int(self.info["fps"])
+
+    @property
+    def features(self) -> dict[str, dict[str, Any]]:
+        return self.info["features"]
+
+    @property
+    def chunks_size(self) -> int:
+        return int(self.info.get("chunks_size") or layout.DEFAULT_CHUNKS_SIZE)
+
+    @cached_property
+    def video_keys(self) -> list[str]:
+        keys = [k for k, f in self.features.items() if f.get("dtype") == "video"]
+        for key in keys:
+            try:
+                layout.check_video_key(key)
+            except layout.UnsafeNameError as e:
+                raise DatasetError(f"{self.root / layout.INFO}: feature {e}") from None
+        return keys
+
+    @cached_property
+    def image_keys(self) -> list[str]:
+        """Features stored inline as images (dtype "image"), not as MP4s."""
+        return [k for k, f in self.features.items() if f.get("dtype") == "image"]
+
+    @cached_property
+    def vector_keys(self) -> list[str]:
+        """Numeric per-frame features other than the bookkeeping columns (state, action...)."""
+        return [
+            k
+            for k, f in self.features.items()
+            if f.get("dtype") not in ("video", "image", "string") and k not in _BOOKKEEPING
+        ]
+
+    @cached_property
+    def episodes(self) -> list[dict[str, Any]]:
+        """episodes.jsonl rows in file order (unknown keys kept as they are)."""
+        rows = self._jsonl(layout.EPISODES, required=True)
+        path = self.root / layout.EPISODES
+        for lineno, row in enumerate(rows, 1):
+            ep = row.get("episode_index")
+            if not isinstance(ep, int) or isinstance(ep, bool) or ep < 0:
+                raise DatasetError(f"{path}: row {lineno}: episode_index {ep!r} is not an int >= 0")
+        return rows
+
+    @cached_property
+    def _episode_rows(self) -> dict[int, dict[str, Any]]:
+        return {row["episode_index"]: row for row in self.episodes}
+
+    @property
+    def episode_indices(self) -> list[int]:
+        return [row["episode_index"] for row in self.episodes]
+
+    def episode(self, episode_index: int) -> dict[str, Any]:
+        try:
+            return self._episode_rows[episode_index]
+        except KeyError:
+            raise DatasetError(
+                f"{self.root / layout.EPISODES}: no episode {episode_index}"
+            ) from None
+
+    def length(self, episode_index: int) -> int:
+        row = self.episode(episode_index)
+        value = row.get("length")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise DatasetError(
+                f"{self.root / layout.EPISODES}: episode {episode_index}: length {value!r} invalid"
+            )
+        return value
+
+    @property
+    def total_frames(self) -> int:
+        return sum(self.length(e) for e in self.episode_indices)
+
+    @cached_property
+    def tasks(self) -> dict[int, str]:
+        """task_index -> task text."""
+        path = self.root / layout.TASKS
+        out: dict[int, str] = {}
+        for lineno, row in enumerate(self._jsonl(layout.TASKS, required=False), 1):
+            index, text = row.get("task_index"), row.get("task")
+            if not isinstance(index, int) or not isinstance(text, str):
+                raise DatasetError(f"{path}: row {lineno}: needs int task_index and str task")
+            if index in out:
+                raise DatasetError(f"{path}: row {lineno}: duplicate task_index {index}")
+            out[index] = text
+        return out
+
+    @cached_property
+    def episodes_stats(self) -> dict[int, dict[str, Any]]:
+        """episode_index -> {feature: {min, max, mean, std, count}} (empty if the file is absent)."""
+        path = self.root / layout.EPISODES_STATS
+        out: dict[int, dict[str, Any]] = {}
+        for lineno, row in enumerate(self._jsonl(layout.EPISODES_STATS, required=False), 1):
+            ep, stats = row.get("episode_index"), row.get("stats")
+            if not isinstance(ep, int) or not isinstance(stats, dict):
+                raise DatasetError(
+                    f"{path}: row {lineno}: needs int episode_index and stats object"
+                )
+            out[ep] = stats
+        return out
+
+    @cached_property
+    def stats(self) -> dict[str, Any]:
+        """meta/stats.json (empty dict if absent, as in LeRobot-written v2.1 datasets)."""
+        if not (self.root / layout.STATS).exists():
+            return {}
+        stats = self._json(layout.STATS)
+        if not isinstance(stats, dict):
+            raise DatasetError(f"{self.root / layout.STATS}: not a JSON object")
+        return stats
+
+    # ---- paths ---------------------------------------------------------------------------
+
+    def _resolve_template(
+        self, template_key: str, default: str, episode_index: int, **fields: str
+    ) -> Path:
+        template = self.info.get(template_key) or default
+        chunk = layout.episode_chunk(episode_index, self.chunks_size)
+        try:
+            rel = template.format(episode_chunk=chunk, episode_index=episode_index, **fields)
+        except (KeyError, IndexError, ValueError, AttributeError) as e:
+            raise DatasetError(
+                f"{self.root / layout.INFO}: field {template_key} {template!r} unusable ({e})"
+            ) from None
+        path = self._path(rel)
+        if chunk != 0 and not path.exists():
+            # Older writers put every episode into chunk-000 regardless of chunks_size.
+            fallback = self._path(
+                template.format(episode_chunk=0, episode_index=episode_index, **fields)
+            )
+            if fallback.exists():
+                return fallback
+        return path
+
+    def data_path(self, episode_index: int) -> Path:
+        return self._resolve_template("data_path", layout.DATA_PATH, episode_index)
+
+    def video_path(self, episode_index: int, key: str) -> Path:
+        if key not in self.video_keys:
+            raise DatasetError(f"{self.root / layout.INFO}: no video feature {key!r}")
+        return self._resolve_template("video_path", layout.VIDEO_PATH, episode_index, video_key=key)
+
+    # ---- data ----------------------------------------------------------------------------
+
+    def read_table(self, episode_index: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """The episode's parquet table (only ``columns`` if given), read on demand."""
+        path = self.data_path(episode_index)
+        if not path.exists():
+            raise DatasetError(f"{path}: episode {episode_index} parquet missing")
+        try:
+            return pq.read_table(path, columns=list(columns) if columns is not None else None)
+        except (pa.ArrowInvalid, pa.ArrowKeyError, KeyError, OSError) as e:
+            raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
+
+    def read_vector(self, episode_index: int, column: str) -> np.ndarray:
+        """A vector column as an (n, dim) numpy array (scalars as (n,))."""
+        table = self.read_table(episode_index, [column])
+        chunked = table.column(column)
+        arr = chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
+        if pa.types.is_fixed_size_list(arr.type):
+            return (
+                arr.flatten().to_numpy(zero_copy_only=False).reshape(len(arr), arr.type.list_size)
+            )
+        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+            return np.asarray(arr.to_pylist())
+        return arr.to_numpy(zero_copy_only=False)
+
+    def iter_frames(
+        self, episode_index: int, key: str, batch_size: int = 32, *, out: np.ndarray | None = None
+    ) -> Iterator[np.ndarray]:
+        """Decoded (n, H, W, 3) uint8 RGB batches of one camera of one episode.
+
+        The yielded arrays are views of ONE reused buffer (``out`` if given) and are overwritten by
+        the next batch: ``.copy()`` a batch you keep. Memory stays bounded by ``batch_size``.
+        """
+        path = self.video_path(episode_index, key)
+        if not path.exists():
+            raise DatasetError(f"{path}: episode {episode_index} camera {key} video missing")
+        return video.iter_frame_batches(path, batch_size, out=out)
+
+    def count_frames(self, episode_index: int, key: str) -> int:
+        """Frames in the camera's MP4 according to the container (no decoding)."""
+        path = self.video_path(episode_index, key)
+        if not path.exists():
+            raise DatasetError(f"{path}: episode {episode_index} camera {key} video missing")
+        return video.count_frames(path)
+
+    def count_rows(self, episode_index: int) -> int:
+        """Rows of the episode's parquet, from the footer (no data read)."""
+        path = self.data_path(episode_index)
+        if not path.exists():
+            raise DatasetError(f"{path}: episode {episode_index} parquet missing")
+        try:
+            return pq.ParquetFile(path).metadata.num_rows
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DatasetError(f"{path}: episode {episode_index}: {e}") from None

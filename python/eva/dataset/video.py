@@ -1,0 +1,259 @@
+"""MP4 encode / decode / probe with PyAV, shaped for LeRobot v2.1 episodes (contracts §1).
+
+Encoding: H.264 (libx264) yuv420p at the target fps with a fixed GOP, no scene-cut keyframes and
+no B-frames, so that episodes can later be concatenated packet by packet (v3.0 shards) without
+re-encoding. libsvtav1 is accepted as an optional codec (what LeRobot itself writes).
+
+Decoding: bounded batches into one preallocated buffer (never a whole episode in memory), with
+PyAV frame threading on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+
+from eva.dataset.errors import DatasetError
+
+SUPPORTED_CODECS = ("libx264", "libsvtav1")
+# Codec name as LeRobot records it in info.json `video.codec`.
+CODEC_INFO_NAME = {"libx264": "h264", "libsvtav1": "av1"}
+
+
+@dataclass(frozen=True)
+class VideoOptions:
+    """Encoder settings. ``preset`` is an x264 preset name, or an SVT-AV1 preset number as text."""
+
+    codec: str = "libx264"
+    crf: int = 23
+    preset: str = "veryfast"
+    gop: int = 30
+    pix_fmt: str = "yuv420p"
+
+    def __post_init__(self) -> None:
+        if self.codec not in SUPPORTED_CODECS:
+            raise ValueError(
+                f"video codec {self.codec!r}: choose one of {', '.join(SUPPORTED_CODECS)}"
+            )
+        if self.gop < 1:
+            raise ValueError(f"video gop {self.gop}: must be >= 1")
+        if not 0 <= int(self.crf) <= 63:
+            raise ValueError(f"video crf {self.crf}: must be in 0..63")
+
+    @property
+    def info_codec(self) -> str:
+        return CODEC_INFO_NAME[self.codec]
+
+
+def _codec_options(options: VideoOptions) -> dict[str, str]:
+    if options.codec == "libx264":
+        # keyint = min-keyint and scenecut=0: a keyframe exactly every `gop` frames and nowhere
+        # else; bframes=0 keeps decode order == presentation order (packet-copy concatenation).
+        return {
+            "crf": str(options.crf),
+            "preset": options.preset,
+            "x264-params": (
+                f"keyint={options.gop}:min-keyint={options.gop}:scenecut=0:bframes=0:"
+                "open-gop=0:repeat-headers=1"
+            ),
+        }
+    preset = options.preset if options.preset.isdigit() else "12"
+    return {
+        "crf": str(options.crf),
+        "preset": preset,
+        "g": str(options.gop),
+        "svtav1-params": f"keyint={options.gop}:scd=0",
+    }
+
+
+class VideoEncoder:
+    """Stream RGB frames into one MP4 file.
+
+    ``write`` takes (n, H, W, 3) uint8 batches; the file is complete only after ``close``.
+    """
+
+    def __init__(
+        self, path: Path, width: int, height: int, fps: int, options: VideoOptions | None = None
+    ) -> None:
+        self.path = Path(path)
+        self.width = int(width)
+        self.height = int(height)
+        self.fps = int(fps)
+        self.options = options or VideoOptions()
+        if self.options.pix_fmt == "yuv420p" and (self.width % 2 or self.height % 2):
+            raise DatasetError(
+                f"{self.path.name}: {self.width}x{self.height} must have even width and height for yuv420p"
+            )
+        self.frames_written = 0
+        self._container = av.open(str(self.path), mode="w", format="mp4")
+        try:
+            stream = self._container.add_stream(
+                self.options.codec, rate=self.fps, options=_codec_options(self.options)
+            )
+            stream.width = self.width
+            stream.height = self.height
+            stream.pix_fmt = self.options.pix_fmt
+            stream.codec_context.time_base = Fraction(1, self.fps)
+            stream.codec_context.gop_size = self.options.gop
+            stream.codec_context.max_b_frames = 0
+        except BaseException:
+            self._container.close()
+            raise
+        self._stream = stream
+        self._closed = False
+
+    def write(self, batch: np.ndarray) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.path.name}: encoder already closed")
+        if batch.ndim != 4 or batch.shape[1:] != (self.height, self.width, 3):
+            raise DatasetError(
+                f"{self.path.name}: frame batch shape {tuple(batch.shape)} != "
+                f"(n, {self.height}, {self.width}, 3)"
+            )
+        if batch.dtype != np.uint8:
+            raise DatasetError(f"{self.path.name}: frame dtype {batch.dtype} != uint8")
+        for image in batch:
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+            frame.pts = self.frames_written
+            frame.time_base = self._stream.codec_context.time_base
+            for packet in self._stream.encode(frame):
+                self._container.mux(packet)
+            self.frames_written += 1
+
+    def close(self) -> None:
+        """Flush the encoder and finish the MP4 (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for packet in self._stream.encode(None):
+                self._container.mux(packet)
+        finally:
+            self._container.close()
+
+    def abort(self) -> None:
+        """Close without caring about the output (which the caller deletes)."""
+        if self._closed:
+            return
+        self._closed = True
+        # The half-written file is discarded by the caller: errors closing it do not matter.
+        with contextlib.suppress(Exception):
+            self._container.close()
+
+    def __enter__(self) -> VideoEncoder:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def _open_input(path: Path) -> av.container.InputContainer:
+    try:
+        return av.open(str(path), mode="r")
+    except (av.error.FFmpegError, OSError) as e:
+        raise DatasetError(f"{path}: cannot open video ({e.__class__.__name__}: {e})") from None
+
+
+def _video_stream(
+    container: av.container.InputContainer, path: Path
+) -> av.video.stream.VideoStream:
+    if not container.streams.video:
+        raise DatasetError(f"{path}: no video stream")
+    return container.streams.video[0]
+
+
+def probe(path: Path) -> dict[str, Any]:
+    """Codec, size, pixel format, fps and frame count of the first video stream (no decoding)."""
+    path = Path(path)
+    with _open_input(path) as container:
+        stream = _video_stream(container, path)
+        ctx = stream.codec_context
+        rate = stream.average_rate or stream.guessed_rate
+        return {
+            "codec": ctx.name,
+            "width": ctx.width,
+            "height": ctx.height,
+            "pix_fmt": ctx.pix_fmt,
+            "fps": float(rate) if rate else None,
+            "frames": _count_stream_frames(container, stream),
+        }
+
+
+def _count_stream_frames(
+    container: av.container.InputContainer, stream: av.video.stream.VideoStream
+) -> int:
+    if stream.frames > 0:
+        return int(stream.frames)
+    # No frame count in the header (e.g. some muxers): count packets without decoding.
+    return sum(1 for packet in container.demux(stream) if packet.size > 0)
+
+
+def count_frames(path: Path) -> int:
+    """Frame count from the container (the MP4 sample table), without decoding."""
+    path = Path(path)
+    with _open_input(path) as container:
+        return _count_stream_frames(container, _video_stream(container, path))
+
+
+def count_decoded_frames(path: Path) -> int:
+    """Frame count by actually decoding every frame (no pixel conversion): the ground truth."""
+    path = Path(path)
+    with _open_input(path) as container:
+        stream = _video_stream(container, path)
+        stream.thread_type = "AUTO"
+        try:
+            return sum(1 for _ in container.decode(stream))
+        except av.error.FFmpegError as e:
+            raise DatasetError(f"{path}: decode failed ({e})") from None
+
+
+def iter_frame_batches(
+    path: Path, batch_size: int = 32, *, out: np.ndarray | None = None
+) -> Iterator[np.ndarray]:
+    """Yield (n, H, W, 3) uint8 RGB batches of at most ``batch_size`` frames.
+
+    Every batch is a view of ONE preallocated buffer (``out`` if given, shape
+    (batch_size, H, W, 3)) that is overwritten by the next batch: copy a batch if you keep it
+    past the next iteration. This keeps memory bounded and avoids touching fresh pages per batch.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    path = Path(path)
+    with _open_input(path) as container:
+        stream = _video_stream(container, path)
+        stream.thread_type = "AUTO"
+        height, width = stream.codec_context.height, stream.codec_context.width
+        if out is None:
+            out = np.empty((batch_size, height, width, 3), dtype=np.uint8)
+        elif out.shape[1:] != (height, width, 3) or out.dtype != np.uint8 or len(out) < 1:
+            raise ValueError(
+                f"out buffer {out.shape} {out.dtype} does not fit {height}x{width}x3 uint8"
+            )
+        capacity = min(batch_size, len(out))
+        filled = 0
+        try:
+            for frame in container.decode(stream):
+                if frame.width != width or frame.height != height:
+                    raise DatasetError(
+                        f"{path}: frame {frame.index} is {frame.width}x{frame.height}, "
+                        f"stream is {width}x{height}"
+                    )
+                np.copyto(out[filled], frame.to_ndarray(format="rgb24"))
+                filled += 1
+                if filled == capacity:
+                    yield out[:filled]
+                    filled = 0
+        except av.error.FFmpegError as e:
+            raise DatasetError(f"{path}: decode failed ({e})") from None
+        if filled:
+            yield out[:filled]

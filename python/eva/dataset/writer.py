@@ -1,0 +1,744 @@
+"""Append episodes to a raw LeRobot v2.1 dataset (contracts §1).
+
+``DatasetWriter.create_or_open`` creates the directory (or opens an existing one, checking that
+its features match) and reads the metadata ONCE; afterwards every append only writes the new
+episode's files and rewrites metadata from running state held in memory, so the cost of an append
+does not grow with the number of episodes already in the dataset.
+
+An episode is staged in ``<root>/.eva-work/<random>/`` (MP4s encode there frame batch by frame
+batch; vector rows are buffered, they are small) and becomes visible at ``commit``:
+
+1. parquet written under a temporary name, then renamed into ``data/chunk-XXX/``;
+2. MP4s renamed into ``videos/chunk-XXX/<key>/``;
+3. ``tasks.jsonl`` (if the task is new), ``episodes_stats.jsonl``, ``episodes.jsonl`` (the commit
+   point: an episode exists once its row is there), ``stats.json``, ``info.json``, each replaced
+   atomically through ``eva.dataset.atomic``.
+
+A crash before step 3's episodes row leaves only orphan files under the index that the next commit
+reuses (and overwrites); ``create_or_open`` also repairs metadata written after the commit point
+(totals, stats) from ``episodes.jsonl``. One writer per dataset at a time (an flock on
+``.eva-work/writer.lock``); commits from several threads of that writer are serialised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eva.dataset import atomic, layout
+from eva.dataset.errors import DatasetError
+from eva.dataset.stats import ImageStats, RunningMerge, VectorStats, merge_stats
+from eva.dataset.video import VideoEncoder, VideoOptions
+
+__all__ = [
+    "CameraSpec",
+    "DatasetWriter",
+    "EpisodeWriter",
+    "VectorSpec",
+    "VideoOptions",
+    "default_feature_names",
+    "INDEX_FEATURES",
+]
+
+# Per-row bookkeeping columns every v2.1 table has (LeRobot's DEFAULT_FEATURES), in table order.
+INDEX_FEATURES: dict[str, str] = {
+    "timestamp": "float32",
+    "frame_index": "int64",
+    "episode_index": "int64",
+    "index": "int64",
+    "task_index": "int64",
+}
+CAPTURE_TIME = "capture_time"
+# Episode-row keys the writer owns; extra_row_fields may not override them.
+RESERVED_ROW_KEYS = frozenset({"episode_index", "tasks", "length", "video_keys"})
+LOCK_NAME = "writer.lock"
+
+
+@dataclass(frozen=True)
+class CameraSpec:
+    """One camera: ``key`` is the video feature name (e.g. ``observation.images.front``)."""
+
+    key: str
+    height: int
+    width: int
+
+    def __post_init__(self) -> None:
+        layout.check_video_key(self.key)
+        if self.height < 2 or self.width < 2:
+            raise ValueError(f"camera {self.key}: size {self.width}x{self.height} is too small")
+
+
+@dataclass(frozen=True)
+class VectorSpec:
+    """One float32 vector column (``observation.state``, ``action``...); ``names`` per dim."""
+
+    name: str
+    dim: int
+    names: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "\n" in self.name:
+            raise ValueError(f"vector name {self.name!r} is not a usable column name")
+        if self.name in INDEX_FEATURES or self.name == CAPTURE_TIME:
+            raise ValueError(f"vector name {self.name!r} collides with a bookkeeping column")
+        if self.dim < 1:
+            raise ValueError(f"vector {self.name}: dim {self.dim} must be >= 1")
+        if self.names is not None and len(self.names) != self.dim:
+            raise ValueError(f"vector {self.name}: {len(self.names)} names for dim {self.dim}")
+
+    def feature_names(self) -> list[str]:
+        return list(self.names) if self.names is not None else default_feature_names(self.dim)
+
+
+def default_feature_names(dim: int) -> list[str]:
+    return [f"dim_{i}" for i in range(dim)]
+
+
+def _video_feature(cam: CameraSpec, fps: int, options: VideoOptions) -> dict[str, Any]:
+    return {
+        "dtype": "video",
+        "shape": [cam.height, cam.width, 3],
+        "names": ["height", "width", "channels"],
+        "info": {
+            "video.height": cam.height,
+            "video.width": cam.width,
+            "video.codec": options.info_codec,
+            "video.pix_fmt": options.pix_fmt,
+            "video.is_depth_map": False,
+            "video.fps": fps,
+            "video.channels": 3,
+            "has_audio": False,
+        },
+    }
+
+
+def build_features(
+    fps: int, cameras: Sequence[CameraSpec], vectors: Sequence[VectorSpec], options: VideoOptions
+) -> dict[str, dict[str, Any]]:
+    """info.json ``features`` in table order: vectors, videos, timestamp, capture_time, indices."""
+    features: dict[str, dict[str, Any]] = {}
+    for vec in vectors:
+        features[vec.name] = {"dtype": "float32", "shape": [vec.dim], "names": vec.feature_names()}
+    for cam in cameras:
+        features[cam.key] = _video_feature(cam, fps, options)
+    features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
+    features[CAPTURE_TIME] = {"dtype": "float64", "shape": [1], "names": None}
+    for name in ("frame_index", "episode_index", "index", "task_index"):
+        features[name] = {"dtype": "int64", "shape": [1], "names": None}
+    return features
+
+
+def huggingface_schema_metadata(features: Mapping[str, Mapping[str, Any]]) -> bytes:
+    """The ``huggingface`` parquet schema metadata LeRobot/datasets write (non-video columns)."""
+    hf: dict[str, Any] = {}
+    for name, feat in features.items():
+        if feat["dtype"] in ("video", "image"):
+            continue
+        value = {"dtype": feat["dtype"], "_type": "Value"}
+        if tuple(feat["shape"]) == (1,) and feat.get("names") is None:
+            hf[name] = value
+        else:
+            hf[name] = {"feature": value, "length": int(feat["shape"][0]), "_type": "Sequence"}
+    return json.dumps({"info": {"features": hf}}).encode()
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    """numpy scalars/arrays -> Python values; refuse NaN/inf and non-JSON objects early."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v, where) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist(), where)
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DatasetError(f"episode field {where}: non-finite value {value}")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise DatasetError(f"episode field {where}: {type(value).__name__} is not JSON data")
+
+
+class DatasetWriter:
+    """Appends episodes to one raw v2.1 dataset. Use ``create_or_open``."""
+
+    def __init__(self) -> None:  # pragma: no cover - guarded: use create_or_open
+        raise TypeError("use DatasetWriter.create_or_open(root, ...)")
+
+    @classmethod
+    def create_or_open(
+        cls,
+        root: Path | str,
+        *,
+        fps: int,
+        cameras: Sequence[CameraSpec] = (),
+        vectors: Sequence[VectorSpec] = (),
+        robot_type: str = "unknown",
+        video: VideoOptions | None = None,
+        chunks_size: int = layout.DEFAULT_CHUNKS_SIZE,
+        durable: bool = True,
+    ) -> DatasetWriter:
+        """Create ``root`` as an empty v2.1 dataset, or open it for appending.
+
+        An existing dataset must have the same fps, cameras (key and size) and vectors (name and
+        dim); its chunks_size wins over the argument. ``durable=False`` skips fsync (tests,
+        benchmarks, throwaway data).
+        """
+        self = object.__new__(cls)
+        self._init(
+            Path(root), int(fps), list(cameras), list(vectors), robot_type,
+            video or VideoOptions(), int(chunks_size), durable,
+        )  # fmt: skip
+        return self
+
+    def _init(
+        self,
+        root: Path,
+        fps: int,
+        cameras: list[CameraSpec],
+        vectors: list[VectorSpec],
+        robot_type: str,
+        video: VideoOptions,
+        chunks_size: int,
+        durable: bool,
+    ) -> None:
+        if fps < 1:
+            raise DatasetError(f"{root}: fps {fps} must be >= 1")
+        if chunks_size < 1:
+            raise DatasetError(f"{root}: chunks_size {chunks_size} must be >= 1")
+        keys = [c.key for c in cameras] + [v.name for v in vectors]
+        if len(set(keys)) != len(keys):
+            raise DatasetError(f"{root}: duplicate camera/vector names in {keys}")
+        self.root = root
+        self.fps = fps
+        self.cameras = cameras
+        self.vectors = vectors
+        self.video = video
+        self.durable = durable
+        self._lock = threading.Lock()
+        self._closed = False
+
+        root.mkdir(parents=True, exist_ok=True)
+        self.work_root = root / layout.WORK_DIR
+        self.work_root.mkdir(exist_ok=True)
+        self._lock_fd = os.open(self.work_root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise DatasetError(f"{root}: another writer has this dataset open") from None
+        try:
+            self._clean_stale_work()
+            if (root / layout.INFO).exists():
+                self._open_existing(robot_type, chunks_size)
+            else:
+                self._create_new(robot_type, chunks_size)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- opening -------------------------------------------------------------------------
+
+    def _clean_stale_work(self) -> None:
+        """Work dirs and temp files left by a crashed writer (we hold the lock: nobody else)."""
+        for entry in self.work_root.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+        atomic.remove_stale_temporaries(self.root / layout.META_DIR)
+
+    def _create_new(self, robot_type: str, chunks_size: int) -> None:
+        self.features = build_features(self.fps, self.cameras, self.vectors, self.video)
+        self.info: dict[str, Any] = {
+            "codebase_version": layout.CODEBASE_VERSION,
+            "robot_type": robot_type,
+            "total_episodes": 0,
+            "total_frames": 0,
+            "total_tasks": 0,
+            "total_videos": 0,
+            "total_chunks": 0,
+            "chunks_size": chunks_size,
+            "fps": self.fps,
+            "splits": {"train": "0:0"},
+            "data_path": layout.DATA_PATH,
+            "video_path": layout.VIDEO_PATH if self.cameras else None,
+            "features": self.features,
+        }
+        self.chunks_size = chunks_size
+        self._tasks: dict[str, int] = {}
+        self._episode_indices: set[int] = set()
+        self._next_episode = 0
+        self._total_frames = 0
+        self._max_chunk = -1
+        self._stats = RunningMerge()
+        meta = self.root / layout.META_DIR
+        meta.mkdir(exist_ok=True)
+        for name in (layout.EPISODES, layout.EPISODES_STATS, layout.TASKS):
+            if not (self.root / name).exists():
+                atomic.atomic_write_bytes(self.root / name, b"", durable=self.durable)
+        atomic.atomic_write_json(self.root / layout.STATS, {}, durable=self.durable)
+        # info.json last: its presence marks the directory as a dataset.
+        atomic.atomic_write_json(self.root / layout.INFO, self.info, durable=self.durable)
+        self._has_capture_time = True
+
+    def _read_json(self, rel: str) -> Any:
+        path = self.root / rel
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise DatasetError(f"{path}: cannot read ({e})") from None
+
+    def _read_jsonl(self, rel: str) -> list[dict[str, Any]]:
+        path = self.root / rel
+        if not path.exists():
+            return []
+        try:
+            return atomic.read_jsonl(path)
+        except (OSError, ValueError) as e:
+            raise DatasetError(str(e)) from None
+
+    def _open_existing(self, robot_type: str, chunks_size: int) -> None:
+        info = self._read_json(layout.INFO)
+        path = self.root / layout.INFO
+        if not isinstance(info, dict):
+            raise DatasetError(f"{path}: not a JSON object")
+        if info.get("codebase_version") != layout.CODEBASE_VERSION:
+            raise DatasetError(
+                f"{path}: codebase_version {info.get('codebase_version')!r} is not "
+                f"{layout.CODEBASE_VERSION!r}"
+            )
+        if int(info.get("fps", -1)) != self.fps:
+            raise DatasetError(f"{path}: fps {info.get('fps')} != requested {self.fps}")
+        features = info.get("features") or {}
+        self._check_features(features, path)
+        self.info = info
+        self.features = features
+        self.chunks_size = int(info.get("chunks_size") or chunks_size)
+        self._has_capture_time = CAPTURE_TIME in features
+
+        tasks = self._read_jsonl(layout.TASKS)
+        self._tasks = {}
+        for row in tasks:
+            try:
+                self._tasks[str(row["task"])] = int(row["task_index"])
+            except (KeyError, TypeError, ValueError):
+                raise DatasetError(f"{self.root / layout.TASKS}: bad row {row}") from None
+        episodes = self._read_jsonl(layout.EPISODES)
+        try:
+            lengths = {int(r["episode_index"]): int(r["length"]) for r in episodes}
+        except (KeyError, TypeError, ValueError):
+            raise DatasetError(
+                f"{self.root / layout.EPISODES}: a row lacks an integer episode_index/length"
+            ) from None
+        if len(lengths) != len(episodes):
+            raise DatasetError(f"{self.root / layout.EPISODES}: duplicate episode_index")
+        self._episode_indices = set(lengths)
+        self._next_episode = max(lengths, default=-1) + 1
+        self._total_frames = sum(lengths.values())
+        self._max_chunk = (
+            max(layout.episode_chunk(e, self.chunks_size) for e in lengths) if lengths else -1
+        )
+        self._repair_after_crash(episodes)
+
+    def _check_features(self, features: Mapping[str, Any], path: Path) -> None:
+        want_cams = {c.key: c for c in self.cameras}
+        want_vecs = {v.name: v for v in self.vectors}
+        have_cams = {k for k, f in features.items() if f.get("dtype") == "video"}
+        if have_cams != set(want_cams):
+            raise DatasetError(
+                f"{path}: cameras {sorted(have_cams)} != requested {sorted(want_cams)}"
+            )
+        for key, cam in want_cams.items():
+            feat = features[key]
+            if list(feat.get("shape", [])) != [cam.height, cam.width, 3]:
+                raise DatasetError(
+                    f"{path}: feature {key} shape {feat.get('shape')} != "
+                    f"[{cam.height}, {cam.width}, 3]"
+                )
+            codec = (feat.get("info") or {}).get("video.codec")
+            if codec not in (None, self.video.info_codec):
+                raise DatasetError(
+                    f"{path}: feature {key} is {codec} video, writer encodes {self.video.info_codec}"
+                )
+        skip = set(INDEX_FEATURES) | {CAPTURE_TIME} | have_cams
+        have_vecs = {k for k in features if k not in skip}
+        if have_vecs != set(want_vecs):
+            raise DatasetError(
+                f"{path}: vectors {sorted(have_vecs)} != requested {sorted(want_vecs)}"
+            )
+        for name, vec in want_vecs.items():
+            feat = features[name]
+            if feat.get("dtype") != "float32" or list(feat.get("shape", [])) != [vec.dim]:
+                raise DatasetError(
+                    f"{path}: feature {name} is {feat.get('dtype')}{feat.get('shape')}, "
+                    f"requested float32[{vec.dim}]"
+                )
+
+    def _repair_after_crash(self, episodes: list[dict[str, Any]]) -> None:
+        """Bring totals, per-episode stats and stats.json in line with episodes.jsonl.
+
+        Only needed if a previous writer died after the commit point; costs one read of
+        episodes_stats.jsonl, once per open.
+        """
+        stats_rows = self._read_jsonl(layout.EPISODES_STATS)
+        kept = [r for r in stats_rows if r.get("episode_index") in self._episode_indices]
+        seen: set[int] = set()
+        deduped = []
+        for row in reversed(kept):  # a re-committed index: the later row is the real one
+            if row["episode_index"] not in seen:
+                seen.add(row["episode_index"])
+                deduped.append(row)
+        deduped.reverse()
+        if len(deduped) != len(stats_rows):
+            atomic.atomic_write_jsonl(
+                self.root / layout.EPISODES_STATS, deduped, durable=self.durable
+            )
+        stats_path = self.root / layout.STATS
+        stats = self._read_json(layout.STATS) if stats_path.exists() else None
+        counted = None
+        if isinstance(stats, dict) and "frame_index" in stats:
+            with contextlib.suppress(KeyError, TypeError, ValueError, IndexError):
+                counted = int(stats["frame_index"]["count"][0])
+        if counted == self._total_frames and isinstance(stats, dict):
+            try:
+                # mean, std and count fully describe the pooled moments: no per-episode re-read.
+                self._stats = RunningMerge.from_stats(stats)
+            except (ValueError, TypeError) as e:
+                raise DatasetError(f"{stats_path}: unusable stats ({e})") from None
+        else:
+            merged = merge_stats([r["stats"] for r in deduped]) if deduped else {}
+            self._stats = RunningMerge.from_stats(merged)
+            atomic.atomic_write_json(stats_path, merged, durable=self.durable)
+        expected = self._info_totals()
+        if any(self.info.get(k) != v for k, v in expected.items()):
+            self.info.update(expected)
+            atomic.atomic_write_json(self.root / layout.INFO, self.info, durable=self.durable)
+
+    def _info_totals(self) -> dict[str, Any]:
+        n = len(self._episode_indices)
+        return {
+            "total_episodes": n,
+            "total_frames": self._total_frames,
+            "total_tasks": len(self._tasks),
+            "total_videos": n * len(self.cameras),
+            "total_chunks": self._max_chunk + 1,
+            "splits": {"train": f"0:{self._next_episode}"},
+        }
+
+    # ---- public --------------------------------------------------------------------------
+
+    @property
+    def total_episodes(self) -> int:
+        return len(self._episode_indices)
+
+    @property
+    def total_frames(self) -> int:
+        return self._total_frames
+
+    @property
+    def next_episode_index(self) -> int:
+        return self._next_episode
+
+    @property
+    def tasks(self) -> dict[int, str]:
+        return {i: t for t, i in self._tasks.items()}
+
+    def begin_episode(self, task: str) -> EpisodeWriter:
+        if self._closed:
+            raise DatasetError(f"{self.root}: writer is closed")
+        if not isinstance(task, str) or not task.strip():
+            raise DatasetError(f"{self.root}: task prompt must be a non-empty string")
+        return EpisodeWriter(self, task)
+
+    def close(self) -> None:
+        """Release the dataset lock. Episodes still in progress can no longer commit."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    # ---- commit (called by EpisodeWriter) ------------------------------------------------
+
+    def _data_path(self, episode_index: int) -> Path:
+        chunk = layout.episode_chunk(episode_index, self.chunks_size)
+        template = self.info.get("data_path") or layout.DATA_PATH
+        return self.root / template.format(episode_chunk=chunk, episode_index=episode_index)
+
+    def _video_path(self, episode_index: int, key: str) -> Path:
+        chunk = layout.episode_chunk(episode_index, self.chunks_size)
+        template = self.info.get("video_path") or layout.VIDEO_PATH
+        return self.root / template.format(
+            episode_chunk=chunk, episode_index=episode_index, video_key=key
+        )
+
+    def _commit(self, episode: EpisodeWriter, extra: dict[str, Any]) -> int:
+        n = episode.length
+        vectors = {
+            v.name: np.concatenate(episode._vector_parts[v.name], axis=0)
+            if episode._vector_parts[v.name]
+            else np.zeros((0, v.dim), np.float32)
+            for v in self.vectors
+        }
+        capture_time = np.concatenate(episode._capture_parts)
+        frame_index = np.arange(n, dtype=np.int64)
+        timestamp = (frame_index / self.fps).astype(np.float32)
+
+        with self._lock:
+            if self._closed:
+                raise DatasetError(f"{self.root}: writer is closed")
+            ep = self._next_episode
+            task = episode.task
+            new_task = task not in self._tasks
+            task_index = len(self._tasks) if new_task else self._tasks[task]
+            if new_task and task_index in self._tasks.values():
+                task_index = max(self._tasks.values()) + 1
+            start = self._total_frames
+
+            columns: dict[str, pa.Array] = {}
+            for v in self.vectors:
+                flat = pa.array(vectors[v.name].reshape(-1), type=pa.float32())
+                columns[v.name] = pa.FixedSizeListArray.from_arrays(flat, v.dim)
+            columns["timestamp"] = pa.array(timestamp, type=pa.float32())
+            if self._has_capture_time:
+                columns[CAPTURE_TIME] = pa.array(capture_time, type=pa.float64())
+            columns["frame_index"] = pa.array(frame_index)
+            columns["episode_index"] = pa.array(np.full(n, ep, dtype=np.int64))
+            columns["index"] = pa.array(np.arange(start, start + n, dtype=np.int64))
+            columns["task_index"] = pa.array(np.full(n, task_index, dtype=np.int64))
+            table = pa.table(columns).replace_schema_metadata(
+                {"huggingface": huggingface_schema_metadata(self.features)}
+            )
+
+            ep_stats = dict(episode._image_stats_results())
+            for v in self.vectors:
+                s = VectorStats(v.dim)
+                s.update(vectors[v.name])
+                ep_stats[v.name] = s.result()
+            scalar_columns = ["timestamp", "frame_index", "episode_index", "index", "task_index"]
+            if self._has_capture_time:
+                scalar_columns.insert(1, CAPTURE_TIME)
+            for name in scalar_columns:
+                s = VectorStats(1)
+                s.update(columns[name].to_numpy().reshape(n, 1))
+                ep_stats[name] = s.result()
+            ep_stats = {k: ep_stats[k] for k in self.features if k in ep_stats}
+
+            row: dict[str, Any] = {"episode_index": ep, "tasks": [task], "length": n}
+            if self.cameras:
+                row["video_keys"] = [c.key for c in self.cameras]
+            row.update(extra)
+
+            data_path = self._data_path(ep)
+            tmp = data_path.with_name(atomic.TMP_PREFIX + data_path.name)
+            moved: list[Path] = []
+            try:
+                data_path.parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(table, tmp)
+                if self.durable:
+                    with open(tmp, "rb") as f:
+                        os.fsync(f.fileno())
+                os.replace(tmp, data_path)
+                moved.append(data_path)
+                for cam in self.cameras:
+                    dest = self._video_path(ep, cam.key)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(episode._video_files[cam.key], dest)
+                    moved.append(dest)
+                if self.durable:
+                    for d in {p.parent for p in moved}:
+                        atomic.fsync_dir(d)
+                if new_task:
+                    atomic.atomic_append_jsonl(
+                        self.root / layout.TASKS,
+                        [{"task_index": task_index, "task": task}],
+                        durable=self.durable,
+                    )
+                atomic.atomic_append_jsonl(
+                    self.root / layout.EPISODES_STATS,
+                    [{"episode_index": ep, "stats": ep_stats}],
+                    durable=self.durable,
+                )
+                # Commit point: from here on the episode exists.
+                atomic.atomic_append_jsonl(self.root / layout.EPISODES, [row], durable=self.durable)
+            except BaseException:
+                for p in moved:
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                if new_task:
+                    # tasks.jsonl may hold the new task now; keep memory in line with the file.
+                    self._tasks[task] = task_index
+                raise
+
+            if new_task:
+                self._tasks[task] = task_index
+            self._episode_indices.add(ep)
+            self._next_episode = ep + 1
+            self._total_frames += n
+            self._max_chunk = max(self._max_chunk, layout.episode_chunk(ep, self.chunks_size))
+            self._stats.add(ep_stats)
+            atomic.atomic_write_json(
+                self.root / layout.STATS, self._stats.result(), durable=self.durable
+            )
+            self.info.update(self._info_totals())
+            atomic.atomic_write_json(self.root / layout.INFO, self.info, durable=self.durable)
+            return ep
+
+
+class EpisodeWriter:
+    """One episode being recorded: ``add_frames`` batches, then ``commit`` or ``abort``."""
+
+    def __init__(self, writer: DatasetWriter, task: str) -> None:
+        self.writer = writer
+        self.task = task
+        self.length = 0
+        self.work_dir = Path(tempfile.mkdtemp(prefix="ep-", dir=writer.work_root))
+        self._encoders: dict[str, VideoEncoder] = {}
+        self._video_files = {
+            c.key: self.work_dir / f"{i:02d}.mp4" for i, c in enumerate(writer.cameras)
+        }
+        self._image_stats = {c.key: ImageStats() for c in writer.cameras}
+        self._vector_parts: dict[str, list[np.ndarray]] = {v.name: [] for v in writer.vectors}
+        self._capture_parts: list[np.ndarray] = []
+        self._done = False
+
+    def add_frames(
+        self,
+        images: Mapping[str, np.ndarray] | None = None,
+        vectors: Mapping[str, np.ndarray] | None = None,
+        capture_time: np.ndarray | Sequence[float] | None = None,
+    ) -> None:
+        """Append n aligned frames: every camera (n,H,W,3) uint8, every vector (n,dim).
+
+        ``capture_time`` (n,) float64 seconds; omitted, it defaults to the fps grid instants.
+        Images are encoded right away (never held); vectors are buffered until commit.
+        """
+        if self._done:
+            raise DatasetError(f"episode in {self.work_dir}: already committed or aborted")
+        images = dict(images or {})
+        vectors = dict(vectors or {})
+        w = self.writer
+        want_cams = {c.key for c in w.cameras}
+        want_vecs = {v.name for v in w.vectors}
+        if set(images) != want_cams:
+            raise DatasetError(
+                f"add_frames: images for {sorted(images)}, dataset cameras are {sorted(want_cams)}"
+            )
+        if set(vectors) != want_vecs:
+            raise DatasetError(
+                f"add_frames: vectors {sorted(vectors)}, dataset vectors are {sorted(want_vecs)}"
+            )
+        counts = {k: len(a) for k, a in {**images, **vectors}.items()}
+        if capture_time is not None:
+            capture_time = np.asarray(capture_time, dtype=np.float64).reshape(-1)
+            counts["capture_time"] = len(capture_time)
+        if not counts:
+            raise DatasetError(
+                "add_frames: a dataset without cameras or vectors needs capture_time"
+            )
+        n = next(iter(counts.values()))
+        if any(c != n for c in counts.values()):
+            raise DatasetError(f"add_frames: frame counts differ between fields {counts}")
+        if n == 0:
+            return
+        for cam in w.cameras:
+            batch = np.asarray(images[cam.key])
+            if batch.dtype != np.uint8 or batch.shape != (n, cam.height, cam.width, 3):
+                raise DatasetError(
+                    f"add_frames: camera {cam.key} batch is {batch.dtype}{tuple(batch.shape)}, "
+                    f"expected uint8({n}, {cam.height}, {cam.width}, 3)"
+                )
+        checked: dict[str, np.ndarray] = {}
+        for vec in w.vectors:
+            arr = np.asarray(vectors[vec.name])
+            if arr.shape != (n, vec.dim):
+                raise DatasetError(
+                    f"add_frames: vector {vec.name} shape {tuple(arr.shape)} != ({n}, {vec.dim})"
+                )
+            checked[vec.name] = arr.astype(np.float32, copy=True)
+        if capture_time is None:
+            capture_time = (np.arange(self.length, self.length + n) / w.fps).astype(np.float64)
+        for cam in w.cameras:
+            encoder = self._encoders.get(cam.key)
+            if encoder is None:
+                encoder = VideoEncoder(
+                    self._video_files[cam.key], cam.width, cam.height, w.fps, w.video
+                )
+                self._encoders[cam.key] = encoder
+            batch = images[cam.key]
+            encoder.write(batch)
+            self._image_stats[cam.key].update(batch)
+        for name, arr in checked.items():
+            self._vector_parts[name].append(arr)
+        self._capture_parts.append(np.array(capture_time, dtype=np.float64))
+        self.length += n
+
+    def _image_stats_results(self) -> dict[str, Any]:
+        return {key: s.result() for key, s in self._image_stats.items()}
+
+    def commit(self, extra_row_fields: Mapping[str, Any] | None = None) -> int | None:
+        """Publish the episode; returns its index, or None (nothing written) for zero frames.
+
+        ``extra_row_fields`` go into the episodes.jsonl row (quality, quality_issues, timing...).
+        """
+        if self._done:
+            raise DatasetError(f"episode in {self.work_dir}: already committed or aborted")
+        extra = _jsonable(dict(extra_row_fields or {}), "extra_row_fields")
+        clash = RESERVED_ROW_KEYS & set(extra)
+        if clash:
+            raise DatasetError(f"extra_row_fields may not set {sorted(clash)}")
+        if self.length == 0:
+            self.abort()
+            return None
+        try:
+            for key, encoder in self._encoders.items():
+                encoder.close()
+                if encoder.frames_written != self.length:
+                    raise DatasetError(
+                        f"camera {key}: encoded {encoder.frames_written} frames, episode has "
+                        f"{self.length}"
+                    )
+            episode_index = self.writer._commit(self, extra)
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        return episode_index
+
+    def abort(self) -> None:
+        """Drop the episode: close encoders, remove the work dir. Idempotent."""
+        self._done = True
+        for encoder in self._encoders.values():
+            encoder.abort()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> EpisodeWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None or not self._done:
+            self.abort()

@@ -1,0 +1,47 @@
+"""Shared fixtures for the whole suite (keep them cheap: tiny frames, few episodes).
+
+* ``lerobot_fixture_dir``: the committed LeRobot-0.3.3-written v2.1 dataset (read only!).
+* ``synthetic_dataset``: factory ``synthetic_dataset(name="raw", **kwargs) -> Path`` writing a raw
+  v2.1 dataset under ``tmp_path`` through the real writer; kwargs go to
+  ``eva.capture.synthetic.write_synthetic_dataset`` (episodes, frames, cameras, width, height,
+  fps, quality, quality_issues, qc_verdicts, qc_notes, tasks, extra_rows, seed, chunks_size...).
+  Calling it twice with the same name appends to the same dataset.
+* ``small_dataset``: a ready 3-episode dataset (green / red+pass / red), 1 camera 64x48, 12-16
+  frames each, at ``tmp_path / "raw"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eva.capture.synthetic import write_synthetic_dataset
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LEROBOT_V21_FIXTURE = FIXTURES / "lerobot_v21_fixture"
+
+
+@pytest.fixture
+def lerobot_fixture_dir() -> Path:
+    return LEROBOT_V21_FIXTURE
+
+
+@pytest.fixture
+def synthetic_dataset(tmp_path: Path) -> Callable[..., Path]:
+    def make(name: str = "raw", **kwargs: Any) -> Path:
+        return write_synthetic_dataset(tmp_path / name, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def small_dataset(synthetic_dataset: Callable[..., Path]) -> Path:
+    return synthetic_dataset(
+        episodes=3,
+        frames=[12, 16, 14],
+        quality=["green", "red", "red"],
+        qc_verdicts=[None, "pass", None],
+        tasks=["pick the red cube", "place it in the bin"],
+    )

@@ -1,0 +1,483 @@
+"""DatasetWriter -> DatasetReader round trips on real PyAV MP4s and real parquet files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from eva.capture.synthetic import SyntheticScene, joint_actions, joint_states
+from eva.dataset import atomic, layout
+from eva.dataset.errors import DatasetError
+from eva.dataset.reader import DatasetReader
+from eva.dataset.video import VideoOptions, count_decoded_frames, probe
+from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
+
+FRONT = "observation.images.front"
+
+
+def _open(root: Path, **kwargs) -> DatasetWriter:
+    kwargs.setdefault("fps", 30)
+    kwargs.setdefault("cameras", [CameraSpec(FRONT, 48, 64)])
+    kwargs.setdefault("vectors", [VectorSpec("observation.state", 3), VectorSpec("action", 3)])
+    kwargs.setdefault("durable", False)
+    return DatasetWriter.create_or_open(root, **kwargs)
+
+
+def _add(episode, start: int, n: int, scene: SyntheticScene, seed: float = 0.0) -> np.ndarray:
+    images = scene.frames(start, n)
+    rows = np.arange(start, start + n, dtype=np.float32)[:, None]
+    episode.add_frames(
+        images={FRONT: images},
+        vectors={
+            "observation.state": rows + np.array([0.5, 1.5, seed], np.float32),
+            "action": np.repeat(-rows + np.float32(0.25), 3, axis=1),
+        },
+        capture_time=100.0 + np.arange(start, start + n) / 30.0 + 1e-7,
+    )
+    return images
+
+
+def test_round_trip_values_dtypes_and_pixels(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    scene = SyntheticScene(48, 64, seed=3)
+    with _open(root, robot_type="test_bot") as writer:
+        episode = writer.begin_episode("pick the red cube")
+        images = np.concatenate([_add(episode, 0, 10, scene), _add(episode, 10, 7, scene)])
+        assert (
+            episode.commit({"quality": "green", "quality_issues": [], "note": np.float64(1.5)}) == 0
+        )
+
+    reader = DatasetReader(root)
+    info = reader.info
+    assert info["codebase_version"] == "v2.1"
+    assert info["robot_type"] == "test_bot"
+    assert (info["total_episodes"], info["total_frames"], info["total_videos"]) == (1, 17, 1)
+    assert info["total_tasks"] == 1 and info["total_chunks"] == 1
+    assert info["splits"] == {"train": "0:1"}
+    feat = info["features"][FRONT]
+    assert feat["dtype"] == "video" and feat["shape"] == [48, 64, 3]
+    assert feat["names"] == ["height", "width", "channels"]
+    assert feat["info"]["video.codec"] == "h264" and feat["info"]["video.fps"] == 30
+    assert info["features"]["capture_time"]["dtype"] == "float64"
+    assert reader.video_keys == [FRONT]
+    assert reader.vector_keys == ["observation.state", "action"]
+    assert reader.tasks == {0: "pick the red cube"}
+    row = reader.episodes[0]
+    assert row["tasks"] == ["pick the red cube"] and row["length"] == 17
+    assert row["video_keys"] == [FRONT] and row["quality"] == "green" and row["note"] == 1.5
+
+    table = reader.read_table(0)
+    schema = table.schema
+    assert schema.field("observation.state").type == pa.list_(pa.float32(), 3)
+    assert schema.field("timestamp").type == pa.float32()
+    assert schema.field("capture_time").type == pa.float64()
+    for name in ("frame_index", "episode_index", "index", "task_index"):
+        assert schema.field(name).type == pa.int64()
+    assert b"huggingface" in schema.metadata
+    ts = table.column("timestamp").to_numpy()
+    assert np.array_equal(ts, (np.arange(17) / 30).astype(np.float32))
+    assert np.array_equal(table.column("index").to_numpy(), np.arange(17))
+    state = reader.read_vector(0, "observation.state")
+    assert state.dtype == np.float32 and state.shape == (17, 3)
+    assert np.array_equal(state[:, 0], np.arange(17, dtype=np.float32) + 0.5)
+    np.testing.assert_allclose(
+        table.column("capture_time").to_numpy(), 100.0 + np.arange(17) / 30.0 + 1e-7, rtol=0, atol=0
+    )
+
+    decoded = np.concatenate([b.copy() for b in reader.iter_frames(0, FRONT, batch_size=5)])
+    assert decoded.shape == images.shape
+    error = np.abs(decoded.astype(np.int16) - images.astype(np.int16))
+    # crf 23 + 4:2:0 chroma on a tiny, sharply coloured noisy texture: ~12 mean abs error.
+    assert error.mean() < 16
+    # Frame order is exact: every decoded frame is closest to its own source frame.
+    diff = np.abs(decoded[:, None].astype(np.int16) - images[None].astype(np.int16))
+    assert np.array_equal(diff.mean(axis=(2, 3, 4)).argmin(axis=1), np.arange(len(images)))
+    assert reader.count_frames(0, FRONT) == 17
+
+    stats = reader.episodes_stats[0]
+    assert stats["observation.state"]["min"][0] == 0.5
+    assert stats["index"]["max"] == [16.0] and stats["index"]["count"] == [17]
+    assert np.asarray(stats[FRONT]["mean"]).shape == (3, 1, 1)
+    assert reader.stats["observation.state"]["count"] == [17]
+
+
+def test_video_encoding_options_fixed_gop_no_bframes(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    with _open(root, video=VideoOptions(gop=8, crf=30, preset="ultrafast")) as writer:
+        episode = writer.begin_episode("t")
+        _add(episode, 0, 20, SyntheticScene(48, 64, seed=1))
+        episode.commit()
+    path = DatasetReader(root).video_path(0, FRONT)
+    import av
+
+    with av.open(str(path)) as container:
+        packets = [p for p in container.demux(video=0) if p.size]
+        keyframes = [i for i, p in enumerate(packets) if p.is_keyframe]
+        assert keyframes == [0, 8, 16]
+        # No B-frames: decode order == presentation order.
+        pts = [p.pts for p in packets]
+        assert pts == sorted(pts)
+        assert [p.dts for p in packets] == pts
+    info = probe(path)
+    assert (info["codec"], info["pix_fmt"], info["fps"], info["frames"]) == (
+        "h264",
+        "yuv420p",
+        30.0,
+        20,
+    )
+
+
+def test_chunk_placement_beyond_chunks_size(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    with _open(root, chunks_size=2, cameras=[CameraSpec(FRONT, 16, 16)]) as writer:
+        for _ in range(5):
+            ep = writer.begin_episode("t")
+            ep.add_frames(
+                images={FRONT: np.zeros((2, 16, 16, 3), np.uint8)},
+                vectors={"observation.state": np.zeros((2, 3)), "action": np.zeros((2, 3))},
+            )
+            ep.commit()
+    reader = DatasetReader(root)
+    assert reader.info["chunks_size"] == 2 and reader.info["total_chunks"] == 3
+    for ep in range(5):
+        chunk = ep // 2
+        assert reader.data_path(ep) == root / f"data/chunk-{chunk:03d}/episode_{ep:06d}.parquet"
+        assert reader.video_path(ep, FRONT) == (
+            root / f"videos/chunk-{chunk:03d}/{FRONT}/episode_{ep:06d}.mp4"
+        )
+        assert reader.data_path(ep).exists() and reader.video_path(ep, FRONT).exists()
+        assert reader.read_table(ep).column("index").to_pylist() == [2 * ep, 2 * ep + 1]
+
+
+def test_reader_falls_back_to_chunk_000(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    with _open(root, chunks_size=2, cameras=[]) as writer:
+        for _ in range(3):
+            ep = writer.begin_episode("t")
+            ep.add_frames(vectors={"observation.state": np.ones((2, 3)), "action": np.ones((2, 3))})
+            ep.commit()
+    # An older writer put everything in chunk-000.
+    moved = root / "data/chunk-001/episode_000002.parquet"
+    os.replace(moved, root / "data/chunk-000/episode_000002.parquet")
+    reader = DatasetReader(root)
+    assert reader.data_path(2) == root / "data/chunk-000/episode_000002.parquet"
+    assert reader.read_table(2).num_rows == 2
+    assert reader.info["video_path"] is None and reader.video_keys == []
+
+
+def test_zero_frame_commit_writes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    with _open(root) as writer:
+        before = {p: p.read_bytes() for p in (root / "meta").iterdir()}
+        empty = writer.begin_episode("never recorded")
+        assert empty.commit({"quality": "green"}) is None
+        assert {p: p.read_bytes() for p in (root / "meta").iterdir()} == before
+        assert not (root / "data").exists() and not (root / "videos").exists()
+        assert list((root / layout.WORK_DIR).iterdir()) == [root / layout.WORK_DIR / "writer.lock"]
+        # The index was not consumed, and the never-used task did not enter tasks.jsonl.
+        episode = writer.begin_episode("t")
+        _add(episode, 0, 3, SyntheticScene(48, 64))
+        assert episode.commit() == 0
+    assert DatasetReader(root).tasks == {0: "t"}
+
+
+def test_append_after_reopen_continues_indices(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    scene = SyntheticScene(48, 64)
+    with _open(root) as writer:
+        for task in ("a", "b"):
+            ep = writer.begin_episode(task)
+            _add(ep, 0, 4, scene)
+            ep.commit({"quality": "green"})
+    with _open(root) as writer:
+        assert writer.next_episode_index == 2 and writer.total_frames == 8
+        ep = writer.begin_episode("b")
+        _add(ep, 0, 5, scene)
+        assert ep.commit({"quality": "red"}) == 2
+        ep = writer.begin_episode("c")
+        _add(ep, 0, 1, scene)
+        assert ep.commit() == 3
+    reader = DatasetReader(root)
+    assert reader.episode_indices == [0, 1, 2, 3]
+    assert reader.tasks == {0: "a", 1: "b", 2: "c"}
+    assert reader.read_table(2).column("index").to_pylist() == [8, 9, 10, 11, 12]
+    assert reader.read_table(2).column("task_index").to_pylist() == [1] * 5
+    assert reader.read_table(3).column("task_index").to_pylist() == [2]
+    assert reader.info["total_frames"] == 14 and reader.info["splits"] == {"train": "0:4"}
+    # stats.json equals a fresh merge of the per-episode stats (running merge survived reopen).
+    from eva.dataset.stats import merge_stats
+
+    fresh = merge_stats(reader.episodes_stats[e] for e in reader.episode_indices)
+    for feature, stat in fresh.items():
+        for key in ("min", "max", "mean", "std", "count"):
+            np.testing.assert_allclose(
+                reader.stats[feature][key], stat[key], rtol=1e-12, atol=1e-12
+            )
+
+
+def test_reopen_with_different_features_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    _open(root).close()
+    with pytest.raises(DatasetError, match="fps"):
+        _open(root, fps=15)
+    with pytest.raises(DatasetError, match="cameras"):
+        _open(root, cameras=[CameraSpec("observation.images.wrist", 48, 64)])
+    with pytest.raises(DatasetError, match="shape"):
+        _open(root, cameras=[CameraSpec(FRONT, 32, 64)])
+    with pytest.raises(DatasetError, match="vectors"):
+        _open(root, vectors=[VectorSpec("observation.state", 3)])
+
+
+def test_second_writer_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    with _open(root), pytest.raises(DatasetError, match="another writer"):
+        _open(root)
+    _open(root).close()  # lock released on close
+
+
+def test_abort_removes_work_dir(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    with _open(root) as writer:
+        ep = writer.begin_episode("t")
+        _add(ep, 0, 4, SyntheticScene(48, 64))
+        assert ep.work_dir.is_dir() and ep.length == 4
+        ep.abort()
+        assert not ep.work_dir.exists()
+    assert not (root / "data").exists()
+    assert DatasetReader(root).episodes == []
+
+
+def test_bad_frames_are_refused_with_field_names(tmp_path: Path) -> None:
+    with _open(tmp_path / "raw") as writer:
+        ep = writer.begin_episode("t")
+        good = {"observation.state": np.zeros((2, 3)), "action": np.zeros((2, 3))}
+        with pytest.raises(DatasetError, match=FRONT):
+            ep.add_frames(images={FRONT: np.zeros((2, 48, 64, 3), np.float32)}, vectors=good)
+        with pytest.raises(DatasetError, match="action"):
+            ep.add_frames(
+                images={FRONT: np.zeros((2, 48, 64, 3), np.uint8)},
+                vectors={"observation.state": np.zeros((2, 3)), "action": np.zeros((2, 4))},
+            )
+        with pytest.raises(DatasetError, match="frame counts"):
+            ep.add_frames(images={FRONT: np.zeros((3, 48, 64, 3), np.uint8)}, vectors=good)
+        with pytest.raises(DatasetError, match="may not set"):
+            ep.commit({"length": 5})
+        ep.abort()
+
+
+def test_crash_during_metadata_write_keeps_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "raw"
+    scene = SyntheticScene(48, 64)
+    with _open(root) as writer:
+        ep = writer.begin_episode("a")
+        _add(ep, 0, 3, scene)
+        ep.commit()
+    info_before = (root / layout.INFO).read_bytes()
+    episodes_before = (root / layout.EPISODES).read_bytes()
+
+    real_replace = os.replace
+
+    def crash_on_info(src, dst, *args, **kwargs):
+        if Path(dst).name == "info.json":
+            raise OSError("simulated power loss before rename")
+        return real_replace(src, dst, *args, **kwargs)
+
+    with _open(root) as writer:
+        ep = writer.begin_episode("a")
+        _add(ep, 0, 4, scene)
+        monkeypatch.setattr(os, "replace", crash_on_info)
+        with pytest.raises(OSError, match="simulated"):
+            ep.commit()
+        monkeypatch.setattr(os, "replace", real_replace)
+    # info.json: the old bytes, complete; no temp file left visible as a dataset file.
+    assert (root / layout.INFO).read_bytes() == info_before
+    assert json.loads(info_before)["total_episodes"] == 1
+    assert not [p for p in (root / "meta").iterdir() if p.name.startswith(atomic.TMP_PREFIX)]
+    # The episodes row was the commit point, so episode 1 exists; reopening repairs the totals.
+    assert (root / layout.EPISODES).read_bytes() != episodes_before
+    _open(root).close()
+    reader = DatasetReader(root)
+    assert reader.info["total_episodes"] == 2 and reader.info["total_frames"] == 7
+    assert reader.stats["index"]["count"] == [7]
+
+
+def test_crash_before_commit_point_leaves_dataset_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "raw"
+    scene = SyntheticScene(48, 64)
+    with _open(root) as writer:
+        ep = writer.begin_episode("a")
+        _add(ep, 0, 3, scene)
+        ep.commit()
+    meta_before = {p.name: p.read_bytes() for p in (root / "meta").iterdir()}
+    real_replace = os.replace
+
+    def crash_on_episodes(src, dst, *args, **kwargs):
+        if Path(dst).name == "episodes.jsonl":
+            raise OSError("simulated crash")
+        return real_replace(src, dst, *args, **kwargs)
+
+    with _open(root) as writer:
+        ep = writer.begin_episode("new task")
+        _add(ep, 0, 4, scene)
+        monkeypatch.setattr(os, "replace", crash_on_episodes)
+        with pytest.raises(OSError):
+            ep.commit()
+        monkeypatch.setattr(os, "replace", real_replace)
+        assert not (root / "data/chunk-000/episode_000001.parquet").exists()
+        assert not (root / f"videos/chunk-000/{FRONT}/episode_000001.mp4").exists()
+        assert (root / layout.EPISODES).read_bytes() == meta_before["episodes.jsonl"]
+        assert (root / layout.INFO).read_bytes() == meta_before["info.json"]
+        # The same writer carries on and reuses index 1.
+        ep = writer.begin_episode("a")
+        _add(ep, 0, 2, scene)
+        assert ep.commit() == 1
+    reader = DatasetReader(root)
+    assert reader.episode_indices == [0, 1]
+    assert sorted(reader.episodes_stats) == [0, 1]
+
+
+def test_killed_writer_process_leaves_old_metadata_intact(tmp_path: Path) -> None:
+    """A real process killed (SIGKILL) between temp write and rename of info.json."""
+    import subprocess
+    import sys
+    import textwrap
+
+    root = tmp_path / "raw"
+    with _open(root) as writer:
+        ep = writer.begin_episode("a")
+        _add(ep, 0, 3, SyntheticScene(48, 64))
+        ep.commit()
+    info_before = (root / layout.INFO).read_bytes()
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from pathlib import Path
+        import numpy as np
+        from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
+        real = os.replace
+        def replace(src, dst, *a, **k):
+            if Path(dst).name == "info.json":
+                os.kill(os.getpid(), signal.SIGKILL)  # dies with the temp file written
+            return real(src, dst, *a, **k)
+        os.replace = replace
+        w = DatasetWriter.create_or_open({str(root)!r}, fps=30,
+            cameras=[CameraSpec({FRONT!r}, 48, 64)],
+            vectors=[VectorSpec("observation.state", 3), VectorSpec("action", 3)])
+        ep = w.begin_episode("a")
+        ep.add_frames(images={{{FRONT!r}: np.zeros((2, 48, 64, 3), np.uint8)}},
+                      vectors={{"observation.state": np.zeros((2, 3)), "action": np.zeros((2, 3))}})
+        ep.commit()
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr.decode()
+    assert (root / layout.INFO).read_bytes() == info_before
+    leftovers = [p for p in (root / "meta").iterdir() if p.name.startswith(atomic.TMP_PREFIX)]
+    assert leftovers  # the torn temp file exists, but under a name no reader looks at
+    # Reopening cleans up the temporaries and the crashed work dir, and repairs totals.
+    with _open(root) as writer:
+        assert writer.next_episode_index == 2
+    assert not [p for p in (root / "meta").iterdir() if p.name.startswith(atomic.TMP_PREFIX)]
+    assert [p.name for p in (root / layout.WORK_DIR).iterdir()] == ["writer.lock"]
+    assert DatasetReader(root).info["total_episodes"] == 2
+
+
+def test_read_lerobot_written_fixture(lerobot_fixture_dir: Path) -> None:
+    reader = DatasetReader(lerobot_fixture_dir)
+    assert reader.codebase_version == "v2.1" and reader.fps == 30
+    assert reader.video_keys == ["observation.images.front", "observation.images.wrist"]
+    assert reader.vector_keys == ["observation.state", "action"]
+    assert reader.tasks == {0: "pick the red cube", 1: "place it in the bin"}
+    assert reader.stats == {}  # LeRobot 0.3.3 does not write stats.json
+    total = 0
+    for ep in reader.episode_indices:
+        n = reader.length(ep)
+        table = reader.read_table(ep)
+        assert table.num_rows == n
+        assert reader.read_vector(ep, "observation.state").shape == (n, 6)
+        assert table.column("index").to_pylist() == list(range(total, total + n))
+        total += n
+        for key in reader.video_keys:
+            assert reader.count_frames(ep, key) == n
+            batches = [b.shape for b in reader.iter_frames(ep, key, batch_size=8)]
+            assert sum(s[0] for s in batches) == n and all(s[1:] == (48, 64, 3) for s in batches)
+            assert count_decoded_frames(reader.video_path(ep, key)) == n
+    assert total == reader.info["total_frames"] == reader.total_frames
+
+
+def test_iter_frames_reuses_one_buffer(small_dataset: Path) -> None:
+    reader = DatasetReader(small_dataset)
+    out = np.empty((4, 48, 64, 3), np.uint8)
+    batches = list(reader.iter_frames(0, FRONT, batch_size=4, out=out))
+    assert [len(b) for b in batches] == [4, 4, 4]
+    assert all(np.shares_memory(b, out) for b in batches)
+
+
+def test_reader_refuses_symlink_escape(tmp_path: Path, small_dataset: Path) -> None:
+    outside = tmp_path / "outside.parquet"
+    target = DatasetReader(small_dataset).data_path(1)
+    pq.write_table(pq.read_table(target), outside)
+    target.unlink()
+    target.symlink_to(outside)
+    with pytest.raises(DatasetError, match="outside the dataset"):
+        DatasetReader(small_dataset).read_table(1)
+
+
+def test_reader_errors_name_the_file(tmp_path: Path, small_dataset: Path) -> None:
+    (small_dataset / layout.EPISODES).write_text('{"episode_index": 0, "length": 3}\n{oops\n')
+    with pytest.raises(DatasetError, match=r"episodes\.jsonl:2"):
+        _ = DatasetReader(small_dataset).episodes
+    (small_dataset / layout.INFO).write_text("[]")
+    with pytest.raises(DatasetError, match=r"info\.json: not a JSON object"):
+        _ = DatasetReader(small_dataset).info
+    with pytest.raises(DatasetError, match="not a directory"):
+        DatasetReader(tmp_path / "nope")
+
+
+def test_synthetic_generators_are_deterministic_and_batch_independent() -> None:
+    scene = SyntheticScene(48, 64, seed=5)
+    whole = scene.frames(0, 12)
+    parts = np.concatenate([SyntheticScene(48, 64, seed=5).frames(s, 4) for s in (0, 4, 8)])
+    assert np.array_equal(whole, parts)
+    assert not np.array_equal(whole[0], whole[5])  # it moves
+    assert whole.std() > 20  # it is textured
+    s = joint_states(0, 30, dim=14, seed=1)
+    assert s.shape == (30, 14) and s.dtype == np.float32
+    assert set(np.unique(s[:, [6, 13]])) <= {0.0, 1.0}
+    assert np.array_equal(joint_states(10, 5, seed=1), joint_states(0, 30, seed=1)[10:15])
+    a = joint_actions(0, 30, dim=14, seed=1)
+    assert np.abs(a[:-1, :6] - s[1:, :6]).max() < 0.1
+
+
+def test_synthetic_dataset_flags(synthetic_dataset) -> None:
+    root = synthetic_dataset(
+        episodes=4,
+        frames=[5, 0, 6, 7],
+        cameras=2,
+        width=32,
+        height=16,
+        quality=["green", "red", "red", "green"],
+        qc_verdicts=[None, None, "pass", "fail"],
+        qc_notes=[None, None, "looks fine", None],
+        tasks=["x", "y"],
+        state_dim=7,
+    )
+    reader = DatasetReader(root)
+    rows = reader.episodes
+    assert [r["episode_index"] for r in rows] == [0, 1, 2]  # the zero-frame episode is not written
+    assert [r["quality"] for r in rows] == ["green", "red", "green"]
+    assert rows[1]["qc_verdict"] == "pass" and rows[1]["qc_note"] == "looks fine"
+    assert rows[1]["quality_issues"][0]["severity"] == "red"
+    assert rows[2]["qc_verdict"] == "fail" and "qc_verdict" not in rows[0]
+    assert reader.video_keys == ["observation.images.cam0", "observation.images.cam1"]
+    assert reader.features["observation.state"]["shape"] == [7]
+    assert pq.read_table(reader.data_path(2)).num_rows == 7
