@@ -1,0 +1,713 @@
+"""MCAP export: one ``.mcap`` per episode with EVA MessagePack messages and embedded images.
+
+Layout (description "MCAP: EVA messages and embedded images", contracts §5/§6)::
+
+    data/chunk-XXX/episode_NNNNNN.mcap
+      header            profile = library = "eva-client"
+      schema 1          "eva_client.episode", encoding "jsonschema", data {"type": "object"}
+      channel 1         "episode" (schema 1, messagepack): ONE message, log/publish time 0,
+                        {"columns": {name: ndarray}, "images": {key: inline values},
+                         "metadata": {...episodes.jsonl row, "fps"}}
+      channel 2..       "episode/image/<video_key>" (schema 0, messagepack): frame i of every
+                        camera, cameras in order, sequence i, log = publish = (i+1)*round(1e9/fps)
+
+Image channels use schema id 0 ("no schema", which the MCAP spec allows): the contract registers a
+schema for the ``episode`` channel only, and an ndarray map is self-describing (dtype + shape).
+
+Writing: the records are produced by eva itself, not by ``mcap.writer.Writer``. Each image message
+(record header + MessagePack ndarray map) is written by the native ``msgpack_image`` kernel straight
+from the decoded frame into a reused chunk buffer: one copy of the pixels, GIL released, no
+per-frame allocation. A full chunk is CRC'd, optionally compressed (zstd / lz4 frame, both release
+the GIL) and written with its message indexes; the summary holds schemas, channels, statistics and
+chunk indexes, so the official reader can filter by topic and time without scanning the file.
+The official ``mcap`` reader is the oracle in the tests.
+
+Defaults: ``mcap_compression = "none"``, ``mcap_chunk_size = 4 MiB``. The images were already
+lossily compressed in the source MP4s; storing the decoded frames uncompressed keeps the export at
+the speed of the video decode (the physical limit here), while zstd costs a core per ~100-200 MB/s
+and lz4 gains little on camera noise (see bench/bench_mcap.py for the figures on this machine).
+Choose ``zstd`` when the files must be small (e.g. before a slow upload). 4 MiB chunks hold a few
+640x480 frames of every camera (so reading one frame index touches one or two chunks) while the
+per-chunk overhead (message index + chunk index records) stays negligible and memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+
+from eva.dataset import layout
+from eva.dataset.errors import DatasetError
+from eva.dataset.msgpack_codec import (
+    encode_ndarray_into,
+    encoded_ndarray_size,
+    packb,
+)
+from eva.progress import ProgressSink
+
+FORMAT = "mcap"
+PROFILE = "eva-client"
+LIBRARY = "eva-client"
+EPISODE_TOPIC = "episode"
+IMAGE_TOPIC_PREFIX = "episode/image/"
+EPISODE_SCHEMA_NAME = "eva_client.episode"
+EPISODE_SCHEMA_ENCODING = "jsonschema"
+EPISODE_SCHEMA_DATA = b'{"type": "object"}'
+MESSAGE_ENCODING = "messagepack"
+DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.mcap"
+
+COMPRESSIONS = ("none", "zstd", "lz4")
+DEFAULT_COMPRESSION = "none"
+DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
+ZSTD_LEVEL = 1  # level 1: about twice level 3's speed on frames for a few % of size
+
+# --- MCAP records (https://mcap.dev/spec) -----------------------------------------------------
+
+MAGIC = b"\x89MCAP0\r\n"
+OP_HEADER = 0x01
+OP_FOOTER = 0x02
+OP_SCHEMA = 0x03
+OP_CHANNEL = 0x04
+OP_MESSAGE = 0x05
+OP_CHUNK = 0x06
+OP_MESSAGE_INDEX = 0x07
+OP_CHUNK_INDEX = 0x08
+OP_STATISTICS = 0x0B
+OP_SUMMARY_OFFSET = 0x0E
+OP_DATA_END = 0x0F
+
+# opcode u8, record length u64, channel_id u16, sequence u32, log_time u64, publish_time u64
+_MESSAGE_HEADER = struct.Struct("<BQHIQQ")
+_MESSAGE_FIXED = _MESSAGE_HEADER.size - 9
+
+
+def _string(value: str) -> bytes:
+    raw = value.encode("utf-8")
+    return struct.pack("<I", len(raw)) + raw
+
+
+def _record(opcode: int, body: bytes) -> bytes:
+    return struct.pack("<BQ", opcode, len(body)) + body
+
+
+def frame_period_ns(fps: float) -> int:
+    return round(1e9 / fps)
+
+
+def frame_time_ns(frame_index: int, fps: float) -> int:
+    """log_time = publish_time of frame ``frame_index`` (the first frame is one period in)."""
+    return (frame_index + 1) * frame_period_ns(fps)
+
+
+def image_topic(video_key: str) -> str:
+    return IMAGE_TOPIC_PREFIX + video_key
+
+
+@dataclass
+class _Channel:
+    id: int
+    schema_id: int
+    topic: str
+    message_count: int = 0
+
+
+@dataclass
+class _ChunkIndex:
+    start_time: int
+    end_time: int
+    offset: int
+    length: int
+    message_index_offsets: dict[int, int]
+    message_index_length: int
+    compression: str
+    compressed_size: int
+    uncompressed_size: int
+
+
+@dataclass
+class _ChunkState:
+    used: int = 0
+    start_time: int = 0
+    end_time: int = 0
+    messages: int = 0
+    # channel id -> flat [log_time, offset, log_time, offset, ...]
+    index: dict[int, list[int]] = field(default_factory=dict)
+
+
+class McapEpisodeWriter:
+    """Write one MCAP file: header, schema, channels, chunked messages, summary, footer.
+
+    Only what the eva layout needs: one schema, channels registered up front, messages appended
+    in log-time order. Not thread-safe; one instance per file.
+    """
+
+    def __init__(
+        self,
+        stream: IO[bytes],
+        *,
+        compression: str = DEFAULT_COMPRESSION,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        crc: bool = True,
+    ) -> None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"mcap compression {compression!r}: choose one of {COMPRESSIONS}")
+        if chunk_size < 1024:
+            raise ValueError(f"mcap chunk size {chunk_size} is below 1024 bytes")
+        self._stream = stream
+        self._pos = 0
+        self._compression = compression
+        self._compressor = _make_compressor(compression)
+        self._chunk_size = int(chunk_size)
+        self._crc = crc
+        # The chunk buffer is reused for every chunk; it only grows (once) for a message larger
+        # than the chunk size.
+        self._buf = bytearray(self._chunk_size + 64 * 1024)
+        self._chunk = _ChunkState()
+        self._schemas: list[bytes] = []
+        self._channels: dict[int, _Channel] = {}
+        self._channel_records: list[bytes] = []
+        self._chunk_indexes: list[_ChunkIndex] = []
+        self._message_count = 0
+        self._start_time: int | None = None
+        self._end_time = 0
+        self._finished = False
+        self._write(MAGIC)
+        self._write(_record(OP_HEADER, _string(PROFILE) + _string(LIBRARY)))
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        self._stream.write(data)
+        self._pos += len(data)
+
+    def register_schema(self, schema_id: int, name: str, encoding: str, data: bytes) -> None:
+        body = (
+            struct.pack("<H", schema_id)
+            + _string(name)
+            + _string(encoding)
+            + struct.pack("<I", len(data))
+            + data
+        )
+        record = _record(OP_SCHEMA, body)
+        self._schemas.append(record)
+        self._write(record)
+
+    def register_channel(
+        self, channel_id: int, topic: str, message_encoding: str, schema_id: int = 0
+    ) -> None:
+        metadata = b""  # empty Map<string, string>
+        body = (
+            struct.pack("<HH", channel_id, schema_id)
+            + _string(topic)
+            + _string(message_encoding)
+            + struct.pack("<I", len(metadata))
+            + metadata
+        )
+        record = _record(OP_CHANNEL, body)
+        self._channels[channel_id] = _Channel(channel_id, schema_id, topic)
+        self._channel_records.append(record)
+        # Channels (and the schema) sit in the data section before the first chunk, where every
+        # reader, streaming or seeking, sees them before any message.
+        self._write(record)
+
+    def _reserve(self, size: int) -> int:
+        """Make room for a ``size``-byte record in the chunk buffer; return its offset."""
+        if self._chunk.used and self._chunk.used + size > self._chunk_size:
+            self._flush_chunk()
+        if size > len(self._buf) - self._chunk.used:
+            self._buf = bytearray(max(size, self._chunk_size) + 64 * 1024)
+        return self._chunk.used
+
+    def _account(self, channel_id: int, log_time: int, offset: int, size: int) -> None:
+        chunk = self._chunk
+        if chunk.messages == 0:
+            chunk.start_time = chunk.end_time = log_time
+        else:
+            chunk.start_time = min(chunk.start_time, log_time)
+            chunk.end_time = max(chunk.end_time, log_time)
+        chunk.messages += 1
+        chunk.used = offset + size
+        entries = chunk.index.get(channel_id)
+        if entries is None:
+            entries = chunk.index[channel_id] = []
+        entries.append(log_time)
+        entries.append(offset)
+        self._channels[channel_id].message_count += 1
+        self._message_count += 1
+        if self._start_time is None or log_time < self._start_time:
+            self._start_time = log_time
+        self._end_time = max(self._end_time, log_time)
+        if chunk.used >= self._chunk_size:
+            self._flush_chunk()
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def add_message(
+        self, channel_id: int, sequence: int, log_time: int, publish_time: int, data: bytes
+    ) -> None:
+        size = _MESSAGE_HEADER.size + len(data)
+        offset = self._reserve(size)
+        _MESSAGE_HEADER.pack_into(
+            self._buf,
+            offset,
+            OP_MESSAGE,
+            _MESSAGE_FIXED + len(data),
+            channel_id,
+            sequence,
+            log_time,
+            publish_time,
+        )
+        start = offset + _MESSAGE_HEADER.size
+        self._buf[start : start + len(data)] = data
+        self._account(channel_id, log_time, offset, size)
+
+    def add_ndarray_message(
+        self,
+        channel_id: int,
+        sequence: int,
+        log_time: int,
+        publish_time: int,
+        array: np.ndarray,
+        encoded_size: int | None = None,
+    ) -> None:
+        """Append a message whose payload is ``array``'s ndarray map, encoded in place.
+
+        ``encoded_size`` (``encoded_ndarray_size(array)``) may be passed when the caller knows it,
+        e.g. for every frame of one camera.
+        """
+        if encoded_size is None:
+            encoded_size = encoded_ndarray_size(array)
+        size = _MESSAGE_HEADER.size + encoded_size
+        offset = self._reserve(size)
+        _MESSAGE_HEADER.pack_into(
+            self._buf,
+            offset,
+            OP_MESSAGE,
+            _MESSAGE_FIXED + encoded_size,
+            channel_id,
+            sequence,
+            log_time,
+            publish_time,
+        )
+        written = encode_ndarray_into(array, self._buf, offset + _MESSAGE_HEADER.size)
+        if written != encoded_size:
+            raise ValueError(f"ndarray map is {written} bytes, expected {encoded_size}")
+        self._account(channel_id, log_time, offset, size)
+
+    def _flush_chunk(self) -> None:
+        chunk = self._chunk
+        if chunk.messages == 0:
+            return
+        records = memoryview(self._buf)[: chunk.used]
+        crc = zlib.crc32(records) if self._crc else 0
+        if self._compressor is None:
+            data: bytes | memoryview = records
+            compression = ""
+        else:
+            data = self._compressor(records)
+            compression = self._compression
+        compression_field = _string(compression)
+        body_head = (
+            struct.pack("<QQQI", chunk.start_time, chunk.end_time, chunk.used, crc)
+            + compression_field
+            + struct.pack("<Q", len(data))
+        )
+        chunk_offset = self._pos
+        self._write(struct.pack("<BQ", OP_CHUNK, len(body_head) + len(data)) + body_head)
+        self._write(data)
+        chunk_length = self._pos - chunk_offset
+        compressed_size = len(data)
+        records.release()
+
+        index_offsets: dict[int, int] = {}
+        index_start = self._pos
+        for channel_id in sorted(chunk.index):
+            flat = np.asarray(chunk.index[channel_id], dtype="<u8")
+            entries = flat.tobytes()
+            index_offsets[channel_id] = self._pos
+            self._write(
+                _record(
+                    OP_MESSAGE_INDEX,
+                    struct.pack("<HI", channel_id, len(entries)) + entries,
+                )
+            )
+        self._chunk_indexes.append(
+            _ChunkIndex(
+                start_time=chunk.start_time,
+                end_time=chunk.end_time,
+                offset=chunk_offset,
+                length=chunk_length,
+                message_index_offsets=index_offsets,
+                message_index_length=self._pos - index_start,
+                compression=compression,
+                compressed_size=compressed_size,
+                uncompressed_size=chunk.used,
+            )
+        )
+        self._chunk = _ChunkState()
+
+    # -- summary -------------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Flush the last chunk and write DataEnd, the summary and the footer."""
+        if self._finished:
+            return
+        self._flush_chunk()
+        self._write(_record(OP_DATA_END, struct.pack("<I", 0)))
+        summary_start = self._pos
+        groups: list[tuple[int, bytes]] = []
+        groups.append((OP_SCHEMA, b"".join(self._schemas)))
+        groups.append((OP_CHANNEL, b"".join(self._channel_records)))
+        counts = b"".join(
+            struct.pack("<HQ", ch.id, ch.message_count) for ch in self._channels.values()
+        )
+        statistics = _record(
+            OP_STATISTICS,
+            struct.pack(
+                "<QHIIIIQQ",
+                self._message_count,
+                len(self._schemas),
+                len(self._channels),
+                0,  # attachments
+                0,  # metadata
+                len(self._chunk_indexes),
+                self._start_time or 0,
+                self._end_time,
+            )
+            + struct.pack("<I", len(counts))
+            + counts,
+        )
+        groups.append((OP_STATISTICS, statistics))
+        chunk_index_records = []
+        for ci in self._chunk_indexes:
+            offsets = b"".join(
+                struct.pack("<HQ", ch, off) for ch, off in ci.message_index_offsets.items()
+            )
+            chunk_index_records.append(
+                _record(
+                    OP_CHUNK_INDEX,
+                    struct.pack("<QQQQ", ci.start_time, ci.end_time, ci.offset, ci.length)
+                    + struct.pack("<I", len(offsets))
+                    + offsets
+                    + struct.pack("<Q", ci.message_index_length)
+                    + _string(ci.compression)
+                    + struct.pack("<QQ", ci.compressed_size, ci.uncompressed_size),
+                )
+            )
+        groups.append((OP_CHUNK_INDEX, b"".join(chunk_index_records)))
+
+        summary = bytearray()
+        offsets_records = bytearray()
+        for opcode, group in groups:
+            if not group:
+                continue
+            offsets_records += _record(
+                OP_SUMMARY_OFFSET,
+                struct.pack("<BQQ", opcode, summary_start + len(summary), len(group)),
+            )
+            summary += group
+        summary_offset_start = summary_start + len(summary)
+        summary += offsets_records
+        footer_head = struct.pack("<BQQQ", OP_FOOTER, 20, summary_start, summary_offset_start)
+        summary_crc = zlib.crc32(footer_head, zlib.crc32(summary))
+        self._write(summary)
+        self._write(footer_head + struct.pack("<I", summary_crc))
+        self._write(MAGIC)
+        self._finished = True
+
+
+def _make_compressor(compression: str) -> Any:
+    if compression == "none":
+        return None
+    if compression == "zstd":
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress
+    import lz4.frame
+
+    return lz4.frame.compress
+
+
+# --- episode payload ---------------------------------------------------------------------------
+
+
+def column_values(column: pa.ChunkedArray | pa.Array) -> Any:
+    """An Arrow column as the contract's ndarray (numeric / fixed-size lists), else plain values.
+
+    ``fixed_size_list<float32>[dim]`` becomes an (n, dim) float32 array built from the Arrow
+    buffers (no Python lists); strings, variable lists and columns with nulls stay plain values.
+    """
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if array.null_count == 0:
+        shape: list[int] = [len(array)]
+        values = array
+        while pa.types.is_fixed_size_list(values.type):
+            shape.append(values.type.list_size)
+            values = values.flatten()
+        if values.null_count == 0 and (
+            pa.types.is_integer(values.type)
+            or pa.types.is_floating(values.type)
+            or pa.types.is_boolean(values.type)
+        ):
+            return values.to_numpy(zero_copy_only=False).reshape(shape)
+    return array.to_pylist()
+
+
+def _inline_image_values(column: pa.ChunkedArray) -> list[Any]:
+    # LeRobot stores inline images as struct {bytes, path}: keep the encoded bytes as bin values.
+    values = column.to_pylist()
+    return [v.get("bytes") if isinstance(v, dict) and "bytes" in v else v for v in values]
+
+
+def episode_payload(
+    table: pa.Table, metadata: Mapping[str, Any], fps: float, image_features: Sequence[str]
+) -> bytes:
+    """MessagePack of {"columns", "images", "metadata"} for the ``episode`` message."""
+    columns = {
+        name: column_values(table.column(name))
+        for name in table.column_names
+        if name not in image_features
+    }
+    images = {
+        name: _inline_image_values(table.column(name))
+        for name in table.column_names
+        if name in image_features
+    }
+    return packb({"columns": columns, "images": images, "metadata": {**metadata, "fps": fps}})
+
+
+# --- one episode -------------------------------------------------------------------------------
+
+
+def write_episode_file(
+    path: Path,
+    *,
+    table: pa.Table,
+    metadata: Mapping[str, Any],
+    fps: float,
+    frame_batches: Mapping[str, Iterator[np.ndarray]],
+    image_features: Sequence[str] = (),
+    episode_label: str = "",
+    compression: str = DEFAULT_COMPRESSION,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> int:
+    """Write one episode's MCAP at ``path``; return its size in bytes.
+
+    ``frame_batches`` maps each video key (in channel order) to an iterator of (n, H, W, 3) uint8
+    batches of that camera's decoded frames (batches may be views of a reused buffer). Cameras are
+    consumed in lockstep; a camera with fewer or more frames than ``table`` has rows raises
+    ``DatasetError`` and the partial file is removed.
+    """
+    path = Path(path)
+    label = episode_label or path.name
+    rows = table.num_rows
+    if rows == 0:
+        raise DatasetError(f"{label}: empty episode (0 rows)")
+    keys = list(frame_batches)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(path, "wb") as stream:
+            writer = McapEpisodeWriter(stream, compression=compression, chunk_size=chunk_size)
+            writer.register_schema(
+                1, EPISODE_SCHEMA_NAME, EPISODE_SCHEMA_ENCODING, EPISODE_SCHEMA_DATA
+            )
+            writer.register_channel(1, EPISODE_TOPIC, MESSAGE_ENCODING, schema_id=1)
+            channel_ids = {key: 2 + i for i, key in enumerate(keys)}
+            for key in keys:
+                writer.register_channel(channel_ids[key], image_topic(key), MESSAGE_ENCODING)
+            writer.add_message(1, 0, 0, 0, episode_payload(table, metadata, fps, image_features))
+            _write_frames(writer, frame_batches, channel_ids, rows, fps, label)
+            writer.finish()
+        return os.stat(path).st_size
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def _write_frames(
+    writer: McapEpisodeWriter,
+    frame_batches: Mapping[str, Iterator[np.ndarray]],
+    channel_ids: Mapping[str, int],
+    rows: int,
+    fps: float,
+    label: str,
+) -> None:
+    keys = list(frame_batches)
+    iterators = {key: iter(frame_batches[key]) for key in keys}
+    batches: dict[str, np.ndarray] = {}
+    positions: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    period = frame_period_ns(fps)
+    frame_index = 0
+    while keys:
+        ended = []
+        for key in keys:
+            if key in batches and positions[key] < len(batches[key]):
+                continue
+            batch = next(iterators[key], None)
+            while batch is not None and len(batch) == 0:
+                batch = next(iterators[key], None)
+            if batch is None:
+                ended.append(key)
+                batches.pop(key, None)
+                continue
+            batches[key] = batch
+            positions[key] = 0
+            if key not in shapes:
+                shapes[key] = tuple(batch.shape[1:])
+                sizes[key] = encoded_ndarray_size(batch[0])
+            elif tuple(batch.shape[1:]) != shapes[key]:
+                raise DatasetError(
+                    f"{label}: camera {key}: frame {frame_index} is {batch.shape[1:]}, "
+                    f"earlier frames are {shapes[key]}"
+                )
+        if ended:
+            if len(ended) == len(keys) and frame_index == rows:
+                return
+            if frame_index < rows:
+                raise DatasetError(
+                    f"{label}: camera {ended[0]} ended early after {frame_index} frames "
+                    f"(table has {rows} rows)"
+                )
+            extra = next(key for key in keys if key not in ended)
+            raise DatasetError(
+                f"{label}: camera {extra} has trailing frames beyond the {rows} table rows"
+            )
+        if frame_index >= rows:
+            raise DatasetError(
+                f"{label}: camera {keys[0]} has trailing frames beyond the {rows} table rows"
+            )
+        # All cameras hold frames: write as many frame indices as every current batch covers.
+        count = min(len(batches[key]) - positions[key] for key in keys)
+        count = min(count, rows - frame_index)
+        for _ in range(count):
+            log_time = (frame_index + 1) * period
+            for key in keys:
+                writer.add_ndarray_message(
+                    channel_ids[key],
+                    frame_index,
+                    log_time,
+                    log_time,
+                    batches[key][positions[key]],
+                    sizes[key],
+                )
+                positions[key] += 1
+            frame_index += 1
+
+
+# --- a subset ----------------------------------------------------------------------------------
+
+
+def export_info(source_info: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset's info.json adapted to embedded images (description: HDF5 and MCAP)."""
+    info = json.loads(json.dumps(dict(source_info)))
+    for feature in info.get("features", {}).values():
+        if feature.get("dtype") == "video":
+            feature["dtype"] = "image"
+            # The "info" block describes the MP4 stream (codec, pix_fmt), which no longer exists.
+            feature.pop("info", None)
+    info["dataset_format"] = FORMAT
+    info["embedded_images"] = True
+    info["total_videos"] = 0
+    info.pop("video_path", None)
+    info["data_path"] = DATA_PATH
+    return info
+
+
+def _options(options: Any) -> tuple[str, int, int]:
+    extra = dict(getattr(options, "extra", None) or {})
+    compression = str(extra.get("mcap_compression", DEFAULT_COMPRESSION)).lower()
+    if compression not in COMPRESSIONS:
+        raise DatasetError(
+            f"--mcap-compression {compression!r}: choose one of {', '.join(COMPRESSIONS)}"
+        )
+    chunk_size = int(extra.get("mcap_chunk_size", DEFAULT_CHUNK_SIZE))
+    if chunk_size < 1024:
+        raise DatasetError(f"--mcap-chunk-size {chunk_size}: must be at least 1024 bytes")
+    batch_size = max(1, int(getattr(options, "batch_size", 32) or 32))
+    return compression, chunk_size, batch_size
+
+
+def write_subset(
+    reader: Any, meta: Any, staging_dir: Path, progress: ProgressSink, options: Any
+) -> None:
+    """Write one subset as MCAP files plus common metadata into ``staging_dir``.
+
+    ``reader`` is a ``DatasetReader`` of the v2.1 source, ``meta`` its ``SubsetMeta``; options:
+    ``options.extra["mcap_compression"]`` (none|zstd|lz4) and ``["mcap_chunk_size"]`` (bytes),
+    ``options.batch_size`` (frames decoded per camera per batch).
+    """
+    from eva.dataset.subset import rewrite_index_columns, write_common_meta
+
+    compression, chunk_size, batch_size = _options(options)
+    staging_dir = Path(staging_dir)
+    fps = reader.fps
+    video_keys = list(meta.video_keys)
+    image_features = [k for k, f in reader.features.items() if f.get("dtype") == "image"]
+    chunks_size = int(meta.info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
+    # One decode buffer per camera, reused for every episode (no per-episode page faults).
+    buffers: dict[str, np.ndarray] = {}
+    for key in video_keys:
+        shape = reader.features[key].get("shape") or []
+        if len(shape) == 3 and int(shape[2]) == 3:
+            buffers[key] = np.empty((batch_size, int(shape[0]), int(shape[1]), 3), np.uint8)
+    for new_index, source_index in enumerate(meta.source_episode_indices):
+        label = f"episode {new_index} (source episode {source_index})"
+        table = rewrite_index_columns(
+            reader.read_table(source_index),
+            new_index,
+            meta.index_offsets[new_index],
+            meta.task_remap,
+        )
+        batches: dict[str, Iterator[np.ndarray]] = {}
+        for key in video_keys:
+            batches[key] = _camera_batches(reader, source_index, key, batch_size, buffers, label)
+        rel = DATA_PATH.format(
+            episode_chunk=layout.episode_chunk(new_index, chunks_size), episode_index=new_index
+        )
+        progress(current=f"{meta.subset}: {rel}")
+        size = write_episode_file(
+            staging_dir / rel,
+            table=table,
+            metadata=meta.episodes[new_index],
+            fps=fps,
+            frame_batches=batches,
+            image_features=image_features,
+            episode_label=label,
+            compression=compression,
+            chunk_size=chunk_size,
+        )
+        progress(episodes=1, files=1, bytes=size)
+    write_common_meta(staging_dir, meta, export_info(meta.info))
+
+
+def _camera_batches(
+    reader: Any,
+    episode_index: int,
+    key: str,
+    batch_size: int,
+    buffers: dict[str, np.ndarray],
+    label: str,
+) -> Iterator[np.ndarray]:
+    """reader.iter_frames into this camera's decode buffer, which every episode reuses."""
+    out = buffers.get(key)
+    try:
+        yield from reader.iter_frames(episode_index, key, batch_size, out=out)
+    except DatasetError:
+        raise
+    except ValueError:
+        # The reused buffer has the info.json shape; this video has another frame size.
+        raise DatasetError(
+            f"{label}: camera {key}: video frames are not {out.shape[1:] if out is not None else '?'}"
+            " as declared in info.json"
+        ) from None
