@@ -553,7 +553,7 @@ def write_subset(
 
     episodes_path = root / EPISODES_PATH.format(chunk_index=0, file_index=0)
     episodes_path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(episodes_table(episode_rows, video_keys), episodes_path)
+    _write_parquet(episodes_table(episode_rows, video_keys), episodes_path)
     pq.write_table(tasks_table(meta.tasks), root / TASKS_PARQUET)
 
     info = v3_info(meta, settings)
@@ -662,4 +662,253 @@ def _write_empty_data(root: Path, features: Mapping[str, Any]) -> None:
             fields.append(pa.field(name, t))
     path = root / DATA_PATH.format(chunk_index=0, file_index=0)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.schema(fields).empty_table(), path)
+    _write_parquet(pa.schema(fields).empty_table(), path)
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    """A zero-row table gets a file with its schema and no row group (an empty row group makes
+    HF datasets fail with "BatchSize must be greater than 0")."""
+    if table.num_rows == 0:
+        pq.ParquetWriter(path, table.schema).close()
+    else:
+        pq.write_table(table, path)
+
+
+# --------------------------------------------------------------------------------------------------
+# verify
+# --------------------------------------------------------------------------------------------------
+
+# Slack for comparing timestamps computed in the stream's time base with row timestamps; LeRobot
+# looks frames up with tolerance_s = 1e-4.
+TIMESTAMP_TOLERANCE_S = 1e-4
+STATE = "observation.state"
+ACTION = "action"
+
+
+def read_episode_locators(root: Path) -> pa.Table:
+    """All ``meta/episodes`` files in path order, concatenated (how LeRobot loads them)."""
+    paths = sorted((Path(root) / "meta" / "episodes").glob("*/*.parquet"))
+    if not paths:
+        raise DatasetError(f"{Path(root) / 'meta' / 'episodes'}: no episode metadata files")
+    return pa.concat_tables([pq.read_table(p) for p in paths], promote_options="default")
+
+
+def _first_frame_at(path: Path, t: float) -> tuple[float, np.ndarray] | None:
+    """Decode the frame presented at ``t`` seconds (seek to the keyframe before, decode on)."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        target = int(round(t / float(stream.time_base)))
+        container.seek(target, stream=stream, backward=True, any_frame=False)
+        for frame in container.decode(stream):
+            ft = float(frame.pts * frame.time_base)
+            if ft >= t - TIMESTAMP_TOLERANCE_S:
+                return ft, frame.to_ndarray(format="rgb24")
+    return None
+
+
+def verify(export_dir: Path) -> list[Any]:
+    """Follow the episode locators to the Parquet and MP4 shards and check them (see module doc):
+    row ranges, index/frame_index/timestamp columns, per-shard frame counts against the episodes'
+    lengths, timestamp ranges; then read one state, one action and one frame per camera per
+    episode (pyarrow and PyAV)."""
+    from eva.dataset.validate import Problem
+
+    root = Path(export_dir)
+    problems: list[Problem] = []
+
+    def problem(code: str, message: str, path: Path, episode: int | None = None) -> None:
+        problems.append(Problem(code=code, message=message, path=path, episode=episode))
+
+    info_path = root / layout.INFO
+    try:
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+        locators = read_episode_locators(root).to_pylist()
+        tasks = pq.read_table(root / TASKS_PARQUET)
+    except (OSError, ValueError, pa.ArrowException, DatasetError) as e:
+        problem("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR)
+        return problems
+    if info.get("codebase_version") != CODEBASE_VERSION:
+        problem("wrong_version", f"codebase_version {info.get('codebase_version')!r}", info_path)
+    if info.get("dataset_format") != DATASET_FORMAT:
+        problem("wrong_format", f"dataset_format {info.get('dataset_format')!r}", info_path)
+    fps = float(info.get("fps") or 0)
+    features = info.get("features", {})
+    video_keys = [k for k, f in features.items() if f.get("dtype") == "video"]
+    data_tpl = info.get("data_path") or DATA_PATH
+    video_tpl = info.get("video_path") or VIDEO_PATH
+    n_eps = len(locators)
+    if [r.get("episode_index") for r in locators] != list(range(n_eps)):
+        problem("episode_numbering", "meta/episodes rows are not episodes 0..n-1 in order", root)
+    if info.get("total_episodes") != n_eps:
+        problem(
+            "total_episodes",
+            f"info says {info.get('total_episodes')}, meta/episodes has {n_eps}",
+            info_path,
+        )
+    total_len = sum(int(r.get("length") or 0) for r in locators)
+    if info.get("total_frames") != total_len:
+        problem(
+            "total_frames",
+            f"info says {info.get('total_frames')}, episode lengths sum to {total_len}",
+            info_path,
+        )
+    if info.get("total_tasks") != tasks.num_rows:
+        problem(
+            "total_tasks",
+            f"info says {info.get('total_tasks')}, tasks.parquet has {tasks.num_rows}",
+            info_path,
+        )
+    if b"pandas" not in (tasks.schema.metadata or {}):
+        problem(
+            "tasks_index", "tasks.parquet lacks the pandas index metadata", root / TASKS_PARQUET
+        )
+
+    # Data: every file the locators name, rows of its episodes in order.
+    data_cache: dict[tuple[int, int], pa.Table | None] = {}
+    file_start: dict[tuple[int, int], int] = {}
+    expected_index = 0
+    for ep, row in enumerate(locators):
+        key = (int(row["data/chunk_index"]), int(row["data/file_index"]))
+        path = root / data_tpl.format(chunk_index=key[0], file_index=key[1])
+        if key not in data_cache:
+            try:
+                data_cache[key] = pq.read_table(path)
+            except (OSError, pa.ArrowException) as e:
+                data_cache[key] = None
+                problem("unreadable_parquet", f"cannot read: {e}", path, ep)
+            file_start[key] = int(row["dataset_from_index"])
+        table = data_cache[key]
+        start, stop = int(row["dataset_from_index"]), int(row["dataset_to_index"])
+        n = int(row["length"])
+        if start != expected_index or stop - start != n or n <= 0:
+            problem(
+                "row_range",
+                f"range [{start}, {stop}) does not follow {expected_index} with length {n}",
+                path,
+                ep,
+            )
+        expected_index = stop
+        if table is None:
+            continue
+        offset = start - file_start[key]
+        part = table.slice(offset, n)
+        if part.num_rows != n:
+            problem(
+                "row_range", f"file has {table.num_rows} rows, range needs {offset + n}", path, ep
+            )
+            continue
+        cols = {
+            c: part.column(c).to_numpy()
+            for c in ("episode_index", "index", "frame_index", "timestamp")
+            if c in part.column_names
+        }
+        if len(cols) < 4:
+            problem(
+                "missing_column",
+                "episode_index/index/frame_index/timestamp column missing",
+                path,
+                ep,
+            )
+            continue
+        if not (cols["episode_index"] == ep).all():
+            problem(
+                "episode_index_column", f"rows [{start}, {stop}) are not all episode {ep}", path, ep
+            )
+        if not np.array_equal(cols["index"], np.arange(start, stop)):
+            problem("index_column", f"index is not {start}..{stop - 1}", path, ep)
+        if not np.array_equal(cols["frame_index"], np.arange(n)):
+            problem("frame_index_column", f"frame_index is not 0..{n - 1}", path, ep)
+        ts = cols["timestamp"].astype(np.float64)
+        if fps and np.abs(ts - np.arange(n) / fps).max() > TIMESTAMP_TOLERANCE_S:
+            problem("timestamp_column", "timestamps are not frame_index / fps", path, ep)
+        for name in (STATE, ACTION):
+            if name in features:
+                if name not in part.column_names:
+                    problem("missing_column", f"column {name!r} missing", path, ep)
+                    continue
+                value = np.asarray(part.column(name)[0].as_py(), dtype=np.float64).reshape(-1)
+                if list(value.shape) != [int(np.prod(features[name].get("shape", [value.size])))]:
+                    problem("bad_value", f"{name} has {value.size} values", path, ep)
+    for key, table in data_cache.items():
+        if table is None:
+            continue
+        used = sum(
+            int(r["length"])
+            for r in locators
+            if (int(r["data/chunk_index"]), int(r["data/file_index"])) == key
+        )
+        if table.num_rows != used:
+            path = root / data_tpl.format(chunk_index=key[0], file_index=key[1])
+            problem("row_count", f"{table.num_rows} rows, its episodes account for {used}", path)
+
+    # Videos: per camera and shard, episodes abut from 0, the sample count equals their rows,
+    # and one frame per episode decodes at from_timestamp.
+    for cam in video_keys:
+        shards: dict[tuple[int, int], list[int]] = {}
+        for ep, row in enumerate(locators):
+            try:
+                key = (int(row[f"videos/{cam}/chunk_index"]), int(row[f"videos/{cam}/file_index"]))
+            except (KeyError, TypeError):
+                problem("missing_locator", f"camera {cam!r}: no video locator", root, ep)
+                continue
+            shards.setdefault(key, []).append(ep)
+        shape = tuple(features[cam].get("shape", ()))
+        for key, eps in shards.items():
+            path = root / video_tpl.format(video_key=cam, chunk_index=key[0], file_index=key[1])
+            try:
+                shard = probe(path)
+            except VideoConcatError as e:
+                problem("unreadable_video", f"camera {cam!r}: {e}", path, eps[0])
+                continue
+            want = sum(int(locators[ep]["length"]) for ep in eps)
+            if shard.frames != want:
+                problem(
+                    "frame_count",
+                    f"camera {cam!r}: {shard.frames} frames, its episodes have {want} rows",
+                    path,
+                )
+            expected_from = 0.0
+            for ep in eps:
+                row = locators[ep]
+                t0, t1 = (
+                    float(row[f"videos/{cam}/from_timestamp"]),
+                    float(row[f"videos/{cam}/to_timestamp"]),
+                )
+                n = int(row["length"])
+                if abs(t0 - expected_from) > TIMESTAMP_TOLERANCE_S:
+                    problem(
+                        "timestamp_range",
+                        f"camera {cam!r}: starts at {t0:.6f} s, previous episode ends at {expected_from:.6f} s",
+                        path,
+                        ep,
+                    )
+                if fps and abs((t1 - t0) - n / fps) > TIMESTAMP_TOLERANCE_S:
+                    problem(
+                        "timestamp_range",
+                        f"camera {cam!r}: [{t0:.6f}, {t1:.6f}) s holds {(t1 - t0) * fps:.3f} frames, not {n}",
+                        path,
+                        ep,
+                    )
+                expected_from = t1
+                try:
+                    found = _first_frame_at(path, t0)
+                except Exception as e:  # noqa: BLE001 - any decoder failure is a verification problem
+                    problem(
+                        "unreadable_video",
+                        f"camera {cam!r}: cannot decode at {t0:.6f} s: {e}",
+                        path,
+                        ep,
+                    )
+                    continue
+                if found is None or abs(found[0] - t0) > TIMESTAMP_TOLERANCE_S:
+                    problem("frame_lookup", f"camera {cam!r}: no frame at {t0:.6f} s", path, ep)
+                elif len(shape) == 3 and found[1].shape != shape:
+                    problem(
+                        "frame_shape",
+                        f"camera {cam!r}: frame shape {found[1].shape} != {shape}",
+                        path,
+                        ep,
+                    )
+    return problems
