@@ -141,6 +141,8 @@ def review_episode(
             raise DatasetError(f"qc: verdict {verdict!r}: use pass or fail")
     if note is not None and any(ord(c) < 32 and c not in "\t" for c in note):
         raise DatasetError("qc: note: control characters (newlines) are not allowed")
+    if not (root / layout.EPISODES).is_file():
+        raise DatasetError(f"{root / layout.EPISODES}: missing (not a v2.1 dataset?)")
     if is_being_saved(root, episode_index):
         raise DatasetError(
             f"{root / layout.EPISODES}: episode {episode_index} is still being saved; "
