@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from eva.jobs import Job, read_job, write_job
 from eva.publish import (
     ExportBusy,
@@ -134,9 +133,9 @@ def test_lock_refuses_second_export(tmp_path: Path) -> None:
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-        with pytest.raises(ExportBusy, match=rf"already running \(pid {holder.pid}\)"):
-            with export_lock(root, "raw to lerobot_v21"):
-                pass
+        busy = pytest.raises(ExportBusy, match=rf"already running \(pid {holder.pid}\)")
+        with busy, export_lock(root, "raw to lerobot_v21"):
+            pass
     finally:
         holder.kill()
         holder.wait()
