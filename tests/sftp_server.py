@@ -195,3 +195,54 @@ def ssh_agent(key: Path, workdir: Path) -> Iterator[str]:
     finally:
         agent.terminate()
         agent.wait(timeout=10)
+
+
+# ---- export trees for the upload tests ----------------------------------------------------------
+# Until an export is produced by eva.export.pipeline in these tests, they build the published
+# layout the gate reads (contracts §3-4, docs/design.md "Jobs") with the real job-record code.
+
+
+def make_export(
+    log_dir: Path,
+    name: str = "pick",
+    fmt: str = "hdf5",
+    *,
+    state: str = "completed",
+    file_sizes: tuple[int, ...] = (150_000, 70_000, 3_000, 0),
+    seed: int = 0,
+) -> tuple[Path, Path]:
+    """A raw source ``<log_dir>/<name>/raw`` and a completed export of it; returns (source,
+    accepted_dir). Files are random bytes so a byte-for-byte comparison means something."""
+    import json
+    import random
+
+    from eva.dataset.layout import QUALITY_SPLIT, export_paths, export_root
+    from eva.jobs import EXPORT_JOB, Job, write_job
+
+    rng = random.Random(seed)
+    source = Path(log_dir) / name / "raw"
+    (source / "meta").mkdir(parents=True, exist_ok=True)
+    (source / "meta" / "info.json").write_text(json.dumps({"codebase_version": "v2.1"}))
+    paths = export_paths(source, fmt)
+    for subset, directory in paths.items():
+        (directory / "meta").mkdir(parents=True, exist_ok=True)
+        data = directory / "data" / "chunk-000"
+        data.mkdir(parents=True, exist_ok=True)
+        for i, size in enumerate(file_sizes):
+            (data / f"episode_{i:06d}.bin").write_bytes(rng.randbytes(size))
+        (directory / "meta" / "info.json").write_text(
+            json.dumps({"total_episodes": len(file_sizes)})
+        )
+        marker = {
+            "source_dir": str(source.resolve()),
+            "subset": subset,
+            "dataset_format": fmt,
+            "source_episode_indices": list(range(len(file_sizes))),
+            "rule": "qc_verdict pass > fail > red > green",
+        }
+        (directory / QUALITY_SPLIT).write_text(json.dumps(marker))
+    job = Job(kind="export", source_dir=str(source.resolve()), format=fmt, state=state)
+    job.accepted_dir = str(paths["accepted"])
+    job.rejected_dir = str(paths["rejected"])
+    write_job(export_root(source, fmt) / EXPORT_JOB, job)
+    return source, paths["accepted"]

@@ -52,6 +52,97 @@ def main() -> None:
 
 # [dataset commands: info, validate]
 
+
+def _dataset_summary(root: Path) -> dict[str, Any]:
+    from eva.dataset.reader import DatasetReader
+
+    reader = DatasetReader(root)
+    info = reader.info
+    rows = reader.episodes
+    quality = [str(r.get("quality", "")).lower() for r in rows]
+    verdicts = [str(r.get("qc_verdict") or "").lower() for r in rows]
+    return {
+        "dataset": str(root),
+        "codebase_version": info.get("codebase_version"),
+        "robot_type": info.get("robot_type"),
+        "fps": reader.fps,
+        "episodes": len(rows),
+        "frames": sum(int(r.get("length") or 0) for r in rows),
+        "cameras": {key: reader.features[key].get("shape") for key in reader.video_keys},
+        "vectors": {key: reader.features[key].get("shape") for key in reader.vector_keys},
+        "tasks": [reader.tasks[i] for i in sorted(reader.tasks)],
+        "quality": {"green": quality.count("green"), "red": quality.count("red")},
+        "qc_verdict": {"pass": verdicts.count("pass"), "fail": verdicts.count("fail")},
+    }
+
+
+@main.command("info")
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+def info_command(dataset: Path, as_json: bool) -> None:
+    """Summarise a LeRobot v2.1 DATASET: episodes, frames, cameras, fps, tasks, quality counts.
+
+    \b
+    Example:
+      eva info demo-data/pick/raw
+      eva info demo-data/pick/raw --json | jq .quality
+    """
+    from eva.dataset.errors import DatasetError
+
+    try:
+        summary = _dataset_summary(dataset)
+    except DatasetError as e:
+        fail(str(e))
+        return
+    if as_json:
+        emit_json(summary)
+        return
+    cameras = ", ".join(f"{k} {s[1]}x{s[0]}" for k, s in summary["cameras"].items() if s)
+    click.echo(f"dataset   {summary['dataset']} ({summary['codebase_version']})")
+    click.echo(f"episodes  {summary['episodes']}, frames {summary['frames']}, fps {summary['fps']}")
+    click.echo(f"cameras   {cameras or '-'}")
+    click.echo(f"tasks     {len(summary['tasks'])}: " + "; ".join(summary["tasks"]))
+    q, v = summary["quality"], summary["qc_verdict"]
+    click.echo(
+        f"quality   green {q['green']}, red {q['red']}; qc pass {v['pass']}, fail {v['fail']}"
+    )
+
+
+@main.command("validate")
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@click.option("--decode", is_flag=True, help="Decode every video to count frames (slow, exact).")
+def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
+    """Check a LeRobot v2.1 DATASET; report every problem. Exit 0 valid, 1 invalid, 2 usage.
+
+    \b
+    Example:
+      eva validate demo-data/pick/raw
+      eva validate demo-data/pick/raw --decode --json
+    """
+    from eva.dataset.validate import validate_dataset
+
+    problems = validate_dataset(dataset, decode=decode)
+    if as_json:
+        emit_json(
+            {
+                "dataset": str(dataset),
+                "valid": not problems,
+                "decode": decode,
+                "problems": [p.to_dict() for p in problems],
+            }
+        )
+    else:
+        for problem in problems:
+            click.echo(str(problem))
+        click.echo(
+            f"{dataset}: valid" if not problems else f"{dataset}: {len(problems)} problem(s)",
+            err=bool(problems),
+        )
+    if problems:
+        sys.exit(EXIT_INVALID)
+
+
 # [capture commands: collect]
 
 # [quality and export commands: qc, export, verify, cleanup]
@@ -299,6 +390,170 @@ def cleanup_command(dataset: Path, fmt: str | None) -> None:
 
 
 # [upload commands: upload]
+
+
+def _upload_source_dir(dataset: str, collection: dict[str, Any]) -> Any:
+    """DATASET is the raw source directory, or a dataset name under ``collection.log_dir``."""
+    from pathlib import Path
+
+    from eva.dataset.layout import UnsafeNameError, check_component
+
+    path = Path(dataset).expanduser()
+    if path.is_dir() or "/" in dataset:
+        return path
+    log_dir = collection.get("log_dir")
+    if not isinstance(log_dir, str) or not log_dir:
+        fail(f"{dataset}: not a directory, and collection.log_dir is not set to find it by name")
+    try:
+        check_component(dataset, "dataset name")
+    except UnsafeNameError as e:
+        fail(str(e))
+    return Path(log_dir).expanduser() / dataset / "raw"
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _upload_progress_line(progress: dict[str, Any], elapsed: float, width: int = 28) -> str:
+    totals = progress.get("totals") or {}
+    done, total = progress.get("bytes") or 0, totals.get("bytes") or 0
+    fraction = done / total if total else 0.0
+    bar = "#" * int(fraction * width) + "-" * (width - int(fraction * width))
+    rate = done / elapsed if elapsed > 0 else 0.0
+    current = progress.get("current") or ""
+    if len(current) > 40:
+        current = "..." + current[-37:]
+    return (
+        f"[{bar}] {fraction * 100:5.1f}%  {_human_bytes(done)}/{_human_bytes(total)}  "
+        f"files {progress.get('files') or 0}/{totals.get('files') or 0}  "
+        f"{_human_bytes(rate)}/s  {current}"
+    )
+
+
+@main.command("upload")
+@click.argument("dataset")
+@click.option("--format", "fmt", required=True, help="lerobot_v21, lerobot_v3, hdf5 or mcap.")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="TOML config with a [collection.storage.sftp] table.",
+)
+@click.option(
+    "--accept-new-host-key",
+    is_flag=True,
+    help="Trust and record the server's host key if known_hosts does not list it yet.",
+)
+@click.option("--resume", is_flag=True, help="Continue an interrupted upload of this export.")
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="known_hosts file (default: storage.sftp.known_hosts, else ~/.ssh/known_hosts).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Progress and result as JSON lines.")
+def upload_command(
+    dataset: str,
+    fmt: str,
+    config_path: str,
+    accept_new_host_key: bool,
+    resume: bool,
+    known_hosts: str | None,
+    as_json: bool,
+) -> None:
+    """Upload the current accepted export of DATASET over SFTP.
+
+    DATASET is the raw source directory (or a dataset name under collection.log_dir). Only the
+    accepted directory of the latest completed export in FORMAT is sent; it is staged remotely and
+    published by one rename under <remote_dir>/<dataset-name>, or <...>.copy_<UTC time> if taken.
+
+    \b
+    Example:
+      eva upload demo-data/pick/raw --format hdf5 --config eva.toml
+    """
+    import dataclasses
+    import time
+    from pathlib import Path
+
+    from eva.dataset.errors import DatasetError
+    from eva.upload.config import UploadConfigError, parse_sftp_config, read_config_file
+    from eva.upload.gate import UploadRefused
+    from eva.upload.job import start_upload
+    from eva.upload.sftp import UploadError, UploadOptions
+
+    def refuse(message: str) -> None:
+        if as_json:
+            emit_json({"event": "error", "error": message})
+        fail(message)
+
+    try:
+        collection = read_config_file(Path(config_path))
+        sftp_config = parse_sftp_config(collection, base_dir=Path(config_path).resolve().parent)
+    except UploadConfigError as e:
+        refuse(str(e))
+        return
+    if sftp_config is not None and known_hosts:
+        sftp_config = dataclasses.replace(sftp_config, known_hosts=Path(known_hosts).resolve())
+    source = _upload_source_dir(dataset, collection)
+    try:
+        job = start_upload(
+            source,
+            fmt,
+            sftp_config,
+            options=UploadOptions(accept_new_host_key=accept_new_host_key),
+            resume=resume,
+        )
+    except UploadRefused as e:
+        refuse(f"upload refused ({e.reason}): {e}")
+        return
+    except (UploadError, DatasetError, ValueError) as e:
+        refuse(str(e))
+        return
+
+    interactive = not as_json and sys.stderr.isatty()
+    started = time.monotonic()
+    last_emit = 0.0
+    try:
+        while not job.wait(0.2):
+            now = time.monotonic()
+            if as_json and now - last_emit >= 0.5:
+                emit_json({"event": "progress", "state": job.state, **job.record.progress})
+                last_emit = now
+            elif interactive:
+                line = _upload_progress_line(job.record.progress, now - started)
+                click.echo("\r" + line, nl=False, err=True)
+    except KeyboardInterrupt:
+        job.cancel()
+        job.wait()
+    if interactive:
+        line = _upload_progress_line(job.record.progress, time.monotonic() - started)
+        click.echo("\r" + line, err=True)
+
+    record = job.snapshot()
+    if job.result is None:
+        message = f"upload failed: {job.error}"
+        if record.get("resumable"):
+            message += " (rerun with --resume to continue)"
+        refuse(message)
+        return
+    result = job.result.as_dict()
+    if as_json:
+        emit_json({"event": "result", "state": job.state, "job_id": record["job_id"], **result})
+        return
+    note = " (target existed: published under a copy name)" if job.result.used_copy_name else ""
+    skipped = (
+        f", {job.result.skipped_files} already staged files skipped" if job.result.resumed else ""
+    )
+    click.echo(
+        f"uploaded {job.result.files} files ({_human_bytes(job.result.bytes)}) to "
+        f"{sftp_config.host if sftp_config else ''}:{job.result.remote_path}{note}{skipped}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,202 @@
+"""May this accepted export be uploaded? (description: "Why upload is limited...", contracts §7)
+
+Upload is allowed only when ALL of these hold, checked in this order; the first that fails is
+reported with its own reason code:
+
+- ``no_backend``: ``collection.storage.sftp`` is configured;
+- ``source_missing``: the source directory exists;
+- ``never_exported`` / ``job_unreadable``: ``<export root>/job.json`` exists and is a readable
+  export job record;
+- ``job_mismatch``: that record is an export job for this source and this format;
+- ``export_not_completed``: its state is ``completed`` (it is the latest job: the exporter
+  replaces the record whenever a new job starts);
+- ``accepted_dir_mismatch``: its ``accepted_dir`` is the path computed for the current source and
+  format (``eva.dataset.layout.export_paths``), and that directory exists (no symlink);
+- ``marker_unreadable``: ``<accepted>/meta/quality_split.json`` is a readable JSON object;
+- ``marker_not_accepted``: the marker says ``subset`` "accepted";
+- ``format_mismatch``: its ``dataset_format`` equals the requested format;
+- ``source_mismatch``: its ``source_dir`` resolves to the current source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eva.dataset.layout import QUALITY_SPLIT, export_paths, export_root, normalize_format
+from eva.jobs import EXPORT_JOB
+
+REASONS = (
+    "no_backend",
+    "source_missing",
+    "never_exported",
+    "job_unreadable",
+    "job_mismatch",
+    "export_not_completed",
+    "accepted_dir_mismatch",
+    "marker_unreadable",
+    "marker_not_accepted",
+    "format_mismatch",
+    "source_mismatch",
+)
+
+
+class UploadRefused(Exception):
+    """The gate said no; ``reason`` is one of ``REASONS``, the message says why in one line."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class UploadPermit:
+    source_dir: Path  # resolved
+    format: str
+    export_root: Path
+    accepted_dir: Path
+    export_job: dict[str, Any]
+    marker: dict[str, Any]
+
+    @property
+    def export_job_id(self) -> str | None:
+        job_id = self.export_job.get("job_id")
+        return job_id if isinstance(job_id, str) else None
+
+
+def _same_path(recorded: object, expected: Path) -> bool:
+    if not isinstance(recorded, str) or not recorded:
+        return False
+    try:
+        return Path(recorded).resolve() == expected.resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data
+
+
+def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> UploadPermit:
+    """Return the permit for uploading the accepted export of ``source_dir`` in ``fmt``, or raise
+    ``UploadRefused``."""
+    fmt = normalize_format(fmt)
+    if not backend_configured:
+        raise UploadRefused(
+            "no_backend",
+            "no upload backend configured: add a [collection.storage.sftp] table to the config",
+        )
+    source = Path(source_dir)
+    if not source.is_dir():
+        raise UploadRefused("source_missing", f"{source}: source dataset directory not found")
+    source = source.resolve()
+    root = export_root(source, fmt)
+    expected_accepted = export_paths(source, fmt)["accepted"]
+    job_file = root / EXPORT_JOB
+
+    try:
+        job = _read_json_object(job_file)
+    except FileNotFoundError:
+        raise UploadRefused(
+            "never_exported",
+            f"{source}: never exported as {fmt} (no {job_file}); run the export first",
+        ) from None
+    except (OSError, ValueError) as e:
+        raise UploadRefused(
+            "job_unreadable", f"{job_file}: unreadable export job record ({e})"
+        ) from None
+
+    kind = job.get("kind", "export")
+    if kind != "export":
+        raise UploadRefused("job_mismatch", f"{job_file}: is a {kind!r} job, not an export job")
+    job_format = job.get("format")
+    if not isinstance(job_format, str) or normalize_format_or_none(job_format) != fmt:
+        raise UploadRefused(
+            "job_mismatch",
+            f"{job_file}: the latest export job is for format {job_format!r}, not {fmt}",
+        )
+    if not _same_path(job.get("source_dir"), source):
+        raise UploadRefused(
+            "job_mismatch",
+            f"{job_file}: the latest export job is for source {job.get('source_dir')!r}, not {source}",
+        )
+    state = job.get("state")
+    if state != "completed":
+        detail = f" ({job['error']})" if state == "failed" and job.get("error") else ""
+        raise UploadRefused(
+            "export_not_completed",
+            f"{job_file}: the latest {fmt} export job is {state!r}, not completed{detail}; "
+            "export again",
+        )
+
+    recorded_accepted = job.get("accepted_dir")
+    if not _same_path(recorded_accepted, expected_accepted):
+        raise UploadRefused(
+            "accepted_dir_mismatch",
+            f"{job_file}: accepted_dir {recorded_accepted!r} is not the current accepted "
+            f"export {expected_accepted}",
+        )
+    try:
+        accepted_stat = os.lstat(expected_accepted)
+    except OSError:
+        raise UploadRefused(
+            "accepted_dir_mismatch", f"{expected_accepted}: accepted export directory is missing"
+        ) from None
+    if not stat.S_ISDIR(accepted_stat.st_mode):
+        raise UploadRefused(
+            "accepted_dir_mismatch", f"{expected_accepted}: is not a real directory (symlink?)"
+        )
+
+    marker_path = expected_accepted / QUALITY_SPLIT
+    try:
+        marker = _read_json_object(marker_path)
+    except (OSError, ValueError) as e:
+        raise UploadRefused(
+            "marker_unreadable", f"{marker_path}: unreadable quality marker ({e})"
+        ) from None
+    if marker.get("subset") != "accepted":
+        raise UploadRefused(
+            "marker_not_accepted",
+            f"{marker_path}: subset is {marker.get('subset')!r}; only the accepted subset is uploaded",
+        )
+    marker_format = marker.get("dataset_format")
+    if marker_format != fmt:
+        raise UploadRefused(
+            "format_mismatch",
+            f"{marker_path}: dataset_format is {marker_format!r}, not the requested {fmt}; "
+            f"export as {fmt} first",
+        )
+    if not _same_path(marker.get("source_dir"), source):
+        raise UploadRefused(
+            "source_mismatch",
+            f"{marker_path}: source_dir {marker.get('source_dir')!r} is not the current source {source}",
+        )
+    return UploadPermit(
+        source_dir=source,
+        format=fmt,
+        export_root=root,
+        accepted_dir=expected_accepted,
+        export_job=job,
+        marker=marker,
+    )
+
+
+def normalize_format_or_none(name: str) -> str | None:
+    try:
+        return normalize_format(name)
+    except ValueError:
+        return None
+
+
+def dataset_name_for(source_dir: Path) -> str:
+    """The remote dataset name: ``<log_dir>/<name>/raw`` -> ``name``; any other source -> its name."""
+    source = Path(source_dir).resolve()
+    return source.parent.name if source.name == "raw" else source.name
