@@ -56,16 +56,8 @@ class ExportResult:
 
 
 def problem_line(problem: Any) -> str:
-    """One line for a ``eva.dataset.validate.Problem``: path, episode, message."""
-    parts = []
-    path = getattr(problem, "path", None)
-    if path:
-        parts.append(str(path))
-    episode = getattr(problem, "episode", None)
-    if episode is not None:
-        parts.append(f"episode {episode}")
-    parts.append(str(getattr(problem, "message", problem)))
-    return ": ".join(parts)
+    """One line for a ``eva.dataset.validate.Problem`` (its message names file/episode/field)."""
+    return str(getattr(problem, "message", problem))
 
 
 def validate_source(source: Path) -> None:

@@ -52,7 +52,7 @@ def verify_export(
     marker_path = export_dir / layout.QUALITY_SPLIT
 
     def problem(code: str, message: str, path: Path = marker_path) -> None:
-        problems.append(Problem(code=code, message=message, path=path, episode=None))
+        problems.append(Problem(code, f"{path}: {message}", str(path), None))
 
     if not export_dir.is_dir():
         problem("missing_export", "export directory does not exist", export_dir)

@@ -116,7 +116,8 @@ def verify(export_dir: Path) -> list[Problem]:
     problems: list[Problem] = []
 
     def problem(code: str, message: str, path: Path, episode: int | None = None) -> None:
-        problems.append(Problem(code=code, message=message, path=path, episode=episode))
+        where = f"{path}: episode {episode}" if episode is not None else str(path)
+        problems.append(Problem(code, f"{where}: {message}", str(path), episode))
 
     try:
         import json
