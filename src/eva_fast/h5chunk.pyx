@@ -30,11 +30,11 @@ cdef inline void _check_slot(uint8_t[:, :, :, ::1] batch, Py_ssize_t slot, Py_ss
         raise IndexError(f"slot {slot} outside a batch of {batch.shape[0]} frames")
 
 
-def pack_frame(const uint8_t[:, :, ::1] frame, uint8_t[:, :, :, ::1] batch, Py_ssize_t slot):
+def pack_frame(const uint8_t[:, :, :] frame, uint8_t[:, :, :, ::1] batch, Py_ssize_t slot):
     """Copy one (H, W, 3) frame whose rows may be padded (stride > W*3) into ``batch[slot]``."""
     cdef Py_ssize_t height = frame.shape[0]
     cdef Py_ssize_t width = frame.shape[1]
-    if frame.shape[2] != 3 or (width > 1 and frame.strides[1] != 3):
+    if frame.shape[2] != 3 or frame.strides[2] != 1 or (width > 1 and frame.strides[1] != 3):
         raise ValueError("frame must be (H, W, 3) with packed pixels")
     _check_slot(batch, slot, height, width)
     if height == 0 or width == 0:

@@ -1,0 +1,859 @@
+"""HDF5 export: one file per episode with ``columns``, ``images`` and ``metadata`` groups.
+
+Layout (contracts §6): ``data/chunk-XXX/episode_NNNNNN.hdf5``. Each top-level group is a mapping
+stored as ``item_NNNNNN`` sub-groups, each holding a dataset ``value`` and the attributes ``key``
+(the original key, which may contain "/" or ".") and ``kind``:
+
+- ``array``: a numeric or bool ndarray or scalar (0-d). A Python ``int``/``float``/``bool`` also
+  carries ``python_type`` so it reads back as the same Python type;
+- ``string``: UTF-8 variable-length string;
+- ``bytes``: 1-D uint8;
+- ``none``: an empty uint8 array standing for ``None``;
+- ``msgpack``: 1-D uint8 holding MessagePack (contracts §5) of a mapping, list, tuple, or an array
+  numpy/HDF5 cannot store natively (strings, objects, complex). Tuples read back as lists.
+
+``columns`` holds every Parquet column (float32 stays float32, fixed-size lists become (n, dim)),
+``images`` one (T, H, W, 3) uint8 dataset per camera, chunked along the frame axis and appendable
+(maxshape (None, H, W, 3)), ``metadata`` the episodes.jsonl row plus ``fps``.
+
+Speed: the export should run at about the speed of decoding the source videos. Each camera is
+decoded with PyAV codec threading into a reused batch buffer whose chunk-sized slices are written
+with direct chunk writes (no per-frame resize or write, never a whole episode in memory). When the
+native core is built, yuv420p frames are converted to RGB by the ``h5chunk`` kernel straight into
+that buffer through lookup tables calibrated from PyAV's own conversion, so pixels are identical
+to ``frame.to_ndarray(format="rgb24")``; a self-check on each video's first frame falls back to
+PyAV for that video if they ever differ.
+
+Frames per chunk (``hdf5_frames_per_chunk``, default 1): a chunk is the unit HDF5 reads, writes and
+compresses. One frame per chunk gives the cheapest random access (reading frame i touches exactly
+one frame) and the smallest write buffer; larger chunks (e.g. 8-32 frames) read sequential clips
+with fewer I/O calls and compress better (gzip/lzf see more similar data at once), but reading a
+single frame then reads and decompresses the whole chunk.
+
+Compression (``hdf5_compression``: ``none`` | ``gzip[:level]`` | ``lzf``, default none): raw
+chunks are written directly and run at disk/page-cache speed; gzip and lzf shrink files but cost
+roughly 50-60 MB/s per core, an order of magnitude slower than decoding. Compressed image datasets
+are written one whole-chunk block at a time through the normal (filtered) write path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import av
+import h5py
+import numpy as np
+import pyarrow as pa
+import pyarrow.types as pat
+
+from eva._native import load
+from eva.dataset import layout
+from eva.dataset.atomic import read_jsonl
+from eva.dataset.errors import DatasetError
+from eva.dataset.msgpack_codec import packb, unpackb
+
+FORMAT_NAME = "hdf5"
+EPISODE_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.hdf5"
+GROUPS = ("columns", "images", "metadata")
+KINDS = ("array", "string", "bytes", "none", "msgpack")
+ITEM_NAME = "item_{:06d}"
+DEFAULT_FRAMES_PER_CHUNK = 1
+DEFAULT_BATCH_FRAMES = 32
+# dtype kinds HDF5 stores natively as an ``array`` item (bool, signed, unsigned, float).
+_ARRAY_DTYPE_KINDS = "biuf"
+
+_native = load("h5chunk")
+
+
+# ---- options ------------------------------------------------------------------------------------
+
+
+def parse_compression(text: str | None) -> tuple[str | None, int | None]:
+    """``none`` | ``gzip[:level]`` | ``lzf`` -> (h5py compression name or None, level or None)."""
+    if text is None:
+        return None, None
+    value = str(text).strip().lower()
+    if value in ("", "none", "off", "no"):
+        return None, None
+    name, _, level_text = value.partition(":")
+    if name == "lzf" and not level_text:
+        return "lzf", None
+    if name == "gzip":
+        if not level_text:
+            return "gzip", 4
+        if level_text.isdigit() and 0 <= int(level_text) <= 9:
+            return "gzip", int(level_text)
+        raise DatasetError(f"hdf5 compression {text!r}: gzip level must be 0-9")
+    raise DatasetError(f"hdf5 compression {text!r}: choose none, gzip[:level] or lzf")
+
+
+@dataclass(frozen=True)
+class Hdf5Options:
+    compression: str | None = None
+    compression_level: int | None = None
+    frames_per_chunk: int = DEFAULT_FRAMES_PER_CHUNK
+    # Frames decoded before a write; rounded up to whole chunks. Bounds memory per camera.
+    batch_frames: int = DEFAULT_BATCH_FRAMES
+    # Use the native yuv420p -> rgb24 conversion (identical to PyAV's) when the core is built.
+    native_convert: bool = True
+
+    def __post_init__(self) -> None:
+        if self.frames_per_chunk < 1:
+            raise DatasetError(f"hdf5 frames per chunk must be >= 1, got {self.frames_per_chunk}")
+        if self.batch_frames < 1:
+            raise DatasetError(f"hdf5 batch size must be >= 1, got {self.batch_frames}")
+
+    @property
+    def chunks_per_batch(self) -> int:
+        return max(1, -(-self.batch_frames // self.frames_per_chunk))
+
+    @classmethod
+    def from_export_options(cls, options: Any) -> Hdf5Options:
+        """Read ``ExportOptions`` (``batch_size``, ``extra["hdf5_compression"]``,
+        ``extra["hdf5_frames_per_chunk"]``), a plain mapping of the same keys, or None."""
+        if options is None:
+            return cls()
+        if isinstance(options, Hdf5Options):
+            return options
+        extra: Mapping[str, Any] = getattr(options, "extra", None) or (
+            options if isinstance(options, Mapping) else {}
+        )
+        compression, level = parse_compression(extra.get("hdf5_compression"))
+        fpc_raw = extra.get("hdf5_frames_per_chunk", DEFAULT_FRAMES_PER_CHUNK)
+        try:
+            frames_per_chunk = int(fpc_raw)
+        except (TypeError, ValueError):
+            raise DatasetError(f"hdf5 frames per chunk {fpc_raw!r} is not an integer") from None
+        batch = getattr(options, "batch_size", None) or extra.get("batch_size")
+        return cls(
+            compression=compression,
+            compression_level=level,
+            frames_per_chunk=frames_per_chunk,
+            batch_frames=int(batch) if batch else DEFAULT_BATCH_FRAMES,
+            native_convert=bool(extra.get("hdf5_native_convert", True)),
+        )
+
+
+# ---- items: value <-> (kind, dataset) -----------------------------------------------------------
+
+
+def _python_type(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    return None
+
+
+def encode_value(value: Any) -> tuple[str, Any, dict[str, str]]:
+    """(kind, data for the ``value`` dataset, extra attributes) of one mapping value."""
+    if value is None:
+        return "none", np.empty(0, dtype=np.uint8), {}
+    if isinstance(value, str):  # also np.str_
+        return "string", str(value), {}
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "bytes", np.frombuffer(bytes(value), dtype=np.uint8), {}
+    python_type = _python_type(value)
+    if python_type is not None and not isinstance(value, np.generic):
+        as_array = np.asarray(value)
+        if as_array.dtype.kind in _ARRAY_DTYPE_KINDS:
+            return "array", as_array, {"python_type": python_type}
+        return "msgpack", np.frombuffer(packb(value), dtype=np.uint8), {}  # int beyond int64
+    if isinstance(value, np.ndarray | np.generic):
+        as_array = np.asarray(value)
+        if as_array.dtype.kind in _ARRAY_DTYPE_KINDS:
+            return "array", as_array, {}
+        if as_array.dtype.hasobject:
+            value = as_array.tolist()
+        return "msgpack", np.frombuffer(packb(value), dtype=np.uint8), {}
+    if isinstance(value, Mapping | list | tuple):
+        return "msgpack", np.frombuffer(packb(value), dtype=np.uint8), {}
+    raise TypeError(f"cannot store a {type(value).__name__} in HDF5")
+
+
+def write_item(
+    group: h5py.Group,
+    index: int,
+    key: str,
+    value: Any,
+    *,
+    compression: str | None = None,
+    compression_level: int | None = None,
+) -> h5py.Group:
+    """Store ``value`` as ``group/item_<index>`` with its ``key`` and ``kind`` attributes."""
+    try:
+        kind, data, extra_attrs = encode_value(value)
+    except (TypeError, ValueError) as e:
+        raise DatasetError(f"{group.name}: key {key!r}: {e}") from None
+    item = group.create_group(ITEM_NAME.format(index))
+    item.attrs["key"] = key
+    item.attrs["kind"] = kind
+    for name, attr in extra_attrs.items():
+        item.attrs[name] = attr
+    if kind == "string":
+        item.create_dataset("value", data=data, dtype=h5py.string_dtype("utf-8"))
+    elif kind == "array" and data.ndim >= 1 and data.size and compression is not None:
+        item.create_dataset(
+            "value", data=data, compression=compression, compression_opts=compression_level
+        )
+    else:
+        item.create_dataset("value", data=data)
+    return item
+
+
+def write_mapping(group: h5py.Group, mapping: Mapping[str, Any], **compression: Any) -> None:
+    for index, (key, value) in enumerate(mapping.items()):
+        write_item(group, index, str(key), value, **compression)
+
+
+def _attr_text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def decode_item(item: h5py.Group) -> Any:
+    """The Python value of one ``item_NNNNNN`` group (images stay lazy only via read_episode)."""
+    kind = _attr_text(item.attrs["kind"])
+    dataset = item["value"]
+    if kind == "none":
+        return None
+    if kind == "string":
+        return dataset.asstr()[()]
+    if kind == "bytes":
+        return dataset[()].tobytes()
+    if kind == "msgpack":
+        return unpackb(dataset[()].tobytes())
+    if kind == "array":
+        value = dataset[()]
+        python_type = item.attrs.get("python_type")
+        if python_type is not None:
+            return {"bool": bool, "int": int, "float": float}[_attr_text(python_type)](value)
+        return value
+    raise DatasetError(f"{item.name}: unknown kind {kind!r}")
+
+
+def iter_items(group: h5py.Group) -> Iterator[tuple[str, h5py.Group]]:
+    """(original key, item group) in item order."""
+    for name in sorted(group):
+        item = group[name]
+        yield _attr_text(item.attrs["key"]), item
+
+
+def read_mapping(group: h5py.Group) -> dict[str, Any]:
+    return {key: decode_item(item) for key, item in iter_items(group)}
+
+
+# ---- columns: Arrow -> numpy, dtypes kept ------------------------------------------------------
+
+
+def _fixed_size_values(array: pa.Array) -> np.ndarray | None:
+    """(n, d1, d2, ...) numpy view of nested fixed-size lists of a primitive type, else None."""
+    shape = [len(array)]
+    values: pa.Array = array
+    while pat.is_fixed_size_list(values.type):
+        if values.null_count:
+            return None
+        shape.append(values.type.list_size)
+        values = values.flatten()  # honours the slice offset
+    numeric = (
+        pat.is_integer(values.type) or pat.is_floating(values.type) or pat.is_boolean(values.type)
+    )
+    if values.null_count or not numeric:
+        return None
+    return values.to_numpy(zero_copy_only=False).reshape(shape)
+
+
+def column_value(column: pa.ChunkedArray | pa.Array) -> Any:
+    """A Parquet column as what the ``columns`` group stores: an ndarray when Arrow can give one."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    as_numpy = _fixed_size_values(array)
+    if as_numpy is not None:
+        return as_numpy
+    # Strings, nulls, variable lists, structs: kept exactly, as a MessagePack list.
+    return array.to_pylist()
+
+
+# ---- images: decode in batches, pack into chunk blocks ------------------------------------------
+
+
+def pack_frame_reference(frame: np.ndarray, batch: np.ndarray, slot: int) -> None:
+    """Reference of ``eva_fast.h5chunk.pack_frame``: copy an (H, W, 3) frame into batch[slot]."""
+    if frame.ndim != 3 or frame.shape[2] != 3:
+        raise ValueError("frame must be (H, W, 3) with packed pixels")
+    if batch.shape[1:] != frame.shape:
+        raise ValueError(
+            f"frame is {frame.shape[0]}x{frame.shape[1]} but the batch holds "
+            f"{batch.shape[1]}x{batch.shape[2]} frames"
+        )
+    if not 0 <= slot < batch.shape[0]:
+        raise IndexError(f"slot {slot} outside a batch of {batch.shape[0]} frames")
+    batch[slot] = frame
+
+
+def yuv420p_to_rgb24_reference(
+    y_plane: np.ndarray,
+    u_plane: np.ndarray,
+    v_plane: np.ndarray,
+    width: int,
+    height: int,
+    lut_r: np.ndarray,
+    lut_g: np.ndarray,
+    lut_b: np.ndarray,
+    batch: np.ndarray,
+    slot: int,
+) -> None:
+    """Reference of ``eva_fast.h5chunk.yuv420p_to_rgb24`` (nearest chroma, table lookups)."""
+    y = y_plane[:height, :width].astype(np.intp)
+    rows = np.arange(height) // 2
+    cols = np.arange(width) // 2
+    u = u_plane[rows][:, cols].astype(np.intp)
+    v = v_plane[rows][:, cols].astype(np.intp)
+    out = batch[slot]
+    out[..., 0] = lut_r[v * 256 + y]
+    out[..., 1] = lut_g[(u * 256 + v) * 256 + y]
+    out[..., 2] = lut_b[u * 256 + y]
+
+
+pack_frame: Callable[[np.ndarray, np.ndarray, int], None] = (
+    _native.pack_frame if _native is not None else pack_frame_reference
+)
+
+# Lookup tables per (colorspace, color_range) of the decoded frames, built once per process.
+_yuv_luts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def calibrate_yuv420p_luts(
+    colorspace: int = 2, color_range: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tabulate PyAV's yuv420p -> rgb24 conversion: (lut_r[v,y], lut_g[u,v,y], lut_b[u,y]), flat.
+
+    One 128x512 frame per U value covers every (V, Y) pair: chroma sample (row V, column k)
+    covers the 2x2 luma block holding Y = 4k .. 4k+3. The conversion is per pixel (nearest chroma),
+    which the tests check against PyAV for several frame sizes.
+    """
+    cached = _yuv_luts.get((colorspace, color_range))
+    if cached is not None:
+        return cached
+    k = np.arange(64, dtype=np.uint8)
+    luma = np.empty((512, 128), dtype=np.uint8)
+    for dy in (0, 1):
+        for dx in (0, 1):
+            luma[dy::2, dx::2] = (4 * k + 2 * dy + dx)[None, :]
+    v_plane = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 64, axis=1)
+    lut_g = np.empty((256, 256, 256), dtype=np.uint8)
+    lut_r = np.empty((256, 256), dtype=np.uint8)
+    lut_b = np.empty((256, 256), dtype=np.uint8)
+    for u in range(256):
+        u_plane = np.full((256, 64), u, dtype=np.uint8)
+        frame = av.VideoFrame.from_ndarray(
+            np.concatenate([luma.ravel(), u_plane.ravel(), v_plane.ravel()]).reshape(-1, 128),
+            format="yuv420p",
+        )
+        frame.colorspace = colorspace
+        frame.color_range = color_range
+        rgb = frame.to_ndarray(format="rgb24")
+        # [2V+dy, 2k+dx, c] -> [V, k, dy, dx, c] -> [V, Y=4k+2dy+dx, c]
+        by_vy = rgb.reshape(256, 2, 64, 2, 3).transpose(0, 2, 1, 3, 4).reshape(256, 256, 3)
+        lut_g[u] = by_vy[:, :, 1]
+        lut_b[u] = by_vy[0, :, 2]
+        if u == 0:
+            lut_r[:] = by_vy[:, :, 0]
+    luts = (lut_r.reshape(-1), lut_g.reshape(-1), lut_b.reshape(-1))
+    _yuv_luts[(colorspace, color_range)] = luts
+    return luts
+
+
+def _plane_array(plane: Any) -> np.ndarray:
+    return np.frombuffer(plane, dtype=np.uint8).reshape(-1, plane.line_size)
+
+
+class FrameConverter:
+    """Writes decoded PyAV frames as rgb24 into a batch slot (native LUT path or PyAV's own)."""
+
+    def __init__(self, native_convert: bool = True) -> None:
+        self.use_native = native_convert and _native is not None
+        self.native_frames = 0
+        self.pyav_frames = 0
+        self._luts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def start_video(self, first_frame: av.VideoFrame, batch: np.ndarray, slot: int) -> None:
+        """Decide the path for a new video from its first frame (a self-check against PyAV)."""
+        self._luts = None
+        if self.use_native and first_frame.format.name == "yuv420p":
+            luts = calibrate_yuv420p_luts(first_frame.colorspace, first_frame.color_range)
+            self._native_convert(first_frame, luts, batch, slot)
+            if np.array_equal(batch[slot], first_frame.to_ndarray(format="rgb24")):
+                self._luts = luts
+                self.native_frames += 1
+                return
+        self.convert(first_frame, batch, slot)
+
+    def _native_convert(
+        self,
+        frame: av.VideoFrame,
+        luts: tuple[np.ndarray, np.ndarray, np.ndarray],
+        batch: np.ndarray,
+        slot: int,
+    ) -> None:
+        planes = frame.planes
+        _native.yuv420p_to_rgb24(
+            _plane_array(planes[0]),
+            _plane_array(planes[1]),
+            _plane_array(planes[2]),
+            frame.width,
+            frame.height,
+            luts[0],
+            luts[1],
+            luts[2],
+            batch,
+            slot,
+        )
+
+    def convert(self, frame: av.VideoFrame, batch: np.ndarray, slot: int) -> None:
+        if self._luts is not None:
+            self._native_convert(frame, self._luts, batch, slot)
+            self.native_frames += 1
+        else:
+            pack_frame(frame.to_ndarray(format="rgb24"), batch, slot)
+            self.pyav_frames += 1
+
+
+class BatchBuffers:
+    """Reused (n, H, W, 3) batch buffers keyed by frame shape: no per-episode allocation."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def get(self, frames: int, height: int, width: int) -> np.ndarray:
+        key = (frames, height, width)
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            self._buffers.clear()  # keep one shape alive: bounded memory
+            buffer = np.empty((frames, height, width, 3), dtype=np.uint8)
+            self._buffers[key] = buffer
+        return buffer
+
+
+@dataclass
+class ImageWriteStats:
+    frames: int = 0
+    bytes: int = 0
+    native_frames: int = 0
+    pyav_frames: int = 0
+
+
+@dataclass
+class EpisodeWriter:
+    """Writes episode files; holds the reused buffers and converter across episodes."""
+
+    options: Hdf5Options = field(default_factory=Hdf5Options)
+    buffers: BatchBuffers = field(default_factory=BatchBuffers)
+    converter: FrameConverter | None = None
+    stats: ImageWriteStats = field(default_factory=ImageWriteStats)
+
+    def __post_init__(self) -> None:
+        if self.converter is None:
+            self.converter = FrameConverter(self.options.native_convert)
+
+    def write_episode(
+        self,
+        path: Path,
+        *,
+        columns: Mapping[str, Any] | pa.Table,
+        videos: Mapping[str, Path],
+        metadata: Mapping[str, Any],
+        label: str,
+    ) -> int:
+        """Write one episode file at ``path`` (via a temporary sibling); return its size in bytes.
+
+        ``columns``: a Parquet table (one row per frame) or a mapping of ready values; every video
+        in ``videos`` must decode to exactly as many frames as there are rows.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(columns, pa.Table):
+            rows = columns.num_rows
+            column_values: Mapping[str, Any] = {
+                name: column_value(columns.column(name)) for name in columns.column_names
+            }
+        else:
+            column_values = columns
+            lengths = {len(v) for v in column_values.values() if isinstance(v, np.ndarray | list)}
+            rows = lengths.pop() if len(lengths) == 1 else 0
+        if rows == 0:
+            raise DatasetError(
+                f"{label}: the episode has no rows (empty episodes are not exported)"
+            )
+        tmp = path.with_name(f".eva-tmp-{path.name}")
+        opts = self.options
+        compression = {"compression": opts.compression, "compression_level": opts.compression_level}
+        try:
+            with h5py.File(tmp, "w") as h5:
+                write_mapping(h5.create_group("columns"), column_values, **compression)
+                images = h5.create_group("images")
+                for index, (key, video) in enumerate(videos.items()):
+                    item = images.create_group(ITEM_NAME.format(index))
+                    item.attrs["key"] = key
+                    item.attrs["kind"] = "array"
+                    self._write_camera(item, key, Path(video), rows, label)
+                write_mapping(h5.create_group("metadata"), metadata)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return path.stat().st_size
+
+    def _write_camera(self, item: h5py.Group, key: str, video: Path, rows: int, label: str) -> None:
+        opts = self.options
+        fpc = opts.frames_per_chunk
+        converter = self.converter
+        assert converter is not None
+        try:
+            container = av.open(str(video))
+        except (OSError, av.FFmpegError) as e:
+            raise DatasetError(f"{label}: camera {key}: cannot open {video}: {e}") from None
+        dataset: h5py.Dataset | None = None
+        batch: np.ndarray | None = None
+        frame_shape: tuple[int, int] = (0, 0)
+        written = 0  # frames already in the file
+        filled = 0  # frames waiting in the batch buffer
+        try:
+            if not container.streams.video:
+                raise DatasetError(f"{label}: camera {key}: {video} has no video stream")
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            for frame in container.decode(stream):
+                index = written + filled
+                if dataset is None:
+                    frame_shape = (frame.height, frame.width)
+                    dataset = item.create_dataset(
+                        "value",
+                        shape=(rows, *frame_shape, 3),
+                        maxshape=(None, *frame_shape, 3),
+                        chunks=(fpc, *frame_shape, 3),
+                        dtype=np.uint8,
+                        compression=opts.compression,
+                        compression_opts=opts.compression_level,
+                    )
+                    batch = self.buffers.get(opts.chunks_per_batch * fpc, *frame_shape)
+                elif (frame.height, frame.width) != frame_shape:
+                    raise DatasetError(
+                        f"{label}: camera {key}: frame {index} is {frame.width}x{frame.height}, "
+                        f"but the first frame was {frame_shape[1]}x{frame_shape[0]}"
+                    )
+                if index >= rows:
+                    raise DatasetError(
+                        f"{label}: camera {key}: {video.name} has more frames than the "
+                        f"{rows} table rows"
+                    )
+                assert batch is not None
+                if index == 0:
+                    converter.start_video(frame, batch, filled)
+                else:
+                    converter.convert(frame, batch, filled)
+                filled += 1
+                if filled == len(batch):
+                    self._flush(dataset, batch, written, filled)
+                    written += filled
+                    filled = 0
+            if filled:
+                assert dataset is not None and batch is not None
+                self._flush(dataset, batch, written, filled)
+                written += filled
+        except av.FFmpegError as e:
+            raise DatasetError(f"{label}: camera {key}: cannot decode {video}: {e}") from None
+        finally:
+            container.close()
+        if written != rows:
+            raise DatasetError(
+                f"{label}: camera {key}: {video.name} decodes to {written} frames "
+                f"but the table has {rows} rows"
+            )
+        self.stats.frames += written
+        self.stats.bytes += written * frame_shape[0] * frame_shape[1] * 3
+        self.stats.native_frames = converter.native_frames
+        self.stats.pyav_frames = converter.pyav_frames
+
+    def _flush(self, dataset: h5py.Dataset, batch: np.ndarray, start: int, count: int) -> None:
+        """Write batch[:count] at frame ``start``: whole chunks only (``start`` is chunk-aligned)."""
+        fpc = self.options.frames_per_chunk
+        if self.options.compression is not None:
+            # Filtered datasets go through HDF5's pipeline, still one whole-chunk block per call.
+            dataset[start : start + count] = batch[:count]
+            return
+        padded = -(-count // fpc) * fpc
+        if padded > count:
+            # The last chunk of the episode: HDF5 stores edge chunks whole, so pad it.
+            batch[count:padded] = 0
+        dataset_id = dataset.id
+        for offset in range(0, padded, fpc):
+            dataset_id.write_direct_chunk((start + offset, 0, 0, 0), batch[offset : offset + fpc])
+
+
+# ---- subset export ------------------------------------------------------------------------------
+
+
+def episode_path(episode_index: int, chunks_size: int = layout.DEFAULT_CHUNKS_SIZE) -> str:
+    chunk = layout.episode_chunk(episode_index, chunks_size)
+    return EPISODE_PATH.format(episode_chunk=chunk, episode_index=episode_index)
+
+
+def export_info(source_info: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset's v2.1 info adapted to embedded images: video features become ``image`` (shape
+    and names kept, the codec block dropped), ``embedded_images`` true, no videos, no video_path."""
+    info = dict(source_info)
+    features: dict[str, Any] = {}
+    for name, feature in dict(info.get("features", {})).items():
+        feature = dict(feature)
+        if feature.get("dtype") == "video":
+            feature["dtype"] = "image"
+            feature.pop("info", None)
+        features[name] = feature
+    info["features"] = features
+    info["dataset_format"] = FORMAT_NAME
+    info["data_path"] = EPISODE_PATH
+    info.pop("video_path", None)
+    info["embedded_images"] = True
+    info["total_videos"] = 0
+    return info
+
+
+def write_subset(reader: Any, meta: Any, staging_dir: Path, progress: Any, options: Any) -> None:
+    """Write one quality subset (``SubsetMeta``) of the source ``reader`` as HDF5 episode files
+    plus the common metadata into ``staging_dir``."""
+    from eva.dataset.subset import rewrite_index_columns, write_common_meta
+
+    staging_dir = Path(staging_dir)
+    opts = Hdf5Options.from_export_options(options)
+    info = export_info(meta.info)
+    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
+    fps = meta.info.get("fps", getattr(reader, "fps", None))
+    writer = EpisodeWriter(opts)
+    for new, src in enumerate(meta.source_episode_indices):
+        label = f"{meta.subset} episode {new} (source episode {src})"
+        table = reader.read_table(src)
+        if table.num_rows != meta.lengths[new]:
+            raise DatasetError(
+                f"{reader.data_path(src)}: episode {src}: {table.num_rows} rows but "
+                f"episodes.jsonl length {meta.lengths[new]}"
+            )
+        table = rewrite_index_columns(table, new, meta.index_offsets[new], meta.task_remap)
+        videos = {key: Path(reader.video_path(src, key)) for key in meta.video_keys}
+        rel = episode_path(new, chunks_size)
+        size = writer.write_episode(
+            staging_dir / rel,
+            columns=table,
+            videos=videos,
+            metadata={**meta.episodes[new], "fps": fps},
+            label=label,
+        )
+        progress(episodes=1, files=1, bytes=size, current=f"{meta.subset}/{rel}")
+    write_common_meta(staging_dir, meta, info)
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Hdf5Episode:
+    """One episode file: decoded ``columns`` and ``metadata``; ``images`` are h5py datasets
+    (lazy, valid while the episode is open) or arrays when read with ``load_images=True``."""
+
+    path: Path
+    columns: dict[str, Any]
+    images: dict[str, Any]
+    metadata: dict[str, Any]
+    file: h5py.File | None = None
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def __enter__(self) -> Hdf5Episode:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def read_episode(path: Path | str, *, load_images: bool = False) -> Hdf5Episode:
+    """Open an episode file and decode its groups by kind.
+
+    Images stay lazy (h5py datasets: slice the frames you need) unless ``load_images``; use the
+    result as a context manager (or call ``close()``) to close the file.
+    """
+    path = Path(path)
+    h5 = h5py.File(path, "r")
+    try:
+        missing = [g for g in GROUPS if g not in h5]
+        if missing:
+            raise DatasetError(f"{path}: missing group(s) {', '.join(missing)}")
+        columns = read_mapping(h5["columns"])
+        metadata = read_mapping(h5["metadata"])
+        images: dict[str, Any] = {}
+        for key, item in iter_items(h5["images"]):
+            images[key] = item["value"][()] if load_images else item["value"]
+    except BaseException:
+        h5.close()
+        raise
+    if load_images:
+        h5.close()
+        return Hdf5Episode(path, columns, images, metadata, None)
+    return Hdf5Episode(path, columns, images, metadata, h5)
+
+
+# ---- verification -------------------------------------------------------------------------------
+
+STATE = "observation.state"
+ACTION = "action"
+
+
+def _check_items(group: h5py.Group, problem: Callable[[str, str], None]) -> dict[str, h5py.Group]:
+    items: dict[str, h5py.Group] = {}
+    for name in sorted(group):
+        item = group[name]
+        if not isinstance(item, h5py.Group) or "value" not in item:
+            problem("bad_item", f"{item.name} is not an item group with a value dataset")
+            continue
+        key, kind = item.attrs.get("key"), item.attrs.get("kind")
+        if key is None or kind is None:
+            problem("missing_attrs", f"{item.name} lacks the key or kind attribute")
+            continue
+        if _attr_text(kind) not in KINDS:
+            problem("bad_kind", f"{item.name} has unknown kind {_attr_text(kind)!r}")
+            continue
+        items[_attr_text(key)] = item
+    return items
+
+
+def verify(export_dir: Path) -> list[Any]:
+    """Totals against the episode files, the three groups with key/kind attributes, every image
+    value's frame axis against the row count, and a real h5py read of one state, one action and
+    one image frame per episode."""
+    import json
+
+    from eva.dataset.validate import Problem
+
+    root = Path(export_dir)
+    problems: list[Problem] = []
+
+    def add(code: str, message: str, path: Path, episode: int | None = None) -> None:
+        problems.append(Problem(code=code, message=message, path=path, episode=episode))
+
+    try:
+        info = json.loads((root / layout.INFO).read_text(encoding="utf-8"))
+        episodes = read_jsonl(root / layout.EPISODES)
+    except (OSError, ValueError) as e:
+        add("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR)
+        return problems
+    info_path = root / layout.INFO
+    features = info.get("features", {})
+    image_keys = [k for k, f in features.items() if f.get("dtype") == "image"]
+    if any(f.get("dtype") == "video" for f in features.values()):
+        add("video_feature", "info.json still declares video features", info_path)
+    if info.get("embedded_images") is not True:
+        add("embedded_images", "info.json embedded_images is not true", info_path)
+    if info.get("total_videos") != 0:
+        add("total_videos", f"info total_videos {info.get('total_videos')}, expected 0", info_path)
+    if "video_path" in info:
+        add("video_path", "info.json still has video_path", info_path)
+    if info.get("total_episodes") != len(episodes):
+        add(
+            "total_episodes",
+            f"info total_episodes {info.get('total_episodes')} but {len(episodes)} episodes",
+            info_path,
+        )
+    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
+    expected_files = {root / episode_path(ep, chunks_size) for ep in range(len(episodes))}
+    found = (
+        set((root / "data").glob("chunk-*/episode_*.hdf5")) if (root / "data").is_dir() else set()
+    )
+    for extra in sorted(found - expected_files):
+        add("unexpected_file", "episode file not listed in episodes.jsonl", extra)
+    total_rows = 0
+    for ep, row in enumerate(episodes):
+        path = root / episode_path(ep, chunks_size)
+        if not path.is_file():
+            add("missing_episode_file", "episode file missing", path, ep)
+            continue
+        try:
+            with h5py.File(path, "r") as h5:
+                total_rows += _verify_episode(h5, ep, row, image_keys, features, path, add)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            add("unreadable_episode", f"cannot read: {e}", path, ep)
+    if info.get("total_frames") != total_rows:
+        add(
+            "total_frames",
+            f"info total_frames {info.get('total_frames')} but the files hold {total_rows} rows",
+            info_path,
+        )
+    return problems
+
+
+def _verify_episode(
+    h5: h5py.File,
+    ep: int,
+    row: Mapping[str, Any],
+    image_keys: list[str],
+    features: Mapping[str, Any],
+    path: Path,
+    add: Callable[..., None],
+) -> int:
+    def problem(code: str, message: str) -> None:
+        add(code, message, path, ep)
+
+    missing = [g for g in GROUPS if g not in h5]
+    if missing:
+        problem("missing_group", f"missing group(s) {', '.join(missing)}")
+        return 0
+    columns = _check_items(h5["columns"], problem)
+    images = _check_items(h5["images"], problem)
+    _check_items(h5["metadata"], problem)
+    rows = row.get("length")
+    index_item = columns.get("index")
+    if index_item is not None:
+        rows_in_file = int(index_item["value"].shape[0])
+        if rows_in_file != rows:
+            problem("length_mismatch", f"{rows_in_file} rows but episodes.jsonl length {rows}")
+            rows = rows_in_file
+    else:
+        problem("missing_column", "column 'index' missing")
+    if not isinstance(rows, int) or rows <= 0:
+        problem("empty_episode", "no rows")
+        return 0
+    for name in (STATE, ACTION):
+        if name not in features:
+            continue
+        item = columns.get(name)
+        if item is None:
+            problem("missing_column", f"column {name!r} missing")
+            continue
+        value = np.asarray(item["value"][0])  # real read of one value
+        expected = tuple(features[name].get("shape", value.shape))
+        if value.shape != expected:
+            problem("bad_value", f"{name} has shape {value.shape}, info declares {expected}")
+    for key in image_keys:
+        if key not in images:
+            problem("missing_image", f"images item {key!r} missing")
+    for key, item in images.items():
+        dataset = item["value"]
+        if dataset.ndim != 4 or dataset.shape[3] != 3 or dataset.dtype != np.uint8:
+            problem("bad_image", f"images {key!r} is {dataset.shape} {dataset.dtype}")
+            continue
+        if dataset.shape[0] != rows:
+            problem("frame_count", f"images {key!r} has {dataset.shape[0]} frames, {rows} rows")
+        expected = features.get(key, {}).get("shape")
+        if expected is not None and tuple(expected) != dataset.shape[1:]:
+            problem(
+                "image_shape", f"images {key!r} frames are {dataset.shape[1:]}, info {expected}"
+            )
+        frame = dataset[0]  # real read of one frame
+        if frame.shape != dataset.shape[1:]:
+            problem("bad_image", f"images {key!r} frame 0 reads as {frame.shape}")
+    return rows

@@ -1,0 +1,480 @@
+"""HDF5 export: item kinds round trip, pixels equal a PyAV decode, errors leave nothing behind,
+the h5chunk kernel against its reference, and the files open in HDF5's own h5ls."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import av
+import h5py
+import numpy as np
+import pyarrow as pa
+import pytest
+from eva._native import load
+from eva.dataset.errors import DatasetError
+from eva.formats import hdf5
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+W, H = 64, 48
+
+native_h5chunk = load("h5chunk")
+KERNELS = [
+    pytest.param(
+        native_h5chunk,
+        id="native",
+        marks=pytest.mark.skipif(native_h5chunk is None, reason="native core not in use"),
+    ),
+    pytest.param(None, id="reference"),
+]
+
+
+def scene(n: int, width: int = W, height: int = H, seed: int = 0) -> np.ndarray:
+    """Moving gradient + noise so every frame differs and chroma varies."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width]
+    frames = np.empty((n, height, width, 3), dtype=np.uint8)
+    for i in range(n):
+        frames[i, ..., 0] = (xx * 4 + i * 7) % 256
+        frames[i, ..., 1] = (yy * 5 + i * 3) % 256
+        frames[i, ..., 2] = ((xx + yy) * 3 + i * 11) % 256
+    frames ^= rng.integers(0, 32, frames.shape, dtype=np.uint8)
+    return frames
+
+
+def encode_video(
+    path: Path, frames: np.ndarray, fmt: str | None = None, codec: str = "libx264"
+) -> Path:
+    container = av.open(str(path), "w", format=fmt)
+    stream = container.add_stream(codec, rate=30)
+    stream.width, stream.height = frames.shape[2], frames.shape[1]
+    stream.pix_fmt = "yuv420p"
+    stream.options = {"g": "30", "bf": "0", "sc_threshold": "0", "preset": "ultrafast"}
+    for image in frames:
+        for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+            container.mux(packet)
+    for packet in stream.encode():
+        container.mux(packet)
+    container.close()
+    return path
+
+
+def pyav_decode(path: Path) -> np.ndarray:
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def episode_table(n: int) -> pa.Table:
+    state = np.arange(n * 14, dtype=np.float32).reshape(n, 14) / 7
+    action = state[:, :7] * 2
+    return pa.table(
+        {
+            "observation.state": pa.FixedSizeListArray.from_arrays(pa.array(state.ravel()), 14),
+            "action": pa.FixedSizeListArray.from_arrays(pa.array(action.ravel()), 7),
+            "timestamp": pa.array(np.arange(n, dtype=np.float32) / 30),
+            "capture_time": pa.array(np.arange(n, dtype=np.float64) * 0.033 + 1e9),
+            "frame_index": pa.array(np.arange(n, dtype=np.int64)),
+            "episode_index": pa.array(np.zeros(n, dtype=np.int64)),
+            "index": pa.array(np.arange(n, dtype=np.int64)),
+            "task_index": pa.array(np.zeros(n, dtype=np.int64)),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def video_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("videos")
+    encode_video(root / "front.mp4", scene(13, seed=1))
+    encode_video(root / "wrist.mp4", scene(13, seed=2))
+    encode_video(root / "short.mp4", scene(9, seed=3))
+    encode_video(root / "ten.mp4", scene(10, seed=5))
+    encode_video(root / "odd.mp4", scene(13, width=66, height=50, seed=4))
+    # A raw H.264 stream whose resolution changes after 5 frames (the decoder follows the new SPS).
+    first = encode_video(root / "a.h264", scene(5), fmt="h264")
+    second = encode_video(root / "b.h264", scene(8, width=80, height=48), fmt="h264")
+    (root / "resized.mp4").write_bytes(first.read_bytes() + second.read_bytes())
+    return root
+
+
+# ---- item kinds ---------------------------------------------------------------------------------
+
+
+def test_round_trip_every_kind(tmp_path: Path) -> None:
+    n = 4
+    columns = {
+        "observation.state": np.arange(n * 3, dtype=np.float32).reshape(n, 3),
+        "nested/key.with.dots": np.arange(n, dtype=np.int16),
+        "flags": np.array([True, False, True, True]),
+        "names": ["a", "b", None, "d"],
+    }
+    metadata = {
+        "episode_index": 3,
+        "fps": 30,
+        "duration_seconds": 1.25,
+        "ok": True,
+        "quality": "green",
+        "émoji/ключ.x": "ü ✓",
+        "qc_note": None,
+        "blob": b"\x00\x01\xff",
+        "scalar_f32": np.float32(1.5),
+        "scalar_0d": np.array(7, dtype=np.uint8),
+        "tasks": ["pick the red cube"],
+        "quality_issues": [{"severity": "red", "code": "frozen_camera", "detail": "x"}],
+        "nested": {"a": {"b": [1, 2.5, None, "s", b"b"]}, "arr": np.arange(6).reshape(2, 3)},
+        "tuple": (1, "two"),
+        "strings": np.array(["x", "yz"]),
+        "objects": np.array([1, "a"], dtype=object),
+        "complex": np.array([1 + 2j]),
+        "huge": 2**64 - 1,
+        "empty": {},
+    }
+    path = tmp_path / "ep.hdf5"
+    writer = hdf5.EpisodeWriter()
+    size = writer.write_episode(path, columns=columns, videos={}, metadata=metadata, label="ep 0")
+    assert size == path.stat().st_size > 0
+
+    with hdf5.read_episode(path) as episode:
+        assert list(episode.columns) == list(columns)
+        assert episode.columns["observation.state"].dtype == np.float32
+        np.testing.assert_array_equal(
+            episode.columns["observation.state"], columns["observation.state"]
+        )
+        assert episode.columns["nested/key.with.dots"].dtype == np.int16
+        assert episode.columns["flags"].dtype == np.bool_
+        assert episode.columns["names"] == ["a", "b", None, "d"]
+        meta = episode.metadata
+    assert list(meta) == list(metadata)
+    for key in ("episode_index", "fps", "duration_seconds", "ok"):
+        assert meta[key] == metadata[key] and type(meta[key]) is type(metadata[key])
+    assert meta["quality"] == "green" and meta["émoji/ключ.x"] == "ü ✓"
+    assert meta["qc_note"] is None
+    assert meta["blob"] == b"\x00\x01\xff"
+    assert meta["scalar_f32"] == np.float32(1.5) and meta["scalar_f32"].dtype == np.float32
+    assert meta["scalar_0d"] == 7 and meta["scalar_0d"].dtype == np.uint8
+    assert meta["tasks"] == ["pick the red cube"]
+    assert meta["quality_issues"] == metadata["quality_issues"]
+    assert meta["nested"]["a"] == {"b": [1, 2.5, None, "s", b"b"]}
+    np.testing.assert_array_equal(meta["nested"]["arr"], np.arange(6).reshape(2, 3))
+    assert meta["tuple"] == [1, "two"]  # MessagePack has no tuple
+    np.testing.assert_array_equal(meta["strings"], np.array(["x", "yz"]))
+    assert meta["objects"] == [1, "a"]
+    np.testing.assert_array_equal(meta["complex"], np.array([1 + 2j]))
+    assert meta["huge"] == 2**64 - 1
+    assert meta["empty"] == {}
+
+    with h5py.File(path, "r") as h5:
+        kinds = {
+            h5["metadata"][name].attrs["key"]: h5["metadata"][name].attrs["kind"]
+            for name in h5["metadata"]
+        }
+        assert kinds["émoji/ключ.x"] == "string"
+        assert kinds["qc_note"] == "none" and h5["metadata/item_000006/value"].shape == (0,)
+        assert kinds["blob"] == "bytes" and h5["metadata/item_000007/value"].dtype == np.uint8
+        assert kinds["scalar_f32"] == "array" and h5["metadata/item_000008/value"].shape == ()
+        assert kinds["nested"] == kinds["tuple"] == kinds["objects"] == "msgpack"
+        assert h5["metadata/item_000004/value"].dtype.kind == "O"  # vlen UTF-8 string
+
+
+def test_unstorable_value_names_key(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="key 'bad'"):
+        hdf5.EpisodeWriter().write_episode(
+            tmp_path / "ep.hdf5",
+            columns={"x": np.arange(3)},
+            videos={},
+            metadata={"bad": object()},
+            label="ep 0",
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_table_columns_keep_dtypes(tmp_path: Path) -> None:
+    n = 5
+    table = episode_table(n).append_column("note", pa.array(["a", None, "c", "d", "e"]))
+    table = table.append_column(
+        "varlist", pa.array([[1], [1, 2], [], [3], [4]], type=pa.list_(pa.int32()))
+    )
+    sliced = pa.concat_tables([table.slice(0, 2), table.slice(2)])  # several chunks, offsets
+    columns = {name: hdf5.column_value(sliced.column(name)) for name in sliced.column_names}
+    assert columns["observation.state"].dtype == np.float32
+    assert columns["observation.state"].shape == (n, 14)
+    assert columns["action"].shape == (n, 7)
+    assert columns["timestamp"].dtype == np.float32
+    assert columns["capture_time"].dtype == np.float64
+    assert columns["index"].dtype == np.int64
+    assert columns["note"] == ["a", None, "c", "d", "e"]
+    assert columns["varlist"] == [[1], [1, 2], [], [3], [4]]
+    path = tmp_path / "ep.hdf5"
+    hdf5.EpisodeWriter().write_episode(path, columns=sliced, videos={}, metadata={}, label="e")
+    with hdf5.read_episode(path) as episode:
+        for name in table.column_names:
+            got = episode.columns[name]
+            if isinstance(columns[name], np.ndarray):
+                assert got.dtype == columns[name].dtype
+                np.testing.assert_array_equal(got, columns[name])
+            else:
+                assert got == columns[name]
+
+
+# ---- images -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("frames_per_chunk", "compression", "native_convert", "batch"),
+    [
+        (1, None, True, 32),
+        (1, None, False, 4),
+        (4, None, True, 8),
+        (3, "gzip:1", True, 2),
+        (5, "lzf", False, 32),
+    ],
+)
+def test_pixels_equal_pyav_decode(
+    tmp_path: Path,
+    video_dir: Path,
+    frames_per_chunk: int,
+    compression: str | None,
+    native_convert: bool,
+    batch: int,
+) -> None:
+    name, level = hdf5.parse_compression(compression)
+    options = hdf5.Hdf5Options(
+        compression=name,
+        compression_level=level,
+        frames_per_chunk=frames_per_chunk,
+        batch_frames=batch,
+        native_convert=native_convert,
+    )
+    videos = {
+        "observation.images.front": video_dir / "front.mp4",
+        "observation.images.wrist": video_dir / "wrist.mp4",
+        "cam/odd.size": video_dir / "odd.mp4",
+    }
+    path = tmp_path / "data" / "chunk-000" / "episode_000000.hdf5"
+    writer = hdf5.EpisodeWriter(options)
+    writer.write_episode(
+        path, columns=episode_table(13), videos=videos, metadata={"fps": 30}, label="episode 0"
+    )
+    with hdf5.read_episode(path) as episode:
+        assert list(episode.images) == list(videos)
+        for key, video in videos.items():
+            dataset = episode.images[key]
+            expected = pyav_decode(video)
+            assert dataset.shape == expected.shape and dataset.dtype == np.uint8
+            assert dataset.chunks == (frames_per_chunk, *expected.shape[1:])
+            assert dataset.maxshape == (None, *expected.shape[1:])
+            assert dataset.compression == name
+            np.testing.assert_array_equal(dataset[()], expected)
+            np.testing.assert_array_equal(dataset[7], expected[7])  # random access
+    loaded = hdf5.read_episode(path, load_images=True)
+    assert loaded.file is None and isinstance(loaded.images["cam/odd.size"], np.ndarray)
+    uses_native = native_convert and native_h5chunk is not None
+    assert (writer.stats.native_frames > 0) == uses_native
+    assert writer.stats.frames == 3 * 13
+
+
+def test_images_are_appendable(tmp_path: Path, video_dir: Path) -> None:
+    path = tmp_path / "ep.hdf5"
+    hdf5.EpisodeWriter().write_episode(
+        path,
+        columns=episode_table(13),
+        videos={"front": video_dir / "front.mp4"},
+        metadata={},
+        label="e",
+    )
+    with h5py.File(path, "r+") as h5:
+        value = h5["images/item_000000/value"]
+        value.resize(14, axis=0)
+        value[13] = 9
+        assert value.shape == (14, H, W, 3)
+
+
+@pytest.mark.parametrize(
+    ("video", "rows", "message"),
+    [
+        (
+            "short.mp4",
+            13,
+            r"episode 4: camera wrist: short.mp4 decodes to 9 frames but the table has 13 rows",
+        ),
+        (
+            "front.mp4",
+            10,
+            r"episode 4: camera wrist: front.mp4 has more frames than the 10 table rows",
+        ),
+        (
+            "resized.mp4",
+            13,
+            r"episode 4: camera wrist: frame 5 is 80x48, but the first frame was 64x48",
+        ),
+    ],
+)
+def test_camera_errors_leave_no_file(
+    tmp_path: Path, video_dir: Path, video: str, rows: int, message: str
+) -> None:
+    path = tmp_path / "ep.hdf5"
+    with pytest.raises(DatasetError, match=message):
+        hdf5.EpisodeWriter().write_episode(
+            path,
+            columns=episode_table(rows),
+            videos={
+                "front": video_dir / ("ten.mp4" if rows == 10 else "front.mp4"),
+                "wrist": video_dir / video,
+            },
+            metadata={},
+            label="episode 4",
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_empty_episode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="no rows"):
+        hdf5.EpisodeWriter().write_episode(
+            tmp_path / "e.hdf5", columns=episode_table(0), videos={}, metadata={}, label="ep 1"
+        )
+
+
+def test_h5ls_lists_the_file(tmp_path: Path, video_dir: Path) -> None:
+    h5ls = shutil.which("h5ls")
+    assert h5ls is not None, "h5ls missing: install Debian hdf5-tools (scripts/system_deps.sh)"
+    path = tmp_path / "ep.hdf5"
+    hdf5.EpisodeWriter().write_episode(
+        path,
+        columns=episode_table(13),
+        videos={"observation.images.front": video_dir / "front.mp4"},
+        metadata={"fps": 30, "tasks": ["t"]},
+        label="e",
+    )
+    out = subprocess.run([h5ls, "-r", str(path)], capture_output=True, text=True, check=True)
+    listing = out.stdout
+    assert "/columns/item_000000/value Dataset {13, 14}" in listing
+    assert "/images/item_000000/value Dataset {13/Inf, 48, 64, 3}" in listing
+    assert "/metadata/item_000001/value Dataset {" in listing
+
+
+def test_parse_compression() -> None:
+    assert hdf5.parse_compression(None) == (None, None)
+    assert hdf5.parse_compression("none") == (None, None)
+    assert hdf5.parse_compression("gzip") == ("gzip", 4)
+    assert hdf5.parse_compression("gzip:9") == ("gzip", 9)
+    assert hdf5.parse_compression("LZF") == ("lzf", None)
+    for bad in ("gzip:10", "zstd", "lzf:3", "gzip:x"):
+        with pytest.raises(DatasetError, match="hdf5 compression"):
+            hdf5.parse_compression(bad)
+    opts = hdf5.Hdf5Options.from_export_options(
+        {"hdf5_compression": "gzip:2", "hdf5_frames_per_chunk": "8"}
+    )
+    assert (opts.compression, opts.compression_level, opts.frames_per_chunk) == ("gzip", 2, 8)
+    with pytest.raises(DatasetError, match="frames per chunk"):
+        hdf5.Hdf5Options(frames_per_chunk=0)
+
+
+# ---- the h5chunk kernel -------------------------------------------------------------------------
+
+
+def _kernel(native: object | None, name: str):  # noqa: ANN202 - picks native or reference
+    if native is None:
+        return getattr(hdf5, f"{name}_reference")
+    return getattr(native, name)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("native", KERNELS)
+@settings(max_examples=40, deadline=None)
+@given(
+    height=st.integers(1, 9),
+    width=st.integers(1, 9),
+    pad=st.integers(0, 7),
+    slots=st.integers(1, 4),
+    data=st.data(),
+)
+def test_pack_frame_matches_reference(
+    native: object | None, height: int, width: int, pad: int, slots: int, data: st.DataObject
+) -> None:
+    rng = np.random.default_rng(height * 100 + width * 10 + pad)
+    padded = rng.integers(0, 256, (height, width * 3 + pad), dtype=np.uint8)
+    frame = padded[:, : width * 3].reshape(height, width, 3)  # row stride > W*3, like a plane
+    slot = data.draw(st.integers(0, slots - 1))
+    batch = np.zeros((slots, height, width, 3), dtype=np.uint8)
+    _kernel(native, "pack_frame")(frame, batch, slot)
+    expected = np.zeros_like(batch)
+    expected[slot] = frame
+    np.testing.assert_array_equal(batch, expected)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("native", KERNELS)
+def test_pack_frame_rejects_bad_input(native: object | None) -> None:
+    pack = _kernel(native, "pack_frame")
+    batch = np.zeros((2, 4, 4, 3), dtype=np.uint8)
+    with pytest.raises(ValueError):
+        pack(np.zeros((4, 5, 3), dtype=np.uint8), batch, 0)
+    with pytest.raises(IndexError):
+        pack(np.zeros((4, 4, 3), dtype=np.uint8), batch, 2)
+
+
+def _random_luts(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (
+        rng.integers(0, 256, 65536, dtype=np.uint8),
+        rng.integers(0, 256, 1 << 24, dtype=np.uint8),
+        rng.integers(0, 256, 65536, dtype=np.uint8),
+    )
+
+
+@pytest.fixture(scope="module")
+def random_luts() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return _random_luts(5)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("native", KERNELS)
+@pytest.mark.parametrize(
+    ("width", "height", "pad"), [(8, 6, 0), (7, 5, 3), (1, 1, 0), (66, 50, 62)]
+)
+def test_yuv_kernel_matches_reference(
+    native: object | None,
+    width: int,
+    height: int,
+    pad: int,
+    random_luts: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    rng = np.random.default_rng(width)
+    cw, ch = (width + 1) // 2, (height + 1) // 2
+    y = rng.integers(0, 256, (height, width + pad), dtype=np.uint8)
+    u = rng.integers(0, 256, (ch, cw + pad), dtype=np.uint8)
+    v = rng.integers(0, 256, (ch, cw + pad), dtype=np.uint8)
+    batch = np.zeros((2, height, width, 3), dtype=np.uint8)
+    _kernel(native, "yuv420p_to_rgb24")(y, u, v, width, height, *random_luts, batch, 1)
+    lut_r, lut_g, lut_b = random_luts
+    # Independent per-pixel definition.
+    expected = np.zeros_like(batch)
+    for row in range(height):
+        for col in range(width):
+            yy, uu, vv = int(y[row, col]), int(u[row // 2, col // 2]), int(v[row // 2, col // 2])
+            expected[1, row, col] = (
+                lut_r[vv * 256 + yy],
+                lut_g[(uu * 256 + vv) * 256 + yy],
+                lut_b[uu * 256 + yy],
+            )
+    np.testing.assert_array_equal(batch, expected)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("native", KERNELS)
+@pytest.mark.parametrize(("width", "height"), [(64, 48), (66, 50), (100, 36), (322, 242)])
+def test_calibrated_conversion_equals_pyav(native: object | None, width: int, height: int) -> None:
+    """The tables reproduce PyAV's own rgb24 conversion bit for bit, whatever the frame size."""
+    rng = np.random.default_rng(width * height)
+    y = rng.integers(0, 256, (height, width), dtype=np.uint8)
+    u = rng.integers(0, 256, (height // 2, width // 2), dtype=np.uint8)
+    v = rng.integers(0, 256, (height // 2, width // 2), dtype=np.uint8)
+    frame = av.VideoFrame.from_ndarray(
+        np.concatenate([y.ravel(), u.ravel(), v.ravel()]).reshape(-1, width), format="yuv420p"
+    )
+    planes = [np.frombuffer(p, np.uint8).reshape(-1, p.line_size) for p in frame.planes]
+    batch = np.zeros((1, height, width, 3), dtype=np.uint8)
+    luts = hdf5.calibrate_yuv420p_luts(frame.colorspace, frame.color_range)
+    _kernel(native, "yuv420p_to_rgb24")(*planes, width, height, *luts, batch, 0)
+    np.testing.assert_array_equal(batch[0], frame.to_ndarray(format="rgb24"))
