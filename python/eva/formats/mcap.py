@@ -48,9 +48,11 @@ import pyarrow as pa
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import (
+    decode_ndarray,
     encode_ndarray_into,
     encoded_ndarray_size,
     packb,
+    unpackb,
 )
 from eva.progress import ProgressSink
 
@@ -711,3 +713,322 @@ def _camera_batches(
             f"{label}: camera {key}: video frames are not {out.shape[1:] if out is not None else '?'}"
             " as declared in info.json"
         ) from None
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+class McapEpisode:
+    """One exported episode, read through the official ``mcap`` reader without loading it whole.
+
+    ``episode`` (columns / images / metadata) is read on first use from the chunks that hold the
+    ``episode`` channel only. ``iter_camera(key)`` streams one camera (topic filter);
+    ``iter_frames()`` streams frame indices with every camera's image; ``frame(key, i)`` reads one
+    image by its timestamp (only the chunks around it). Decoded frames are read-only views of the
+    message payloads. Use as a context manager, or call ``close()``.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        from mcap.reader import make_reader
+
+        self.path = Path(path)
+        try:
+            self._stream: IO[bytes] = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+        except OSError as e:
+            raise DatasetError(f"{self.path}: cannot open ({e.strerror})") from None
+        try:
+            self._reader = make_reader(self._stream)
+            self.header = self._reader.get_header()
+            summary = self._reader.get_summary()
+        except Exception as e:  # the mcap reader raises assorted errors on damaged files
+            self._stream.close()
+            raise DatasetError(f"{self.path}: not a readable MCAP file ({e})") from None
+        if summary is None:
+            self._stream.close()
+            raise DatasetError(f"{self.path}: MCAP file has no summary section")
+        self.summary = summary
+        self._episode: dict[str, Any] | None = None
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> McapEpisode:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    @property
+    def topics(self) -> dict[str, int]:
+        """Topic -> channel id."""
+        return {ch.topic: ch.id for ch in self.summary.channels.values()}
+
+    @property
+    def video_keys(self) -> list[str]:
+        return [
+            ch.topic[len(IMAGE_TOPIC_PREFIX) :]
+            for ch in sorted(self.summary.channels.values(), key=lambda c: c.id)
+            if ch.topic.startswith(IMAGE_TOPIC_PREFIX)
+        ]
+
+    def message_count(self, topic: str) -> int:
+        stats = self.summary.statistics
+        channel_id = self.topics.get(topic)
+        if stats is None or channel_id is None:
+            return 0
+        return int(stats.channel_message_counts.get(channel_id, 0))
+
+    @property
+    def num_frames(self) -> int:
+        keys = self.video_keys
+        return self.message_count(image_topic(keys[0])) if keys else len(self)
+
+    def __len__(self) -> int:
+        columns = self.columns
+        for values in columns.values():
+            return len(values)
+        return 0
+
+    @property
+    def episode(self) -> dict[str, Any]:
+        if self._episode is None:
+            payloads = [
+                message.data for _, _, message in self._reader.iter_messages(topics=[EPISODE_TOPIC])
+            ]
+            if len(payloads) != 1:
+                raise DatasetError(
+                    f"{self.path}: {len(payloads)} messages on topic {EPISODE_TOPIC!r}, expected 1"
+                )
+            value = unpackb(payloads[0])
+            if not isinstance(value, dict) or not {"columns", "images", "metadata"} <= set(value):
+                raise DatasetError(
+                    f"{self.path}: episode message is not a {{columns, images, metadata}} map"
+                )
+            self._episode = value
+        return self._episode
+
+    @property
+    def columns(self) -> dict[str, Any]:
+        return self.episode["columns"]
+
+    @property
+    def images(self) -> dict[str, Any]:
+        return self.episode["images"]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.episode["metadata"]
+
+    @property
+    def fps(self) -> float:
+        return self.metadata["fps"]
+
+    def iter_camera(self, key: str) -> Iterator[tuple[int, int, np.ndarray]]:
+        """(sequence, log_time, frame) of one camera, in frame order."""
+        for _, _, message in self._reader.iter_messages(topics=[image_topic(key)]):
+            yield message.sequence, message.log_time, decode_ndarray(message.data)
+
+    def iter_frames(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """(frame_index, {video_key: frame}) for every frame index, cameras grouped."""
+        topics = [image_topic(k) for k in self.video_keys]
+        prefix = len(IMAGE_TOPIC_PREFIX)
+        current: int | None = None
+        group: dict[str, np.ndarray] = {}
+        for _, channel, message in self._reader.iter_messages(topics=topics):
+            if current is not None and message.sequence != current:
+                yield current, group
+                group = {}
+            current = message.sequence
+            group[channel.topic[prefix:]] = decode_ndarray(message.data)
+        if current is not None:
+            yield current, group
+
+    def frame(self, key: str, frame_index: int) -> np.ndarray:
+        """One camera image by frame index (reads only the chunks at its timestamp)."""
+        t = frame_time_ns(frame_index, self.fps)
+        for _, _, message in self._reader.iter_messages(
+            topics=[image_topic(key)], starting_at=t, ending_before=t + 1
+        ):
+            if message.sequence == frame_index:
+                return decode_ndarray(message.data)
+        raise DatasetError(f"{self.path}: camera {key}: no frame {frame_index}")
+
+
+def read_episode(path: Path | str) -> McapEpisode:
+    """Open one exported ``episode_NNNNNN.mcap`` for streaming reads (see ``McapEpisode``)."""
+    return McapEpisode(path)
+
+
+# --- verification ------------------------------------------------------------------------------
+
+STATE = "observation.state"
+ACTION = "action"
+
+
+def verify(export_dir: Path) -> list[Any]:
+    """Totals and the message layout of every episode file, plus a real read of one state, one
+    action and one image per episode with the official ``mcap`` reader."""
+    from eva.dataset.atomic import read_jsonl
+    from eva.dataset.validate import Problem
+
+    root = Path(export_dir)
+    problems: list[Problem] = []
+
+    def problem(code: str, message: str, path: Path, episode: int | None = None) -> None:
+        problems.append(Problem(code=code, message=message, path=path, episode=episode))
+
+    try:
+        info = json.loads((root / layout.INFO).read_text(encoding="utf-8"))
+        episodes = read_jsonl(root / layout.EPISODES)
+    except (OSError, ValueError) as e:
+        problem("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR)
+        return problems
+    info_path = root / layout.INFO
+    features = info.get("features", {})
+    image_keys = [k for k, f in features.items() if f.get("dtype") == "image"]
+    if info.get("embedded_images") is not True:
+        problem("embedded_images", "info.json lacks embedded_images: true", info_path)
+    if info.get("total_videos") != 0:
+        problem("total_videos", f"total_videos is {info.get('total_videos')!r}, not 0", info_path)
+    if "video_path" in info:
+        problem("video_path", "info.json still has video_path", info_path)
+    if any(f.get("dtype") == "video" for f in features.values()):
+        problem("video_feature", "a feature still has dtype 'video'", info_path)
+    if info.get("total_episodes") != len(episodes):
+        problem(
+            "total_episodes",
+            f"info total_episodes {info.get('total_episodes')} but {len(episodes)} episodes",
+            info_path,
+        )
+    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
+    total_rows = 0
+    for ep, row in enumerate(episodes):
+        path = root / DATA_PATH.format(
+            episode_chunk=layout.episode_chunk(ep, chunks_size), episode_index=ep
+        )
+        if not path.is_file():
+            problem("missing_mcap", "episode file missing", path, ep)
+            continue
+        try:
+            with read_episode(path) as episode:
+                total_rows += _verify_episode(episode, ep, row, features, image_keys, problem)
+        except DatasetError as e:
+            problem("unreadable_mcap", str(e).replace(f"{path}: ", ""), path, ep)
+        except Exception as e:  # noqa: BLE001 - any reader failure is a verification problem
+            problem("unreadable_mcap", f"{type(e).__name__}: {e}", path, ep)
+    if info.get("total_frames") != total_rows:
+        problem(
+            "total_frames",
+            f"info total_frames {info.get('total_frames')} but {total_rows} rows",
+            info_path,
+        )
+    return problems
+
+
+def _verify_episode(
+    episode: McapEpisode,
+    ep: int,
+    row: Mapping[str, Any],
+    features: Mapping[str, Any],
+    image_keys: Sequence[str],
+    problem: Any,
+) -> int:
+    path = episode.path
+    if episode.header.profile != PROFILE or episode.header.library != LIBRARY:
+        problem(
+            "mcap_header",
+            f"profile/library {episode.header.profile!r}/{episode.header.library!r}, "
+            f"expected {PROFILE!r}",
+            path,
+            ep,
+        )
+    channels = {ch.topic: ch for ch in episode.summary.channels.values()}
+    if EPISODE_TOPIC not in channels:
+        problem("episode_topic", f"no {EPISODE_TOPIC!r} channel", path, ep)
+        return 0
+    schema = episode.summary.schemas.get(channels[EPISODE_TOPIC].schema_id)
+    if schema is None or (schema.name, schema.encoding) != (
+        EPISODE_SCHEMA_NAME,
+        EPISODE_SCHEMA_ENCODING,
+    ):
+        problem("episode_schema", f"episode channel schema is not {EPISODE_SCHEMA_NAME}", path, ep)
+    for topic, channel in channels.items():
+        if channel.message_encoding != MESSAGE_ENCODING:
+            problem("message_encoding", f"{topic}: {channel.message_encoding!r}", path, ep)
+    count = episode.message_count(EPISODE_TOPIC)
+    if count != 1:
+        problem("episode_messages", f"{count} episode messages, expected 1", path, ep)
+        return 0
+    rows = len(episode)
+    if rows != row.get("length"):
+        problem("length_mismatch", f"{rows} rows but length {row.get('length')}", path, ep)
+    if set(episode.video_keys) != set(image_keys):
+        problem(
+            "image_topics",
+            f"cameras {sorted(episode.video_keys)} but info.json has {sorted(image_keys)}",
+            path,
+            ep,
+        )
+    for key in episode.video_keys:
+        n = episode.message_count(image_topic(key))
+        if n != rows:
+            problem("frame_count", f"camera {key!r}: {n} image messages but {rows} rows", path, ep)
+    # Sequences 0..n-1 and one shared timestamp per frame index, in one pass over the headers.
+    expected_keys = len(episode.video_keys)
+    fps = episode.fps
+    if expected_keys:
+        reader = episode._reader
+        topic_set = {image_topic(k) for k in episode.video_keys}
+        seen: dict[int, tuple[int, int]] = {}  # sequence -> (log_time, cameras seen)
+        order_ok = True
+        last = -1
+        for _, channel, message in reader.iter_messages(topics=list(topic_set)):
+            seq = message.sequence
+            if seq < last:
+                order_ok = False
+            last = seq
+            log_time, cams = seen.get(seq, (message.log_time, 0))
+            if message.log_time != log_time or message.publish_time != log_time:
+                problem(
+                    "timestamps",
+                    f"frame {seq}: {channel.topic} at {message.log_time} ns, other cameras at "
+                    f"{log_time} ns",
+                    path,
+                    ep,
+                )
+                return rows
+            seen[seq] = (log_time, cams + 1)
+        if not order_ok:
+            problem("message_order", "image messages are not in frame order", path, ep)
+        if sorted(seen) != list(range(rows)):
+            problem("sequences", f"image sequences are not 0..{rows - 1}", path, ep)
+        bad = [s for s, (t, c) in seen.items() if c != expected_keys or t != frame_time_ns(s, fps)]
+        if bad:
+            problem(
+                "timestamps",
+                f"frame {bad[0]}: not every camera at (i+1)*round(1e9/fps) ns",
+                path,
+                ep,
+            )
+    # Real read: one state value, one action value, one image frame.
+    for name in (STATE, ACTION):
+        if name in features:
+            values = episode.columns.get(name)
+            if values is None or len(values) == 0:
+                problem("missing_column", f"column {name!r} missing", path, ep)
+                continue
+            value = np.asarray(values[0], dtype=np.float32)
+            if value.shape != tuple(features[name].get("shape", value.shape)):
+                problem("bad_value", f"{name} has shape {value.shape}", path, ep)
+    if episode.video_keys and rows:
+        key = episode.video_keys[0]
+        frame = episode.frame(key, 0)
+        shape = tuple(features.get(key, {}).get("shape", frame.shape))
+        if frame.shape != shape or frame.dtype != np.uint8:
+            problem(
+                "bad_frame",
+                f"camera {key!r}: frame 0 is {frame.shape} {frame.dtype}, expected {shape} uint8",
+                path,
+                ep,
+            )
+    return rows

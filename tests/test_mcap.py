@@ -1,0 +1,271 @@
+"""MCAP export (contracts §5/§6), checked with the official ``mcap`` reader and PyAV decodes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import av
+import msgpack
+import numpy as np
+import pyarrow as pa
+import pytest
+from eva.dataset import layout
+from eva.dataset.errors import DatasetError
+from eva.dataset.video import VideoEncoder, iter_frame_batches
+from eva.export.pipeline import export_dataset
+from eva.export.registry import ExportOptions
+from eva.formats import mcap as mcap_format
+from mcap.reader import make_reader
+from mcap.stream_reader import StreamReader
+
+FPS = 30
+W, H = 64, 48
+
+
+def make_video(path: Path, frames: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 255, (H, W, 3), dtype=np.uint8)
+    batch = np.stack([np.roll(base, 3 * i, axis=1) for i in range(frames)])
+    with VideoEncoder(path, W, H, FPS) as encoder:
+        encoder.write(batch)
+
+
+def decode_all(path: Path) -> np.ndarray:
+    """The source frames as any consumer decodes them: PyAV, rgb24."""
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def episode_table(rows: int) -> pa.Table:
+    state = np.arange(rows * 4, dtype=np.float32)
+    return pa.table(
+        {
+            "observation.state": pa.FixedSizeListArray.from_arrays(pa.array(state), 4),
+            "action": pa.FixedSizeListArray.from_arrays(pa.array(state * 2), 4),
+            "timestamp": pa.array(np.arange(rows, dtype=np.float32) / FPS),
+            "frame_index": pa.array(np.arange(rows, dtype=np.int64)),
+            "note": pa.array(["x"] * rows),
+        }
+    )
+
+
+@pytest.fixture
+def two_cameras(tmp_path: Path) -> dict[str, Path]:
+    videos = {"cam_high": tmp_path / "high.mp4", "cam_wrist": tmp_path / "wrist.mp4"}
+    for seed, path in enumerate(videos.values()):
+        make_video(path, 17, seed)
+    return videos
+
+
+def write(
+    path: Path, videos: dict[str, Path], rows: int, batch_size: int = 5, **kwargs: object
+) -> int:
+    return mcap_format.write_episode_file(
+        path,
+        table=episode_table(rows),
+        metadata={"episode_index": 0, "tasks": ["pick"], "length": rows},
+        fps=FPS,
+        frame_batches={k: iter_frame_batches(p, batch_size) for k, p in videos.items()},
+        episode_label="episode 0",
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
+def test_episode_file_reads_back_with_the_official_reader(
+    tmp_path: Path, two_cameras: dict[str, Path], compression: str
+) -> None:
+    path = tmp_path / "episode_000000.mcap"
+    # A small chunk size forces many chunks, so frames of one index straddle chunk boundaries.
+    size = write(path, two_cameras, 17, compression=compression, chunk_size=20_000)
+    assert size == path.stat().st_size
+    sources = {k: decode_all(p) for k, p in two_cameras.items()}
+    period = round(1e9 / FPS)
+
+    with open(path, "rb") as f:
+        reader = make_reader(f, validate_crcs=True)
+        header = reader.get_header()
+        assert (header.profile, header.library) == ("eva-client", "eva-client")
+        summary = reader.get_summary()
+        assert summary is not None and len(summary.chunk_indexes) > 3
+        channels = {c.topic: c for c in summary.channels.values()}
+        assert list(channels) == ["episode", "episode/image/cam_high", "episode/image/cam_wrist"]
+        assert {c.message_encoding for c in channels.values()} == {"messagepack"}
+        schema = summary.schemas[channels["episode"].schema_id]
+        assert (schema.name, schema.encoding) == ("eva_client.episode", "jsonschema")
+        assert json.loads(schema.data) == {"type": "object"}
+        assert channels["episode/image/cam_high"].schema_id == 0
+
+        messages = list(reader.iter_messages(log_time_order=False))
+        assert len(messages) == 1 + 2 * 17
+        _, channel, episode_message = messages[0]
+        assert channel.topic == "episode"
+        assert (episode_message.log_time, episode_message.publish_time) == (0, 0)
+        payload = msgpack.unpackb(episode_message.data)
+        assert set(payload) == {"columns", "images", "metadata"}
+        assert payload["metadata"] == {
+            "episode_index": 0,
+            "tasks": ["pick"],
+            "length": 17,
+            "fps": 30,
+        }
+        state = payload["columns"]["observation.state"]
+        assert (
+            state["__ndarray__"] is True and state["dtype"] == "<f4" and state["shape"] == [17, 4]
+        )
+        assert payload["columns"]["note"] == ["x"] * 17
+        assert payload["images"] == {}
+
+        # File order: all cameras of frame i before frame i+1, channel order within a frame.
+        for i in range(17):
+            for j, key in enumerate(["cam_high", "cam_wrist"]):
+                _, channel, message = messages[1 + 2 * i + j]
+                assert channel.topic == f"episode/image/{key}"
+                assert message.sequence == i
+                assert message.log_time == message.publish_time == (i + 1) * period
+                frame = msgpack.unpackb(message.data)
+                assert frame["dtype"] == "|u1" and frame["shape"] == [H, W, 3]
+                decoded = np.frombuffer(frame["data"], np.uint8).reshape(H, W, 3)
+                np.testing.assert_array_equal(decoded, sources[key][i])
+
+    # A linear, non-seeking pass (what `mcap cat` / streaming consumers do) sees the same file.
+    with open(path, "rb") as f:
+        records = list(StreamReader(f, skip_magic=False).records)
+    assert sum(type(r).__name__ == "Message" for r in records) == 35
+
+
+def test_read_episode_streams_by_camera_and_by_frame(
+    tmp_path: Path, two_cameras: dict[str, Path]
+) -> None:
+    path = tmp_path / "episode_000000.mcap"
+    write(path, two_cameras, 17, chunk_size=30_000)
+    sources = {k: decode_all(p) for k, p in two_cameras.items()}
+    with mcap_format.read_episode(path) as episode:
+        assert episode.video_keys == ["cam_high", "cam_wrist"]
+        assert episode.num_frames == 17 and len(episode) == 17
+        assert episode.fps == 30 and episode.metadata["tasks"] == ["pick"]
+        state = episode.columns["observation.state"]
+        assert state.dtype == np.float32 and state.shape == (17, 4)
+        np.testing.assert_array_equal(state.ravel(), np.arange(68, dtype=np.float32))
+        camera = list(episode.iter_camera("cam_wrist"))
+        assert [seq for seq, _, _ in camera] == list(range(17))
+        for seq, _, frame in camera:
+            np.testing.assert_array_equal(frame, sources["cam_wrist"][seq])
+        by_frame = list(episode.iter_frames())
+        assert [i for i, _ in by_frame] == list(range(17))
+        for i, frames in by_frame:
+            assert set(frames) == {"cam_high", "cam_wrist"}
+            np.testing.assert_array_equal(frames["cam_high"], sources["cam_high"][i])
+        np.testing.assert_array_equal(episode.frame("cam_high", 11), sources["cam_high"][11])
+
+
+def test_camera_that_ends_early_aborts_and_leaves_no_file(
+    tmp_path: Path, two_cameras: dict[str, Path]
+) -> None:
+    make_video(two_cameras["cam_wrist"], 12, 5)
+    path = tmp_path / "episode_000000.mcap"
+    with pytest.raises(DatasetError, match=r"episode 0: camera cam_wrist ended early after 12"):
+        write(path, two_cameras, 17)
+    assert not path.exists()
+
+
+def test_camera_with_trailing_frames_aborts_and_leaves_no_file(
+    tmp_path: Path, two_cameras: dict[str, Path]
+) -> None:
+    make_video(two_cameras["cam_high"], 20, 6)
+    path = tmp_path / "episode_000000.mcap"
+    with pytest.raises(DatasetError, match=r"episode 0: camera cam_high has trailing frames"):
+        write(path, two_cameras, 17)
+    assert not path.exists()
+
+
+def test_every_camera_longer_than_the_table_aborts(
+    tmp_path: Path, two_cameras: dict[str, Path]
+) -> None:
+    path = tmp_path / "episode_000000.mcap"
+    with pytest.raises(DatasetError, match="trailing frames beyond the 15 table rows"):
+        write(path, two_cameras, 15, batch_size=15)
+    assert not path.exists()
+
+
+def test_column_values_come_from_arrow_buffers() -> None:
+    table = episode_table(3)
+    state = mcap_format.column_values(table.column("observation.state"))
+    assert isinstance(state, np.ndarray) and state.shape == (3, 4) and state.dtype == np.float32
+    assert mcap_format.column_values(pa.chunked_array([[1, None]])) == [1, None]
+    assert mcap_format.column_values(table.column("frame_index")).dtype == np.int64
+
+
+# ---- through the export pipeline --------------------------------------------------------------
+
+
+def test_export_pipeline_writes_verifiable_mcap(synthetic_dataset: Callable[..., Path]) -> None:
+    source = synthetic_dataset(
+        episodes=3,
+        frames=[12, 16, 14],
+        cameras=2,
+        quality=["green", "red", "green"],
+        tasks=["pick the red cube", "place it"],
+    )
+    result = export_dataset(
+        source, "mcap", options=ExportOptions(extra={"mcap_compression": "zstd"})
+    )
+    accepted = result.accepted_dir
+    assert accepted == source.parent / "export" / "mcap" / "accepted"
+    info = json.loads((accepted / layout.INFO).read_text())
+    assert info["embedded_images"] is True and info["total_videos"] == 0
+    assert "video_path" not in info and info["dataset_format"] == "mcap"
+    keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
+    assert len(keys) == 2
+    assert not (accepted / "videos").exists()
+    for name in ("episodes.jsonl", "tasks.jsonl", "stats.json", "quality_split.json"):
+        assert (accepted / "meta" / name).is_file()
+    files = sorted((accepted / "data" / "chunk-000").iterdir())
+    assert [f.name for f in files] == ["episode_000000.mcap", "episode_000001.mcap"]
+    assert mcap_format.verify(accepted) == []
+    assert mcap_format.verify(result.rejected_dir) == []
+
+    # Accepted episode 1 is source episode 2: its frames and renumbered columns.
+    from eva.dataset.reader import DatasetReader
+
+    src = DatasetReader(source)
+    with mcap_format.read_episode(files[1]) as episode:
+        assert episode.metadata["episode_index"] == 1 and episode.metadata["fps"] == 30
+        np.testing.assert_array_equal(episode.columns["episode_index"], np.ones(14, np.int64))
+        np.testing.assert_array_equal(episode.columns["index"], np.arange(12, 26))
+        for key in keys:
+            frames = decode_all(src.video_path(2, key))
+            for seq, _, frame in episode.iter_camera(key):
+                np.testing.assert_array_equal(frame, frames[seq])
+
+
+def test_verify_reports_a_missing_episode_file(synthetic_dataset: Callable[..., Path]) -> None:
+    source = synthetic_dataset(episodes=2, frames=10, cameras=1)
+    result = export_dataset(source, "mcap")
+    victim = result.accepted_dir / "data" / "chunk-000" / "episode_000001.mcap"
+    victim.unlink()
+    problems = mcap_format.verify(result.accepted_dir)
+    assert [p.code for p in problems] == ["missing_mcap", "total_frames"]
+
+
+def test_short_camera_in_source_publishes_nothing(synthetic_dataset: Callable[..., Path]) -> None:
+    source = synthetic_dataset(episodes=2, frames=[12, 14], cameras=2)
+    from eva.dataset.reader import DatasetReader
+
+    reader = DatasetReader(source)
+    key = reader.video_keys[1]
+    make_video(reader.video_path(1, key), 9, 3)
+    with pytest.raises(DatasetError, match=rf"{key}"):
+        export_dataset(source, "mcap")
+    root = layout.export_root(source, "mcap")
+    assert not (root / "accepted").exists() and not (root / "rejected").exists()
+    assert not [p for p in root.parent.iterdir() if p.name.startswith(".eva-staging")]
+
+
+def test_bad_compression_option_is_refused(synthetic_dataset: Callable[..., Path]) -> None:
+    source = synthetic_dataset(episodes=1, frames=10, cameras=1)
+    with pytest.raises(DatasetError, match="--mcap-compression 'brotli'"):
+        export_dataset(source, "mcap", options=ExportOptions(extra={"mcap_compression": "brotli"}))
+    assert not (layout.export_root(source, "mcap") / "accepted").exists()
