@@ -1,0 +1,394 @@
+"""The eva configuration file (TOML, read with the stdlib ``tomllib``).
+
+Only the ``[collection]`` table is interpreted here; every other table (and unknown subtables of
+``collection``, such as ``collection.storage``) stays available as plain dicts through
+``Config.raw`` and ``CollectionConfig.extra`` so other stages parse their own parts.
+
+``[collection]`` keys (all optional except ``tasks``):
+
+- ``log_dir``: where datasets live. Empty or missing -> a derived work directory:
+  ``$EVA_HOME/logs`` when ``EVA_HOME`` is set, else ``$XDG_DATA_HOME/eva/logs`` (default
+  ``~/.local/share/eva/logs``). A relative path is taken relative to the config file's directory.
+  The dataset ``NAME`` is recorded in ``<log_dir>/<NAME>/raw/``.
+- ``tasks``: table dataset name -> list of task prompts (the COLLECT panel's choices).
+- ``fps`` (default 30), ``robot_type`` (default "unknown").
+- ``cameras``: array of ``{key, width, height}``; ``key`` is the video feature name
+  (``observation.images.front``). Default: the simulated rig's three 640x480 cameras.
+- ``vectors``: array of ``{name, dim, discrete = [dims], names = [...]}``; ``discrete`` dims
+  (grippers) are held, not interpolated. Default: ``observation.state`` and ``action``, 14 dims,
+  grippers 6 and 13.
+- ``encoder``: ``{codec = "libx264", crf = 23, preset = "veryfast", gop = 30}``.
+- ``backlog``: ``{warn_seconds = [0.5, 1, 2, 5, 10], max_memory_mb = 2048, ring_seconds = 1.0}``:
+  a warning is logged each time a stream's lag rises past a threshold; ``max_memory_mb`` is the
+  hard limit of ring storage over all cameras (split evenly), past which samples are refused,
+  counted and the episode is marked red (``capture_backlog_overflow``); ``ring_seconds`` of
+  storage per stream are preallocated.
+- ``min_episode_frames`` (default 10): shorter episodes are saved red (``episode_too_short``).
+- ``skew_tolerance_s``: image skew tolerance; default ``1 / (2 (fps - 1))``.
+- ``stream_start_timeout_s`` (default 1.0): how long (source clock) the grid start waits for a
+  stream's first sample before treating the stream as missing.
+- ``frozen_camera_s`` (default 1.0): identical consecutive images over this span -> frozen_camera.
+- ``clock_jump_s`` (default 0.5): a gap between a stream's consecutive samples larger than this
+  -> source_clock_discontinuity.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eva.dataset import layout
+
+DEFAULT_CAMERAS: tuple[tuple[str, int, int], ...] = (
+    ("observation.images.cam_high", 640, 480),
+    ("observation.images.cam_left_wrist", 640, 480),
+    ("observation.images.cam_right_wrist", 640, 480),
+)
+DEFAULT_VECTOR_DIM = 14
+DEFAULT_GRIPPERS = (6, 13)
+DEFAULT_WARN_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class CameraConfig:
+    key: str
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class VectorConfig:
+    name: str
+    dim: int
+    discrete: tuple[int, ...] = ()
+    names: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    codec: str = "libx264"
+    crf: int = 23
+    preset: str = "veryfast"
+    gop: int = 30
+
+
+@dataclass(frozen=True)
+class BacklogConfig:
+    warn_seconds: tuple[float, ...] = DEFAULT_WARN_SECONDS
+    max_memory_mb: float = 2048.0
+    ring_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class CollectionConfig:
+    log_dir: Path
+    tasks: dict[str, list[str]]
+    fps: int = 30
+    robot_type: str = "unknown"
+    cameras: tuple[CameraConfig, ...] = ()
+    vectors: tuple[VectorConfig, ...] = ()
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    backlog: BacklogConfig = field(default_factory=BacklogConfig)
+    min_episode_frames: int = 10
+    skew_tolerance_s: float | None = None
+    stream_start_timeout_s: float = 1.0
+    frozen_camera_s: float = 1.0
+    clock_jump_s: float = 0.5
+    log_dir_derived: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def skew_tolerance(self) -> float:
+        if self.skew_tolerance_s is not None:
+            return self.skew_tolerance_s
+        return 1.0 / (2.0 * (self.fps - 1))
+
+    def dataset_names(self) -> list[str]:
+        return list(self.tasks)
+
+    def dataset_dir(self, name: str) -> Path:
+        """``<log_dir>/<sanitised name>/raw``; a name that would escape log_dir is refused."""
+        try:
+            safe = layout.sanitize_dataset_name(name)
+        except layout.UnsafeNameError as e:
+            raise ConfigError(str(e)) from None
+        path = self.log_dir / safe / "raw"
+        if not layout.is_within(path, self.log_dir):
+            raise ConfigError(f"dataset name {name!r} would escape the log directory")
+        return path
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None
+    collection: CollectionConfig
+    raw: dict[str, Any]
+
+
+def default_log_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The derived work directory used when ``collection.log_dir`` is empty (see module doc)."""
+    env = os.environ if env is None else env
+    if env.get("EVA_HOME"):
+        return Path(env["EVA_HOME"]).expanduser() / "logs"
+    data_home = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home).expanduser() / "eva" / "logs"
+
+
+class _Reader:
+    """Typed access to one table, with errors that name ``<file>: <dotted key>``."""
+
+    def __init__(self, where: str, table: Mapping[str, Any], prefix: str) -> None:
+        self.where = where
+        self.table = table
+        self.prefix = prefix
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def fail(self, name: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {self.key(name)}: {message}")
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        if name not in self.table:
+            return default
+        value = self.table[name]
+        if isinstance(value, bool) and kind is not bool and bool not in _as_tuple(kind):
+            raise self.fail(name, f"expected {_kind_name(kind)}, got a boolean")
+        if not isinstance(value, kind):
+            raise self.fail(name, f"expected {_kind_name(kind)}, got {type(value).__name__}")
+        return value
+
+    def number(
+        self, name: str, default: float, *, minimum: float | None = None, integer: bool = False
+    ) -> Any:
+        kind: tuple[type, ...] = (int,) if integer else (int, float)
+        value = self.get(name, kind, default)
+        if minimum is not None and value < minimum:
+            raise self.fail(name, f"must be >= {minimum}, got {value}")
+        return int(value) if integer else float(value)
+
+    def sub(self, name: str) -> _Reader:
+        return _Reader(self.where, self.get(name, dict, {}), self.key(name))
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", dict: "a table", list: "a list"}
+    return " or ".join(names.get(k, k.__name__) for k in _as_tuple(kind))
+
+
+_COLLECTION_KEYS = {
+    "log_dir",
+    "tasks",
+    "fps",
+    "robot_type",
+    "cameras",
+    "vectors",
+    "encoder",
+    "backlog",
+    "min_episode_frames",
+    "skew_tolerance_s",
+    "stream_start_timeout_s",
+    "frozen_camera_s",
+    "clock_jump_s",
+}
+
+
+def parse_collection(
+    table: Mapping[str, Any], *, where: str = "config", base_dir: Path | None = None
+) -> CollectionConfig:
+    """Validate the ``collection`` table; ``base_dir`` anchors a relative ``log_dir``."""
+    r = _Reader(where, table, "collection")
+    extra = {k: v for k, v in table.items() if k not in _COLLECTION_KEYS}
+    unknown_scalars = [k for k, v in extra.items() if not isinstance(v, dict)]
+    if unknown_scalars:
+        raise r.fail(unknown_scalars[0], "unknown key")
+
+    log_dir_text = r.get("log_dir", str, "")
+    derived = not log_dir_text.strip()
+    if derived:
+        log_dir = default_log_dir()
+    else:
+        log_dir = Path(log_dir_text).expanduser()
+        if not log_dir.is_absolute():
+            log_dir = (base_dir or Path.cwd()) / log_dir
+    log_dir = Path(os.path.abspath(log_dir))
+
+    fps = r.number("fps", 30, minimum=2, integer=True)
+    if "tasks" not in table:
+        raise r.fail("tasks", "missing: map each dataset name to a list of task prompts")
+    tasks_table = r.get("tasks", dict, {})
+    if not tasks_table:
+        raise r.fail("tasks", "needs at least one dataset name")
+    tasks: dict[str, list[str]] = {}
+    for name, prompts in tasks_table.items():
+        key = f"tasks.{name}"
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if (
+            not isinstance(prompts, list)
+            or not prompts
+            or not all(isinstance(p, str) and p.strip() for p in prompts)
+        ):
+            raise r.fail(key, "expected a non-empty list of non-empty task prompts")
+        try:
+            layout.sanitize_dataset_name(name)
+        except layout.UnsafeNameError as e:
+            raise r.fail(key, str(e)) from None
+        tasks[name] = [p.strip() for p in prompts]
+
+    cameras = _parse_cameras(r)
+    vectors = _parse_vectors(r)
+    names = [c.key for c in cameras] + [v.name for v in vectors]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise r.fail("cameras", f"duplicate stream name {dupes[0]!r} among cameras and vectors")
+
+    enc = r.sub("encoder")
+    codec = enc.get("codec", str, "libx264")
+    if codec not in ("libx264", "libsvtav1"):
+        raise enc.fail("codec", f"unsupported codec {codec!r}: use libx264 or libsvtav1")
+    crf = enc.number("crf", 23, minimum=0, integer=True)
+    if crf > 63:
+        raise enc.fail("crf", f"must be <= 63, got {crf}")
+    preset = enc.get("preset", (str, int), "veryfast")
+    encoder = EncoderConfig(
+        codec=codec, crf=crf, preset=str(preset), gop=enc.number("gop", 30, minimum=1, integer=True)
+    )
+
+    bl = r.sub("backlog")
+    warn = bl.get("warn_seconds", list, list(DEFAULT_WARN_SECONDS))
+    if not all(isinstance(w, int | float) and not isinstance(w, bool) and w > 0 for w in warn):
+        raise bl.fail("warn_seconds", "expected a list of positive numbers (seconds of lag)")
+    backlog = BacklogConfig(
+        warn_seconds=tuple(sorted(float(w) for w in warn)),
+        max_memory_mb=bl.number("max_memory_mb", 2048.0, minimum=1.0),
+        ring_seconds=bl.number("ring_seconds", 1.0, minimum=0.01),
+    )
+    unknown = set(bl.table) - {"warn_seconds", "max_memory_mb", "ring_seconds"}
+    if unknown:
+        raise bl.fail(sorted(unknown)[0], "unknown key")
+
+    skew = table.get("skew_tolerance_s")
+    if skew is not None:
+        skew = r.number("skew_tolerance_s", 0.0, minimum=0.0)
+    return CollectionConfig(
+        log_dir=log_dir,
+        tasks=tasks,
+        fps=fps,
+        robot_type=r.get("robot_type", str, "unknown"),
+        cameras=cameras,
+        vectors=vectors,
+        encoder=encoder,
+        backlog=backlog,
+        min_episode_frames=r.number("min_episode_frames", 10, minimum=1, integer=True),
+        skew_tolerance_s=skew,
+        stream_start_timeout_s=r.number("stream_start_timeout_s", 1.0, minimum=0.0),
+        frozen_camera_s=r.number("frozen_camera_s", 1.0, minimum=0.0),
+        clock_jump_s=r.number("clock_jump_s", 0.5, minimum=0.0),
+        log_dir_derived=derived,
+        extra=extra,
+    )
+
+
+def _parse_cameras(r: _Reader) -> tuple[CameraConfig, ...]:
+    if "cameras" not in r.table:
+        return tuple(CameraConfig(k, w, h) for k, w, h in DEFAULT_CAMERAS)
+    items = r.get("cameras", list, [])
+    cameras = []
+    for i, item in enumerate(items):
+        c = _Reader(r.where, item if isinstance(item, dict) else {}, f"collection.cameras[{i}]")
+        if not isinstance(item, dict):
+            raise ConfigError(f"{r.where}: {c.prefix}: expected a table {{key, width, height}}")
+        key = c.get("key", str, None)
+        if key is None:
+            raise c.fail("key", "missing")
+        try:
+            layout.check_video_key(key)
+        except layout.UnsafeNameError as e:
+            raise c.fail("key", str(e)) from None
+        width = c.number("width", 0, minimum=2, integer=True)
+        height = c.number("height", 0, minimum=2, integer=True)
+        if "width" not in item or "height" not in item:
+            raise c.fail("width" if "width" not in item else "height", "missing")
+        if width % 2 or height % 2:
+            raise c.fail("width", f"{width}x{height}: yuv420p video needs even sizes")
+        cameras.append(CameraConfig(key, width, height))
+    return tuple(cameras)
+
+
+def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
+    if "vectors" not in r.table:
+        return tuple(
+            VectorConfig(name, DEFAULT_VECTOR_DIM, DEFAULT_GRIPPERS)
+            for name in ("observation.state", "action")
+        )
+    items = r.get("vectors", list, [])
+    vectors = []
+    for i, item in enumerate(items):
+        v = _Reader(r.where, item if isinstance(item, dict) else {}, f"collection.vectors[{i}]")
+        if not isinstance(item, dict):
+            raise ConfigError(f"{r.where}: {v.prefix}: expected a table {{name, dim, discrete}}")
+        name = v.get("name", str, None)
+        if not name or not name.strip() or any(ch in name for ch in "\n\r\x00"):
+            raise v.fail("name", "missing or not a usable column name")
+        if name in ("timestamp", "capture_time", "frame_index", "episode_index", "index"):
+            raise v.fail("name", f"{name!r} collides with a bookkeeping column")
+        if name == "task_index":
+            raise v.fail("name", f"{name!r} collides with a bookkeeping column")
+        if "dim" not in item:
+            raise v.fail("dim", "missing")
+        dim = v.number("dim", 1, minimum=1, integer=True)
+        discrete = v.get("discrete", list, [])
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in discrete) or any(
+            not 0 <= d < dim for d in discrete
+        ):
+            raise v.fail("discrete", f"expected dimension indices in 0..{dim - 1}")
+        names = v.get("names", list, None)
+        if names is not None and (len(names) != dim or not all(isinstance(n, str) for n in names)):
+            raise v.fail("names", f"expected {dim} strings")
+        vectors.append(
+            VectorConfig(name, dim, tuple(sorted(set(discrete))), tuple(names) if names else None)
+        )
+    return tuple(vectors)
+
+
+def load_config(path: Path | str) -> Config:
+    """Read and validate a TOML config file."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML ({e})") from None
+    return config_from_dict(raw, where=str(path), base_dir=path.resolve().parent, path=path)
+
+
+def config_from_dict(
+    raw: Mapping[str, Any],
+    *,
+    where: str = "config",
+    base_dir: Path | None = None,
+    path: Path | None = None,
+) -> Config:
+    table = raw.get("collection")
+    if table is None:
+        raise ConfigError(f"{where}: collection: missing section [collection]")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: collection: expected a table")
+    return Config(path, parse_collection(table, where=where, base_dir=base_dir), dict(raw))

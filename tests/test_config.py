@@ -1,0 +1,150 @@
+"""The TOML config loader: the collection section, defaults, derived log_dir, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from eva.config import ConfigError, default_log_dir, load_config
+
+FULL = """
+[collection]
+log_dir = "logs"
+fps = 15
+robot_type = "aloha"
+min_episode_frames = 5
+skew_tolerance_s = 0.02
+
+[collection.tasks]
+"pick cube" = ["pick the red cube", "pick the blue cube"]
+stack = "stack the cubes"
+
+[[collection.cameras]]
+key = "observation.images.front"
+width = 64
+height = 48
+
+[[collection.vectors]]
+name = "observation.state"
+dim = 3
+discrete = [2]
+
+[collection.encoder]
+codec = "libx264"
+crf = 30
+preset = "ultrafast"
+gop = 15
+
+[collection.backlog]
+warn_seconds = [2, 0.5]
+max_memory_mb = 64
+
+[collection.storage.sftp]
+host = "127.0.0.1"
+remote_dir = "/data"
+
+[other]
+x = 1
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "eva.toml"
+    path.write_text(text)
+    return path
+
+
+def test_full_config(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, FULL))
+    c = cfg.collection
+    assert c.log_dir == tmp_path / "logs" and not c.log_dir_derived
+    assert c.fps == 15 and c.robot_type == "aloha" and c.min_episode_frames == 5
+    assert c.tasks == {
+        "pick cube": ["pick the red cube", "pick the blue cube"],
+        "stack": ["stack the cubes"],
+    }
+    assert [(x.key, x.width, x.height) for x in c.cameras] == [("observation.images.front", 64, 48)]
+    assert c.vectors[0].name == "observation.state" and c.vectors[0].discrete == (2,)
+    assert c.encoder.preset == "ultrafast" and c.encoder.gop == 15 and c.encoder.crf == 30
+    assert c.backlog.warn_seconds == (0.5, 2.0) and c.backlog.max_memory_mb == 64
+    assert c.skew_tolerance == 0.02
+    assert c.extra["storage"]["sftp"]["host"] == "127.0.0.1"
+    assert cfg.raw["other"] == {"x": 1}
+    assert c.dataset_dir("pick cube") == tmp_path / "logs" / "pick_cube" / "raw"
+
+
+def test_defaults_and_derived_log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVA_HOME", str(tmp_path / "home"))
+    c = load_config(write(tmp_path, '[collection]\ntasks = {demo = ["wave"]}\n')).collection
+    assert c.log_dir == tmp_path / "home" / "logs" and c.log_dir_derived
+    assert c.fps == 30 and len(c.cameras) == 3 and c.cameras[0].width == 640
+    assert [v.name for v in c.vectors] == ["observation.state", "action"]
+    assert c.vectors[0].discrete == (6, 13)
+    assert c.skew_tolerance == pytest.approx(1 / 58)
+    monkeypatch.delenv("EVA_HOME")
+    assert default_log_dir({"XDG_DATA_HOME": "/x"}) == Path("/x/eva/logs")
+    assert default_log_dir({}) == Path.home() / ".local/share/eva/logs"
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ("fps = 1\ntasks = {a = ['t']}", "collection.fps"),
+        ("fps = 'x'\ntasks = {a = ['t']}", "collection.fps"),
+        ("log_dir = 3\ntasks = {a = ['t']}", "collection.log_dir"),
+        ("", "collection.tasks"),
+        ("tasks = {a = []}", "collection.tasks.a"),
+        ("tasks = {'..' = ['t']}", "collection.tasks..."),
+        (
+            "tasks = {a = ['t']}\ncameras = [{key = 'front', width = 63, height = 48}]",
+            "collection.cameras[0].width",
+        ),
+        (
+            "tasks = {a = ['t']}\ncameras = [{key = '../x', width = 64, height = 48}]",
+            "collection.cameras[0].key",
+        ),
+        (
+            "tasks = {a = ['t']}\ncameras = [{key = 'f', width = 64}]",
+            "collection.cameras[0].height",
+        ),
+        (
+            "tasks = {a = ['t']}\nvectors = [{name = 's', dim = 3, discrete = [3]}]",
+            "collection.vectors[0].discrete",
+        ),
+        ("tasks = {a = ['t']}\nvectors = [{name = 's'}]", "collection.vectors[0].dim"),
+        (
+            "tasks = {a = ['t']}\nvectors = [{name = 'timestamp', dim = 1}]",
+            "collection.vectors[0].name",
+        ),
+        ("tasks = {a = ['t']}\nencoder = {codec = 'mpeg2'}", "collection.encoder.codec"),
+        ("tasks = {a = ['t']}\nbacklog = {warn_seconds = [-1]}", "collection.backlog.warn_seconds"),
+        ("tasks = {a = ['t']}\nbacklog = {max_mb = 3}", "collection.backlog.max_mb"),
+        ("tasks = {a = ['t']}\nfrobnicate = 3", "collection.frobnicate"),
+        ("tasks = {a = ['t']}\nmin_episode_frames = true", "collection.min_episode_frames"),
+    ],
+)
+def test_invalid_config_names_the_key(tmp_path: Path, body: str, key: str) -> None:
+    path = write(tmp_path, "[collection]\n" + body + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert str(path) in message and key in message and "\n" not in message
+
+
+def test_missing_section_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"\[collection\]"):
+        load_config(write(tmp_path, "[other]\nx = 1\n"))
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(write(tmp_path, "[collection\n"))
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_dataset_names_are_sanitised_and_escapes_refused(tmp_path: Path) -> None:
+    c = load_config(write(tmp_path, FULL)).collection
+    assert c.dataset_dir("my data/set").name == "raw"
+    with pytest.raises(ConfigError, match="escape"):
+        c.dataset_dir("../../etc")
+    with pytest.raises(ConfigError):
+        c.dataset_dir("...")
+    assert c.dataset_dir("a b").parent.name == "a_b"
