@@ -1,0 +1,377 @@
+"""LeRobot v3.0 export (eva.formats.lerobot_v3) on real synthetic v2.1 datasets.
+
+Sources are written by the real capture writer (``write_synthetic_dataset``, H.264 MP4s), read by
+the real ``DatasetReader``, exported by ``write_subset`` and read back with pyarrow and PyAV. The
+LeRobot oracle itself runs in ``make compat`` (scripts/compat.sh), not here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from eva.capture.synthetic import write_synthetic_dataset
+from eva.dataset.errors import DatasetError
+from eva.dataset.reader import DatasetReader
+from eva.dataset.subset import SubsetMeta, build_subset_meta
+from eva.dataset.video import VideoEncoder, VideoOptions
+from eva.export.pipeline import complete_episode_stats
+from eva.export.registry import ExportOptions
+from eva.formats import lerobot_v3
+from eva.formats._v3_video import probe
+from eva.progress import Progress
+
+CAMS = ["observation.images.cam0", "observation.images.cam1"]
+FRAMES = [20, 31, 17, 40]
+
+
+def subset_meta(reader: DatasetReader, indices: list[int], subset: str = "accepted") -> SubsetMeta:
+    """The pipeline's subset description (eva.export.pipeline.prepare minus source validation)."""
+    rows = {row["episode_index"]: row for row in reader.episodes}
+    return build_subset_meta(
+        subset,
+        source_info=reader.info,
+        source_episodes=rows,
+        source_tasks=reader.tasks,
+        source_episodes_stats={ep: complete_episode_stats(reader, ep) for ep in rows},
+        source_indices=indices,
+        task_index_values={
+            ep: reader.read_table(ep, ["task_index"]).column("task_index").to_numpy() for ep in rows
+        },
+    )
+
+
+def export(
+    source: Path, dest: Path, indices: list[int] | None = None, **extra: Any
+) -> tuple[DatasetReader, SubsetMeta]:
+    reader = DatasetReader(source)
+    if indices is None:
+        indices = [r["episode_index"] for r in reader.episodes]
+    meta = subset_meta(reader, indices)
+    lerobot_v3.write_subset(reader, meta, dest, Progress(), ExportOptions(extra=extra))
+    return reader, meta
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("v3src") / "raw"
+    write_synthetic_dataset(
+        root, episodes=len(FRAMES), frames=FRAMES, cameras=CAMS, tasks=["pick", "place"], seed=3
+    )
+    return root
+
+
+def locators(root: Path) -> list[dict[str, Any]]:
+    return lerobot_v3.read_episode_locators(root).to_pylist()
+
+
+def decode_with_times(path: Path) -> list[tuple[float, np.ndarray]]:
+    with av.open(str(path)) as container:
+        return [
+            (float(f.pts * f.time_base), f.to_ndarray(format="rgb24"))
+            for f in container.decode(video=0)
+        ]
+
+
+def info_of(root: Path) -> dict[str, Any]:
+    return json.loads((root / "meta/info.json").read_text())
+
+
+def test_locators_lead_to_every_source_frame_and_row(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    # Small shards: several data and video files.
+    reader, meta = export(
+        source, dest, [3, 0, 2], data_files_size_in_mb=0.004, video_files_size_in_mb=0.03
+    )
+    info = info_of(dest)
+    assert info["codebase_version"] == "v3.0" and info["dataset_format"] == "lerobot_v3"
+    assert info["data_path"] == "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+    assert info["video_path"] == (
+        "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+    )
+    assert info["total_episodes"] == 3 and info["total_frames"] == 40 + 20 + 17
+    assert info["features"]["observation.state"]["fps"] == 30
+    rows = locators(dest)
+    assert [r["episode_index"] for r in rows] == [0, 1, 2]
+    assert len({(r["data/chunk_index"], r["data/file_index"]) for r in rows}) > 1
+
+    fps = info["fps"]
+    shard_cache: dict[Path, list[tuple[float, np.ndarray]]] = {}
+    for ep, row in enumerate(rows):
+        src_ep = meta.source_index(ep)
+        n = FRAMES[src_ep]
+        assert row["length"] == n
+        assert row["dataset_to_index"] - row["dataset_from_index"] == n
+        # Table rows through the locator equal the source rows (index columns renumbered).
+        data = pq.read_table(
+            dest
+            / info["data_path"].format(
+                chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]
+            )
+        )
+        start = data.column("index").to_pylist().index(row["dataset_from_index"])
+        part = data.slice(start, n)
+        src = reader.read_table(src_ep)
+        assert part.column("observation.state").equals(src.column("observation.state"))
+        assert part.column("action").equals(src.column("action"))
+        assert part.column("episode_index").to_pylist() == [ep] * n
+        assert part.column("index").to_pylist() == list(
+            range(row["dataset_from_index"], row["dataset_to_index"])
+        )
+        for key in CAMS:
+            shard = dest / info["video_path"].format(
+                video_key=key,
+                chunk_index=row[f"videos/{key}/chunk_index"],
+                file_index=row[f"videos/{key}/file_index"],
+            )
+            if shard not in shard_cache:
+                shard_cache[shard] = decode_with_times(shard)
+            by_time = {round(t, 4): img for t, img in shard_cache[shard]}
+            t0 = row[f"videos/{key}/from_timestamp"]
+            assert row[f"videos/{key}/to_timestamp"] == pytest.approx(t0 + n / fps, abs=1e-9)
+            source_frames = decode_with_times(reader.video_path(src_ep, key))
+            assert len(source_frames) == n
+            for t, (_, img) in enumerate(source_frames):
+                np.testing.assert_array_equal(by_time[round(t0 + t / fps, 4)], img)
+    assert lerobot_v3.verify(dest) == []
+
+
+def test_data_rolls_by_size_and_videos_roll_with_data(source: Path, tmp_path: Path) -> None:
+    one_episode_bytes = DatasetReader(source).read_table(0).nbytes
+    dest = tmp_path / "v3"
+    # Room for about two 20-40 frame episodes per data file.
+    export(source, dest, data_files_size_in_mb=2.2 * one_episode_bytes / 2**20)
+    rows = locators(dest)
+    files = [(r["data/chunk_index"], r["data/file_index"]) for r in rows]
+    assert files[0] == (0, 0) and files[-1][1] >= 1
+    assert files == sorted(files)
+    for key in CAMS:
+        # One video shard per data shard (videos are far below their own limit).
+        assert [r[f"videos/{key}/file_index"] for r in rows] == [f for _, f in files]
+    written = sorted((dest / "data").glob("*/*.parquet"))
+    assert len(written) == len(set(files))
+    for path in written:
+        assert pq.read_table(path).nbytes <= 2.2 * one_episode_bytes * 1.05
+    assert lerobot_v3.verify(dest) == []
+
+
+def test_video_rolls_at_its_own_size_limit(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    export(source, dest, video_files_size_in_mb=1e-6)  # every episode its own MP4
+    rows = locators(dest)
+    assert [r["data/file_index"] for r in rows] == [0, 0, 0, 0]
+    for key in CAMS:
+        assert [r[f"videos/{key}/file_index"] for r in rows] == [0, 1, 2, 3]
+        assert all(r[f"videos/{key}/from_timestamp"] == 0.0 for r in rows)
+    assert lerobot_v3.verify(dest) == []
+
+
+def test_schema_change_starts_a_new_data_file(tmp_path: Path) -> None:
+    src = write_synthetic_dataset(tmp_path / "raw", episodes=3, frames=[12, 14, 10], cameras=1)
+    reader = DatasetReader(src)
+    # Episode 1 carries an extra column (as if a sensor had been added for that episode).
+    path = reader.data_path(1)
+    table = pq.read_table(path)
+    pq.write_table(
+        table.append_column(
+            "observation.extra", pa.array(np.arange(table.num_rows, dtype=np.int64))
+        ),
+        path,
+    )
+    dest = tmp_path / "v3"
+    export(src, dest)
+    rows = locators(dest)
+    assert [r["data/file_index"] for r in rows] == [0, 1, 2]
+    assert [r["videos/observation.images.cam0/file_index"] for r in rows] == [0, 1, 2]
+    schemas = [pq.read_schema(p) for p in sorted((dest / "data/chunk-000").glob("*.parquet"))]
+    assert ["observation.extra" in s.names for s in schemas] == [False, True, False]
+
+
+def test_file_index_wraps_into_the_next_chunk(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    export(source, dest, chunks_size=3, data_files_size_in_mb=1e-6, video_files_size_in_mb=1e-6)
+    rows = locators(dest)
+    expected = [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert [(r["data/chunk_index"], r["data/file_index"]) for r in rows] == expected
+    for key in CAMS:
+        got = [(r[f"videos/{key}/chunk_index"], r[f"videos/{key}/file_index"]) for r in rows]
+        assert got == expected
+    assert (dest / "data/chunk-001/file-000.parquet").is_file()
+    assert (dest / f"videos/{CAMS[1]}/chunk-001/file-000.mp4").is_file()
+    assert info_of(dest)["chunks_size"] == 3
+    assert lerobot_v3.verify(dest) == []
+
+
+def test_differing_stream_parameters_start_a_new_video_file(tmp_path: Path) -> None:
+    src = write_synthetic_dataset(
+        tmp_path / "raw", episodes=3, frames=[12, 14, 10], cameras=CAMS, seed=5
+    )
+    reader = DatasetReader(src)
+    # Re-encode episode 1 of cam0 with other x264 settings: same size, other codec headers.
+    path = reader.video_path(1, CAMS[0])
+    frames = np.concatenate(list(b.copy() for b in reader.iter_frames(1, CAMS[0])))
+    other = tmp_path / "other.mp4"
+    encoder = VideoEncoder(other, 64, 48, 30, VideoOptions(preset="ultrafast", crf=35))
+    encoder.write(frames)
+    encoder.close()
+    assert not probe(other).params.compatible_with(probe(reader.video_path(0, CAMS[0])).params)
+    other.replace(path)
+
+    dest = tmp_path / "v3"
+    export(src, dest)
+    rows = locators(dest)
+    # cam0: the odd episode opens a new file, and the next episode differs from it again.
+    assert [r[f"videos/{CAMS[0]}/file_index"] for r in rows] == [0, 1, 2]
+    assert [r[f"videos/{CAMS[1]}/file_index"] for r in rows] == [0, 0, 0]
+    assert [r["data/file_index"] for r in rows] == [0, 0, 0]
+    assert lerobot_v3.verify(dest) == []
+    shard = dest / f"videos/{CAMS[0]}/chunk-000/file-001.mp4"
+    decoded = decode_with_times(shard)
+    assert len(decoded) == 14
+
+
+def test_frame_count_mismatch_aborts_naming_episode_and_camera(tmp_path: Path) -> None:
+    src = write_synthetic_dataset(tmp_path / "raw", episodes=2, frames=[12, 14], cameras=CAMS)
+    reader = DatasetReader(src)
+    path = reader.video_path(1, CAMS[1])
+    frames = np.concatenate(list(b.copy() for b in reader.iter_frames(1, CAMS[1])))
+    short = tmp_path / "short.mp4"
+    encoder = VideoEncoder(short, 64, 48, 30, VideoOptions())
+    encoder.write(frames[:-1])
+    encoder.close()
+    short.replace(path)
+    dest = tmp_path / "v3"
+    with pytest.raises(DatasetError, match=rf"episode 1, camera {CAMS[1]}: .*13 frames.*14 rows"):
+        export(src, dest)
+    # The writer closed nothing half-way into a looking-complete dataset: no metadata written.
+    assert not (dest / "meta/info.json").exists()
+
+
+def test_verify_decode_counts_decoded_frames(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    export(source, dest, verify_decode=True, video_files_size_in_mb=0.02)
+    assert lerobot_v3.verify(dest) == []
+
+
+def _quantiles(values: np.ndarray, axis: int = 0) -> dict[str, np.ndarray]:
+    qs = (0.01, 0.10, 0.50, 0.90, 0.99)
+    table = np.quantile(values, qs, axis=axis)
+    return {f"q{round(q * 100):02d}": table[i] for i, q in enumerate(qs)}
+
+
+def test_quantiles_match_numpy(source: Path, tmp_path: Path) -> None:
+    """Vectors: exact. Images with verify_decode: exact over every pixel; by default: exact over
+    the keyframes (the documented sample)."""
+    reader = DatasetReader(source)
+    episodes = [0, 1, 2, 3]
+    exact_dir, sampled_dir = tmp_path / "exact", tmp_path / "sampled"
+    export(source, exact_dir, verify_decode=True)
+    export(source, sampled_dir)
+    exact = json.loads((exact_dir / "meta/stats.json").read_text())
+    sampled = json.loads((sampled_dir / "meta/stats.json").read_text())
+
+    state = np.concatenate([reader.read_vector(ep, "observation.state") for ep in episodes])
+    for name, want in _quantiles(state.astype(np.float64)).items():
+        np.testing.assert_allclose(exact["observation.state"][name], want, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(sampled["observation.state"][name], want, rtol=0, atol=1e-12)
+
+    key = CAMS[0]
+    all_frames, keyframes = [], []
+    for ep in episodes:
+        with av.open(str(reader.video_path(ep, key))) as container:
+            for frame in container.decode(video=0):
+                img = frame.to_ndarray(format="rgb24")
+                all_frames.append(img)
+                if frame.key_frame:
+                    keyframes.append(img)
+    for frames, stats in ((all_frames, exact), (keyframes, sampled)):
+        pixels = np.stack(frames).reshape(-1, 3).astype(np.float64) / 255.0
+        for name, want in _quantiles(pixels).items():
+            got = np.asarray(stats[key][name]).reshape(3)
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    # Per-episode quantile columns exist beside min/max/mean/std/count.
+    row = locators(exact_dir)[0]
+    assert {f"stats/{key}/q50", "stats/observation.state/q99"} <= set(row)
+    assert np.asarray(row[f"stats/{key}/q50"]).shape == (3, 1, 1)
+
+
+def test_tasks_parquet_carries_the_pandas_index(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    export(source, dest)
+    table = pq.read_table(dest / "meta/tasks.parquet")
+    pandas_meta = json.loads(table.schema.metadata[b"pandas"])
+    assert pandas_meta["index_columns"] == ["__index_level_0__"]
+    assert table.column("task_index").to_pylist() == [0, 1]
+    assert table.column("__index_level_0__").to_pylist() == ["pick", "place"]
+    for name in ("episodes.jsonl", "tasks.jsonl", "stats.json", "info.json"):
+        assert (dest / "meta" / name).is_file()
+
+
+def test_empty_subset_is_a_complete_empty_dataset(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    export(source, dest, [])
+    info = info_of(dest)
+    assert info["total_episodes"] == 0 and info["total_frames"] == 0
+    assert pq.read_table(dest / "data/chunk-000/file-000.parquet").num_rows == 0
+    assert lerobot_v3.read_episode_locators(dest).num_rows == 0
+    assert not (dest / "videos").exists()
+    assert lerobot_v3.verify(dest) == []
+
+
+def test_verify_reports_a_broken_shard(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    export(source, dest, video_files_size_in_mb=1e-6)
+    (dest / f"videos/{CAMS[0]}/chunk-000/file-002.mp4").write_bytes(b"broken")
+    data = dest / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(data)
+    pq.write_table(table.slice(0, table.num_rows - 1), data)
+    codes = {p.code for p in lerobot_v3.verify(dest)}
+    assert "unreadable_video" in codes
+    assert "row_range" in codes or "row_count" in codes
+
+
+def test_pipeline_publishes_both_subsets_or_nothing(tmp_path: Path) -> None:
+    from eva.export.pipeline import export_dataset
+    from eva.export.verify import verify_export
+
+    src = write_synthetic_dataset(
+        tmp_path / "raw",
+        episodes=3,
+        frames=[12, 14, 10],
+        cameras=CAMS,
+        quality=["green", "red", "green"],
+    )
+    result = export_dataset(src, "v3")
+    assert result.accepted_dir == tmp_path / "export/lerobot_v3/accepted"
+    for subset, eps in (("accepted", [0, 2]), ("rejected", [1])):
+        out = tmp_path / "export/lerobot_v3" / subset
+        marker = json.loads((out / "meta/quality_split.json").read_text())
+        assert marker["dataset_format"] == "lerobot_v3"
+        assert marker["source_episode_indices"] == eps
+        assert info_of(out)["total_episodes"] == len(eps)
+        assert verify_export(out) == []
+
+    # A frame-count mismatch in the source aborts the export: the published pair stays the old one.
+    reader = DatasetReader(src)
+    frames = np.concatenate(list(b.copy() for b in reader.iter_frames(2, CAMS[0])))
+    short = tmp_path / "short.mp4"
+    encoder = VideoEncoder(short, 64, 48, 30, VideoOptions())
+    encoder.write(frames[:-2])
+    encoder.close()
+    short.replace(reader.video_path(2, CAMS[0]))
+    old_marker = (tmp_path / "export/lerobot_v3/accepted/meta/quality_split.json").read_bytes()
+    with pytest.raises(DatasetError, match="episode 2"):
+        export_dataset(src, "v3")
+    assert (
+        tmp_path / "export/lerobot_v3/accepted/meta/quality_split.json"
+    ).read_bytes() == old_marker
+    leftovers = [
+        p.name for p in (tmp_path / "export").iterdir() if p.name.startswith(".eva-staging")
+    ]
+    assert leftovers == []
