@@ -1,0 +1,314 @@
+"""Check a raw LeRobot v2.1 dataset before anything is exported from it (description: "Shared
+validation and verification"; contracts §1).
+
+``validate_dataset`` reports EVERY problem it finds (not just the first) as ``Problem`` records
+with a stable ``code``, a one-line ``message`` naming the file / episode / field, the ``path`` at
+fault and the ``episode`` (or None). Only a missing/unreadable info.json or episodes.jsonl stops
+the walk early, since nothing else can be interpreted without them.
+
+Codes: missing_info, invalid_info, missing_episodes, invalid_episodes, bad_codebase_version,
+bad_dataset_format, invalid_tasks, duplicate_episode_index, invalid_episode_row, empty_episode,
+missing_parquet, unreadable_parquet, missing_column, wrong_episode_index, unknown_task_index,
+length_mismatch, missing_video, unreadable_video, frame_count_mismatch, missing_stats,
+invalid_episodes_stats, totals_mismatch, unsafe_path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from eva.dataset import layout, video
+from eva.dataset.errors import DatasetError
+from eva.dataset.reader import DatasetReader
+
+__all__ = ["Problem", "validate_dataset", "REQUIRED_COLUMNS"]
+
+REQUIRED_COLUMNS = ("episode_index", "index")
+
+
+@dataclass(frozen=True)
+class Problem:
+    code: str
+    message: str
+    path: str | None = None
+    episode: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def add(
+        self, code: str, message: str, path: Path | str | None = None, episode: int | None = None
+    ) -> None:
+        self.problems.append(
+            Problem(code, message, str(path) if path is not None else None, episode)
+        )
+
+
+def validate_dataset(
+    root: Path | str,
+    decode: bool = False,
+    *,
+    on_episode: Callable[[int, int], None] | None = None,
+) -> list[Problem]:
+    """All problems of the v2.1 dataset at ``root`` (empty list: valid).
+
+    ``decode=True`` also decodes every video to count its frames (slow, exact); otherwise the
+    container's frame count is used. ``on_episode(done, total)`` reports progress.
+    """
+    root = Path(root)
+    out = _Collector()
+    if not root.is_dir():
+        out.add("missing_info", f"{root}: not a directory", root)
+        return out.problems
+    reader = DatasetReader(root)
+    info_path = root / layout.INFO
+    if not info_path.exists():
+        out.add("missing_info", f"{info_path}: missing", info_path)
+    else:
+        try:
+            info = reader.info
+        except DatasetError as e:
+            out.add("invalid_info", str(e), info_path)
+        else:
+            _check_info(info, info_path, out)
+    episodes_path = root / layout.EPISODES
+    episodes: list[dict[str, Any]] | None = None
+    if not episodes_path.exists():
+        out.add("missing_episodes", f"{episodes_path}: missing", episodes_path)
+    else:
+        try:
+            episodes = reader.episodes
+        except DatasetError as e:
+            out.add("invalid_episodes", str(e), episodes_path)
+    if out.problems and (episodes is None or not info_path.exists() or _has(out, "invalid_info")):
+        return out.problems
+
+    try:
+        tasks = reader.tasks
+    except DatasetError as e:
+        out.add("invalid_tasks", str(e), root / layout.TASKS)
+        tasks = None
+    try:
+        episodes_stats = reader.episodes_stats
+    except DatasetError as e:
+        out.add("invalid_episodes_stats", str(e), root / layout.EPISODES_STATS)
+        episodes_stats = {}
+
+    assert episodes is not None
+    seen: set[int] = set()
+    total_frames = 0
+    for done, row in enumerate(episodes, 1):
+        ep = row["episode_index"]
+        if ep in seen:
+            out.add(
+                "duplicate_episode_index",
+                f"{episodes_path}: episode_index {ep} appears more than once",
+                episodes_path,
+                ep,
+            )
+            continue
+        seen.add(ep)
+        length = row.get("length")
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+            out.add(
+                "invalid_episode_row",
+                f"{episodes_path}: episode {ep}: field length {length!r} is not an int >= 0",
+                episodes_path,
+                ep,
+            )
+            length = None
+        else:
+            total_frames += length
+            if length == 0:
+                out.add(
+                    "empty_episode",
+                    f"{episodes_path}: episode {ep} has length 0",
+                    episodes_path,
+                    ep,
+                )
+        _check_episode(reader, ep, length, tasks, episodes_stats.get(ep), decode, out)
+        if on_episode is not None:
+            on_episode(done, len(episodes))
+
+    info = reader.info
+    expected = {"total_episodes": len(seen), "total_frames": total_frames}
+    for key, value in expected.items():
+        if key in info and info[key] != value:
+            out.add(
+                "totals_mismatch",
+                f"{info_path}: field {key} is {info[key]!r}, episodes.jsonl gives {value}",
+                info_path,
+            )
+    return out.problems
+
+
+def _has(out: _Collector, code: str) -> bool:
+    return any(p.code == code for p in out.problems)
+
+
+def _check_info(info: dict[str, Any], path: Path, out: _Collector) -> None:
+    version = info.get("codebase_version")
+    if version != layout.CODEBASE_VERSION:
+        out.add(
+            "bad_codebase_version",
+            f"{path}: codebase_version {version!r} is not {layout.CODEBASE_VERSION!r}",
+            path,
+        )
+    if "dataset_format" in info and info["dataset_format"] != layout.DATASET_FORMAT:
+        out.add(
+            "bad_dataset_format",
+            f"{path}: dataset_format {info['dataset_format']!r} is not {layout.DATASET_FORMAT!r}",
+            path,
+        )
+
+
+def _check_episode(
+    reader: DatasetReader,
+    ep: int,
+    length: int | None,
+    tasks: dict[int, str] | None,
+    stats: dict[str, Any] | None,
+    decode: bool,
+    out: _Collector,
+) -> None:
+    try:
+        data_path = reader.data_path(ep)
+    except DatasetError as e:
+        out.add("unsafe_path", str(e), None, ep)
+        return
+    rows: int | None = None
+    columns: set[str] = set()
+    if not data_path.exists():
+        out.add("missing_parquet", f"{data_path}: episode {ep} parquet missing", data_path, ep)
+    else:
+        try:
+            parquet = pq.ParquetFile(data_path)
+            rows = parquet.metadata.num_rows
+            columns = set(parquet.schema_arrow.names)
+        except (pa.ArrowInvalid, OSError) as e:
+            out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
+    if rows is not None:
+        _check_table(reader, data_path, ep, rows, columns, tasks, out)
+        if length is not None and rows != length:
+            out.add(
+                "length_mismatch",
+                f"{data_path}: episode {ep} has {rows} rows, episodes.jsonl length is {length}",
+                data_path,
+                ep,
+            )
+        if rows == 0 and length != 0:
+            out.add("empty_episode", f"{data_path}: episode {ep} has no rows", data_path, ep)
+
+    for key in reader.video_keys:
+        try:
+            video_path = reader.video_path(ep, key)
+        except DatasetError as e:
+            out.add("unsafe_path", str(e), None, ep)
+            continue
+        if not video_path.exists():
+            out.add(
+                "missing_video",
+                f"{video_path}: episode {ep} camera {key} video missing",
+                video_path,
+                ep,
+            )
+            continue
+        if rows is None:
+            continue
+        try:
+            frames = (
+                video.count_decoded_frames(video_path) if decode else video.count_frames(video_path)
+            )
+        except DatasetError as e:
+            out.add("unreadable_video", f"{e} (episode {ep} camera {key})", video_path, ep)
+            continue
+        if frames != rows:
+            how = "decoded" if decode else "container"
+            out.add(
+                "frame_count_mismatch",
+                f"{video_path}: episode {ep} camera {key} has {frames} frames ({how}), "
+                f"parquet has {rows} rows",
+                video_path,
+                ep,
+            )
+
+    # Every feature needs stats: from the per-episode stats, or computable from the table.
+    stats = stats or {}
+    for feature, spec in reader.features.items():
+        if feature in stats:
+            continue
+        if spec.get("dtype") not in ("video",) and feature in columns:
+            continue
+        if rows is None and spec.get("dtype") != "video":
+            continue  # the table problem is already reported
+        where = reader.root / layout.EPISODES_STATS
+        out.add(
+            "missing_stats",
+            f"{where}: episode {ep}: no stats for feature {feature} and no such column in the table",
+            where,
+            ep,
+        )
+
+
+def _check_table(
+    reader: DatasetReader,
+    data_path: Path,
+    ep: int,
+    rows: int,
+    columns: set[str],
+    tasks: dict[int, str] | None,
+    out: _Collector,
+) -> None:
+    for column in REQUIRED_COLUMNS:
+        if column not in columns:
+            out.add(
+                "missing_column",
+                f"{data_path}: episode {ep}: column {column} missing",
+                data_path,
+                ep,
+            )
+    wanted = [c for c in ("episode_index", "task_index") if c in columns]
+    if not wanted or rows == 0:
+        return
+    try:
+        table = pq.read_table(data_path, columns=wanted)
+    except (pa.ArrowInvalid, OSError) as e:
+        out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
+        return
+    if "episode_index" in wanted:
+        values = pc.unique(table.column("episode_index")).to_pylist()
+        if values != [ep]:
+            out.add(
+                "wrong_episode_index",
+                f"{data_path}: episode {ep}: column episode_index holds {sorted(map(str, values))[:5]}",
+                data_path,
+                ep,
+            )
+    if "task_index" in wanted and tasks is not None:
+        column = table.column("task_index")
+        values = pc.unique(column.drop_null()).to_pylist()
+        unknown = sorted(v for v in values if v not in tasks)
+        nulls = column.null_count
+        if unknown or nulls:
+            detail = f"values {unknown[:5]}" if unknown else f"{nulls} nulls"
+            out.add(
+                "unknown_task_index",
+                f"{data_path}: episode {ep}: task_index {detail} not in tasks.jsonl",
+                data_path,
+                ep,
+            )

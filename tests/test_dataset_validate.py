@@ -1,0 +1,258 @@
+"""validate_dataset: one dataset broken in exactly one way per rule, and the CLI around it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from eva.cli import main
+from eva.dataset import atomic, layout
+from eva.dataset.reader import DatasetReader
+from eva.dataset.validate import validate_dataset
+from eva.dataset.video import VideoEncoder
+
+FRONT = "observation.images.front"
+
+
+@pytest.fixture
+def raw(synthetic_dataset: Callable[..., Path]) -> Path:
+    return synthetic_dataset(
+        episodes=2,
+        frames=[6, 8],
+        width=32,
+        height=16,
+        state_dim=4,
+        tasks=["a", "b"],
+        quality=["green", "red"],
+        qc_verdicts=[None, "pass"],
+    )
+
+
+def _edit_info(root: Path, **changes: object) -> None:
+    info = json.loads((root / layout.INFO).read_text())
+    info.update(changes)
+    atomic.atomic_write_json(root / layout.INFO, info)
+
+
+def _rewrite_table(root: Path, ep: int, edit: Callable[[pa.Table], pa.Table]) -> Path:
+    path = DatasetReader(root).data_path(ep)
+    pq.write_table(edit(pq.read_table(path)), path)
+    return path
+
+
+def _set_column(table: pa.Table, name: str, values: np.ndarray) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), name, pa.array(values))
+
+
+def _codes(root: Path, decode: bool = False) -> list[str]:
+    return sorted(p.code for p in validate_dataset(root, decode=decode))
+
+
+def test_valid_dataset_has_no_problems(raw: Path, lerobot_fixture_dir: Path) -> None:
+    assert validate_dataset(raw) == []
+    assert validate_dataset(raw, decode=True) == []
+    assert validate_dataset(lerobot_fixture_dir, decode=True) == []
+
+
+def test_missing_info(raw: Path) -> None:
+    (raw / layout.INFO).unlink()
+    problems = validate_dataset(raw)
+    assert [p.code for p in problems] == ["missing_info"]
+    assert problems[0].path == str(raw / layout.INFO)
+
+
+def test_missing_episodes_jsonl(raw: Path) -> None:
+    (raw / layout.EPISODES).unlink()
+    assert _codes(raw) == ["missing_episodes"]
+
+
+def test_missing_info_and_episodes_both_reported(raw: Path) -> None:
+    (raw / layout.INFO).unlink()
+    (raw / layout.EPISODES).unlink()
+    assert _codes(raw) == ["missing_episodes", "missing_info"]
+
+
+def test_bad_codebase_version(raw: Path) -> None:
+    _edit_info(raw, codebase_version="v3.0")
+    assert _codes(raw) == ["bad_codebase_version"]
+
+
+def test_bad_dataset_format(raw: Path) -> None:
+    _edit_info(raw, dataset_format="lerobot_v3")
+    assert _codes(raw) == ["bad_dataset_format"]
+    _edit_info(raw, dataset_format="lerobot_v21")  # present and right: fine
+    assert _codes(raw) == []
+
+
+def test_duplicate_episode_index(raw: Path) -> None:
+    rows = atomic.read_jsonl(raw / layout.EPISODES)
+    atomic.atomic_write_jsonl(raw / layout.EPISODES, rows + [dict(rows[1])])
+    problems = validate_dataset(raw)
+    assert "duplicate_episode_index" in [p.code for p in problems]
+    dup = next(p for p in problems if p.code == "duplicate_episode_index")
+    assert dup.episode == 1 and "episode_index 1" in dup.message
+
+
+def test_missing_parquet(raw: Path) -> None:
+    path = DatasetReader(raw).data_path(1)
+    path.unlink()
+    problems = validate_dataset(raw)
+    assert [p.code for p in problems] == ["missing_parquet"]
+    assert problems[0].episode == 1 and problems[0].path == str(path)
+
+
+def test_missing_camera_file(raw: Path) -> None:
+    path = DatasetReader(raw).video_path(0, FRONT)
+    path.unlink()
+    problems = validate_dataset(raw)
+    assert [(p.code, p.episode) for p in problems] == [("missing_video", 0)]
+    assert FRONT in problems[0].message
+
+
+@pytest.mark.parametrize("column", ["episode_index", "index"])
+def test_missing_required_column(raw: Path, column: str) -> None:
+    _rewrite_table(raw, 0, lambda t: t.drop_columns([column]))
+    problems = validate_dataset(raw)
+    assert [(p.code, p.episode) for p in problems] == [("missing_column", 0)]
+    assert f"column {column}" in problems[0].message
+
+
+def test_unknown_task_index(raw: Path) -> None:
+    _rewrite_table(raw, 1, lambda t: _set_column(t, "task_index", np.full(t.num_rows, 7)))
+    problems = validate_dataset(raw)
+    assert [(p.code, p.episode) for p in problems] == [("unknown_task_index", 1)]
+    assert "[7]" in problems[0].message
+
+
+def test_missing_stats_column(raw: Path) -> None:
+    rows = atomic.read_jsonl(raw / layout.EPISODES_STATS)
+    del rows[0]["stats"][FRONT]  # video stats cannot come from the table
+    del rows[1]["stats"]["action"]  # still computable from the table: fine
+    atomic.atomic_write_jsonl(raw / layout.EPISODES_STATS, rows)
+    problems = validate_dataset(raw)
+    assert [(p.code, p.episode) for p in problems] == [("missing_stats", 0)]
+    assert FRONT in problems[0].message
+    # A feature in neither the stats nor the table.
+    _rewrite_table(raw, 1, lambda t: t.drop_columns(["action"]))
+    assert ("missing_stats", 1) in [(p.code, p.episode) for p in validate_dataset(raw)]
+
+
+def test_empty_episode(synthetic_dataset: Callable[..., Path]) -> None:
+    # No cameras, so the only thing wrong is the empty episode (an MP4 cannot hold 0 frames).
+    root = synthetic_dataset("novideo", episodes=2, frames=[3, 4], cameras=0, state_dim=2)
+    rows = atomic.read_jsonl(root / layout.EPISODES)
+    rows[0]["length"] = 0
+    atomic.atomic_write_jsonl(root / layout.EPISODES, rows)
+    _rewrite_table(root, 0, lambda t: t.slice(0, 0))
+    _edit_info(root, total_frames=4)
+    problems = validate_dataset(root)
+    assert [(p.code, p.episode) for p in problems] == [("empty_episode", 0)]
+
+
+def test_frame_count_mismatch(raw: Path) -> None:
+    reader = DatasetReader(raw)
+    path = reader.video_path(1, FRONT)
+    with VideoEncoder(path, 32, 16, 30) as enc:  # one frame short
+        enc.write(np.zeros((7, 16, 32, 3), np.uint8))
+    problems = validate_dataset(raw)
+    assert [(p.code, p.episode) for p in problems] == [("frame_count_mismatch", 1)]
+    assert "7 frames (container)" in problems[0].message and "8 rows" in problems[0].message
+    decoded = validate_dataset(raw, decode=True)
+    assert "7 frames (decoded)" in decoded[0].message
+
+
+def test_length_mismatch(raw: Path) -> None:
+    rows = atomic.read_jsonl(raw / layout.EPISODES)
+    rows[1]["length"] = 9
+    atomic.atomic_write_jsonl(raw / layout.EPISODES, rows)
+    _edit_info(raw, total_frames=15)
+    problems = validate_dataset(raw)
+    assert [(p.code, p.episode) for p in problems] == [("length_mismatch", 1)]
+
+
+def test_wrong_episode_index_values(raw: Path) -> None:
+    _rewrite_table(
+        raw, 1, lambda t: _set_column(t, "episode_index", np.zeros(t.num_rows, np.int64))
+    )
+    assert _codes(raw) == ["wrong_episode_index"]
+
+
+def test_totals_mismatch(raw: Path) -> None:
+    _edit_info(raw, total_frames=99)
+    assert _codes(raw) == ["totals_mismatch"]
+
+
+def test_unreadable_files(raw: Path) -> None:
+    reader = DatasetReader(raw)
+    reader.data_path(0).write_bytes(b"not parquet")
+    reader.video_path(1, FRONT).write_bytes(b"not mp4")
+    assert _codes(raw) == ["unreadable_parquet", "unreadable_video"]
+
+
+def test_symlink_out_of_dataset_is_refused(raw: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(raw / "videos", outside)
+    shutil.rmtree(raw / "videos")
+    (raw / "videos").symlink_to(outside)
+    codes = _codes(raw)
+    assert codes == ["unsafe_path", "unsafe_path"]
+
+
+def test_every_problem_is_reported(raw: Path) -> None:
+    _edit_info(raw, codebase_version="v2.0")
+    DatasetReader(raw).data_path(0).unlink()
+    DatasetReader(raw).video_path(1, FRONT).unlink()
+    assert _codes(raw) == ["bad_codebase_version", "missing_parquet", "missing_video"]
+
+
+# ---- CLI -----------------------------------------------------------------------------------
+
+
+def test_cli_validate_exit_codes(raw: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(main, ["validate", str(raw)])
+    assert ok.exit_code == 0, ok.output
+    assert "valid" in ok.output
+    as_json = runner.invoke(main, ["validate", str(raw), "--json", "--decode"])
+    assert as_json.exit_code == 0 and json.loads(as_json.output)["valid"] is True
+
+    DatasetReader(raw).data_path(1).unlink()
+    bad = runner.invoke(main, ["validate", str(raw), "--json"])
+    assert bad.exit_code == 1
+    report = json.loads(bad.output)
+    assert report["valid"] is False and report["problems"][0]["code"] == "missing_parquet"
+    assert report["problems"][0]["episode"] == 1
+    assert runner.invoke(main, ["validate", str(raw)]).exit_code == 1
+
+    assert runner.invoke(main, ["validate", str(tmp_path / "missing")]).exit_code == 2
+    assert runner.invoke(main, ["validate", str(raw), "--bogus"]).exit_code == 2
+    assert runner.invoke(main, ["validate"]).exit_code == 2
+    help_text = runner.invoke(main, ["validate", "--help"])
+    assert help_text.exit_code == 0 and "Example" in help_text.output
+
+
+def test_cli_info(raw: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["info", str(raw), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["episodes"] == 2 and summary["frames"] == 14 and summary["fps"] == 30
+    assert summary["cameras"] == {FRONT: [16, 32, 3]}
+    assert summary["tasks"] == ["a", "b"]
+    assert summary["quality"] == {"green": 1, "red": 1}
+    assert summary["qc_verdict"] == {"pass": 1, "fail": 0}
+    text = runner.invoke(main, ["info", str(raw)])
+    assert text.exit_code == 0 and "episodes  2, frames 14" in text.output
+    assert "Example" in runner.invoke(main, ["info", "--help"]).output
+
+    (raw / layout.INFO).write_text("{broken")
+    broken = runner.invoke(main, ["info", str(raw)])
+    assert broken.exit_code == 1 and "info.json" in broken.output
+    assert runner.invoke(main, ["info", str(tmp_path / "missing")]).exit_code == 2
