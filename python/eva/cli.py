@@ -241,9 +241,28 @@ def _human_bytes(n: int) -> str:
 )
 @click.option("--copy-videos", is_flag=True, help="lerobot_v21: copy MP4s instead of hard-linking.")
 @click.option(
+    "--mcap-compression",
+    type=click.Choice(["none", "zstd", "lz4"]),
+    default=None,
+    help="mcap: chunk compression (default none: frames come from lossy MP4s; zstd for size).",
+)
+@click.option(
+    "--mcap-chunk-size",
+    type=click.IntRange(min=1024),
+    default=None,
+    help="mcap: uncompressed chunk size in bytes (default 4 MiB).",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="JSON progress lines (default when not a terminal)."
 )
-def export_command(dataset: Path, fmt: str, copy_videos: bool, as_json: bool) -> None:
+def export_command(
+    dataset: Path,
+    fmt: str,
+    copy_videos: bool,
+    mcap_compression: str | None,
+    mcap_chunk_size: int | None,
+    as_json: bool,
+) -> None:
     """Split DATASET into accepted/rejected and export both as FMT, published as a pair.
 
     \b
@@ -292,7 +311,17 @@ def export_command(dataset: Path, fmt: str, copy_videos: bool, as_json: bool) ->
         result = export_dataset(
             dataset,
             fmt,
-            options=ExportOptions(link_videos=not copy_videos),
+            options=ExportOptions(
+                link_videos=not copy_videos,
+                extra={
+                    k: v
+                    for k, v in (
+                        ("mcap_compression", mcap_compression),
+                        ("mcap_chunk_size", mcap_chunk_size),
+                    )
+                    if v is not None
+                },
+            ),
             on_progress=on_progress,
         )
     except DatasetError as e:
@@ -390,6 +419,170 @@ def cleanup_command(dataset: Path, fmt: str | None) -> None:
 
 
 # [upload commands: upload]
+
+
+def _upload_source_dir(dataset: str, collection: dict[str, Any]) -> Any:
+    """DATASET is the raw source directory, or a dataset name under ``collection.log_dir``."""
+    from pathlib import Path
+
+    from eva.dataset.layout import UnsafeNameError, check_component
+
+    path = Path(dataset).expanduser()
+    if path.is_dir() or "/" in dataset:
+        return path
+    log_dir = collection.get("log_dir")
+    if not isinstance(log_dir, str) or not log_dir:
+        fail(f"{dataset}: not a directory, and collection.log_dir is not set to find it by name")
+    try:
+        check_component(dataset, "dataset name")
+    except UnsafeNameError as e:
+        fail(str(e))
+    return Path(log_dir).expanduser() / dataset / "raw"
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _upload_progress_line(progress: dict[str, Any], elapsed: float, width: int = 28) -> str:
+    totals = progress.get("totals") or {}
+    done, total = progress.get("bytes") or 0, totals.get("bytes") or 0
+    fraction = done / total if total else 0.0
+    bar = "#" * int(fraction * width) + "-" * (width - int(fraction * width))
+    rate = done / elapsed if elapsed > 0 else 0.0
+    current = progress.get("current") or ""
+    if len(current) > 40:
+        current = "..." + current[-37:]
+    return (
+        f"[{bar}] {fraction * 100:5.1f}%  {_human_bytes(done)}/{_human_bytes(total)}  "
+        f"files {progress.get('files') or 0}/{totals.get('files') or 0}  "
+        f"{_human_bytes(rate)}/s  {current}"
+    )
+
+
+@main.command("upload")
+@click.argument("dataset")
+@click.option("--format", "fmt", required=True, help="lerobot_v21, lerobot_v3, hdf5 or mcap.")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="TOML config with a [collection.storage.sftp] table.",
+)
+@click.option(
+    "--accept-new-host-key",
+    is_flag=True,
+    help="Trust and record the server's host key if known_hosts does not list it yet.",
+)
+@click.option("--resume", is_flag=True, help="Continue an interrupted upload of this export.")
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="known_hosts file (default: storage.sftp.known_hosts, else ~/.ssh/known_hosts).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Progress and result as JSON lines.")
+def upload_command(
+    dataset: str,
+    fmt: str,
+    config_path: str,
+    accept_new_host_key: bool,
+    resume: bool,
+    known_hosts: str | None,
+    as_json: bool,
+) -> None:
+    """Upload the current accepted export of DATASET over SFTP.
+
+    DATASET is the raw source directory (or a dataset name under collection.log_dir). Only the
+    accepted directory of the latest completed export in FORMAT is sent; it is staged remotely and
+    published by one rename under <remote_dir>/<dataset-name>, or <...>.copy_<UTC time> if taken.
+
+    \b
+    Example:
+      eva upload demo-data/pick/raw --format hdf5 --config eva.toml
+    """
+    import dataclasses
+    import time
+    from pathlib import Path
+
+    from eva.dataset.errors import DatasetError
+    from eva.upload.config import UploadConfigError, parse_sftp_config, read_config_file
+    from eva.upload.gate import UploadRefused
+    from eva.upload.job import start_upload
+    from eva.upload.sftp import UploadError, UploadOptions
+
+    def refuse(message: str) -> None:
+        if as_json:
+            emit_json({"event": "error", "error": message})
+        fail(message)
+
+    try:
+        collection = read_config_file(Path(config_path))
+        sftp_config = parse_sftp_config(collection, base_dir=Path(config_path).resolve().parent)
+    except UploadConfigError as e:
+        refuse(str(e))
+        return
+    if sftp_config is not None and known_hosts:
+        sftp_config = dataclasses.replace(sftp_config, known_hosts=Path(known_hosts).resolve())
+    source = _upload_source_dir(dataset, collection)
+    try:
+        job = start_upload(
+            source,
+            fmt,
+            sftp_config,
+            options=UploadOptions(accept_new_host_key=accept_new_host_key),
+            resume=resume,
+        )
+    except UploadRefused as e:
+        refuse(f"upload refused ({e.reason}): {e}")
+        return
+    except (UploadError, DatasetError, ValueError) as e:
+        refuse(str(e))
+        return
+
+    interactive = not as_json and sys.stderr.isatty()
+    started = time.monotonic()
+    last_emit = 0.0
+    try:
+        while not job.wait(0.2):
+            now = time.monotonic()
+            if as_json and now - last_emit >= 0.5:
+                emit_json({"event": "progress", "state": job.state, **job.record.progress})
+                last_emit = now
+            elif interactive:
+                line = _upload_progress_line(job.record.progress, now - started)
+                click.echo("\r" + line, nl=False, err=True)
+    except KeyboardInterrupt:
+        job.cancel()
+        job.wait()
+    if interactive:
+        line = _upload_progress_line(job.record.progress, time.monotonic() - started)
+        click.echo("\r" + line, err=True)
+
+    record = job.snapshot()
+    if job.result is None:
+        message = f"upload failed: {job.error}"
+        if record.get("resumable"):
+            message += " (rerun with --resume to continue)"
+        refuse(message)
+        return
+    result = job.result.as_dict()
+    if as_json:
+        emit_json({"event": "result", "state": job.state, "job_id": record["job_id"], **result})
+        return
+    note = " (target existed: published under a copy name)" if job.result.used_copy_name else ""
+    skipped = (
+        f", {job.result.skipped_files} already staged files skipped" if job.result.resumed else ""
+    )
+    click.echo(
+        f"uploaded {job.result.files} files ({_human_bytes(job.result.bytes)}) to "
+        f"{sftp_config.host if sftp_config else ''}:{job.result.remote_path}{note}{skipped}"
+    )
 
 
 if __name__ == "__main__":
