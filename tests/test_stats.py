@@ -281,6 +281,18 @@ def test_image_accepts_single_frame_and_non_contiguous_input(impl: tuple[type, t
     np.testing.assert_allclose(_flat(result["mean"]), _direct_image_stats(view)["mean"], rtol=1e-12)
 
 
+def test_read_only_buffers_are_accepted(impl: tuple[type, type]) -> None:
+    vector_cls, image_cls = impl
+    frames = np.arange(2 * 4 * 5 * 3, dtype=np.uint8).reshape(2, 4, 5, 3)
+    frames.flags.writeable = False
+    assert image_cls().update(frames) is None
+    values = np.linspace(0, 1, 12, dtype=np.float32).reshape(4, 3)
+    values.flags.writeable = False
+    accumulator = vector_cls(3)
+    accumulator.update(values)
+    assert accumulator.result()["max"] == pytest.approx(values.max(axis=0).tolist())
+
+
 def test_image_rejects_bad_input(impl: tuple[type, type]) -> None:
     _, image_cls = impl
     accumulator = image_cls()
