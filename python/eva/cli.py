@@ -253,6 +253,24 @@ def _human_bytes(n: int) -> str:
     help="mcap: uncompressed chunk size in bytes (default 4 MiB).",
 )
 @click.option(
+    "--verify-decode",
+    is_flag=True,
+    help="lerobot_v3: decode every frame of every video shard to check the frame counts "
+    "(and compute exact image quantiles); default counts MP4 samples without decoding.",
+)
+@click.option(
+    "--data-file-size-mb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="lerobot_v3: data shard size limit (default 100).",
+)
+@click.option(
+    "--video-file-size-mb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="lerobot_v3: video shard size limit (default 200).",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="JSON progress lines (default when not a terminal)."
 )
 def export_command(
@@ -261,6 +279,9 @@ def export_command(
     copy_videos: bool,
     mcap_compression: str | None,
     mcap_chunk_size: int | None,
+    verify_decode: bool,
+    data_file_size_mb: float | None,
+    video_file_size_mb: float | None,
     as_json: bool,
 ) -> None:
     """Split DATASET into accepted/rejected and export both as FMT, published as a pair.
@@ -318,6 +339,9 @@ def export_command(
                     for k, v in (
                         ("mcap_compression", mcap_compression),
                         ("mcap_chunk_size", mcap_chunk_size),
+                        ("verify_decode", verify_decode or None),
+                        ("data_files_size_in_mb", data_file_size_mb),
+                        ("video_files_size_in_mb", video_file_size_mb),
                     )
                     if v is not None
                 },
