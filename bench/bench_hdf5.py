@@ -1,0 +1,333 @@
+"""HDF5 export: the batched decode -> chunk writer against a naive writer and the decode limit.
+
+``report(quick)`` exports ``episodes`` x 3 cameras x ``frames`` (full: 20 x 3 x 300 at 320x240;
+quick: 4 x 3 x 60) from PyAV-encoded H.264 MP4s generated once and cached under the temp dir.
+Rows (times are the best of ``repeats`` runs measured in this run; ratio = baseline / value, so
+> 1 is faster than the baseline and against a limit it is the fraction of the limit reached):
+
+* export vs naive writer: decode frame by frame (no codec threading), one resize + one write per
+  frame into a (1, H, W, 3)-chunked dataset;
+* export vs decode-only: a PyAV threaded decode to rgb24 ndarrays of the same videos, writing
+  nothing (the speed limit of any exporter that starts from these MP4s);
+* export vs decode without pixel conversion (the decoder alone);
+* native yuv->rgb conversion vs PyAV's own conversion inside the exporter;
+* gzip:1 export vs uncompressed (the price of compression);
+* peak RSS (subprocess, ``resource.getrusage``) of a one-episode export against episode length:
+  flat when memory is bounded by the batch, not by the episode.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import av
+import h5py
+import numpy as np
+import pyarrow as pa
+import pytest
+from eva.formats import hdf5
+
+CAMERAS = ("observation.images.front", "observation.images.left", "observation.images.right")
+CACHE = Path(tempfile.gettempdir()) / "eva-bench-hdf5"
+
+
+def _best_seconds(run: Callable[[], Any], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def camera_frames(count: int, width: int, height: int, seed: int) -> np.ndarray:
+    """Camera-like content: textured gradient, a moving block, light noise (H.264 must work)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width]
+    base = np.stack([(xx * 0.5 + yy * 0.2), (yy * 0.6 + 40), (xx * 0.3 + yy * 0.3 + 80)], axis=-1)
+    frames = np.empty((count, height, width, 3), dtype=np.uint8)
+    for i in range(count):
+        image = base + rng.integers(0, 8, base.shape)
+        x0 = (i * 3) % max(1, width - 40)
+        image[height // 3 : height // 3 + 40, x0 : x0 + 40] = (200, 30 + seed * 40, 40)
+        np.clip(np.roll(image, i, axis=1), 0, 255, out=frames[i], casting="unsafe")
+    return frames
+
+
+def cached_video(frames: int, width: int, height: int, seed: int) -> Path:
+    path = CACHE / f"cam{seed}_{width}x{height}_{frames}.mp4"
+    if path.exists():
+        return path
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    container = av.open(str(tmp), "w", format="mp4")
+    stream = container.add_stream("libx264", rate=30)
+    stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+    stream.options = {"preset": "ultrafast", "g": "30", "bf": "0", "sc_threshold": "0"}
+    for start in range(0, frames, 60):
+        for image in camera_frames(min(60, frames - start), width, height, seed + start):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+    for packet in stream.encode():
+        container.mux(packet)
+    container.close()
+    os.replace(tmp, path)
+    return path
+
+
+def episode_table(rows: int) -> pa.Table:
+    state = np.linspace(0, 1, rows * 14, dtype=np.float32)
+    return pa.table(
+        {
+            "observation.state": pa.FixedSizeListArray.from_arrays(pa.array(state), 14),
+            "action": pa.FixedSizeListArray.from_arrays(pa.array(state * 2), 14),
+            "timestamp": pa.array(np.arange(rows, dtype=np.float32) / 30),
+            "frame_index": pa.array(np.arange(rows, dtype=np.int64)),
+            "index": pa.array(np.arange(rows, dtype=np.int64)),
+        }
+    )
+
+
+def export_episodes(
+    out: Path, videos: dict[str, Path], episodes: int, rows: int, options: hdf5.Hdf5Options
+) -> None:
+    writer = hdf5.EpisodeWriter(options)
+    table = episode_table(rows)
+    for ep in range(episodes):
+        writer.write_episode(
+            out / hdf5.episode_path(ep),
+            columns=table,
+            videos=videos,
+            metadata={"episode_index": ep, "fps": 30},
+            label=f"episode {ep}",
+        )
+
+
+def naive_export(out: Path, videos: dict[str, Path], episodes: int, rows: int) -> None:
+    """What a first version does: frame by frame, resize + write per frame, chunks (1, H, W, 3)."""
+    table = episode_table(rows)
+    for ep in range(episodes):
+        path = out / hdf5.episode_path(ep)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with h5py.File(path, "w") as h5:
+            hdf5.write_mapping(
+                h5.create_group("columns"),
+                {n: hdf5.column_value(table.column(n)) for n in table.column_names},
+            )
+            images = h5.create_group("images")
+            for index, (key, video) in enumerate(videos.items()):
+                item = images.create_group(hdf5.ITEM_NAME.format(index))
+                item.attrs["key"], item.attrs["kind"] = key, "array"
+                dataset = None
+                with av.open(str(video)) as container:
+                    for i, frame in enumerate(container.decode(video=0)):
+                        image = frame.to_ndarray(format="rgb24")
+                        if dataset is None:
+                            dataset = item.create_dataset(
+                                "value",
+                                shape=(0, *image.shape),
+                                maxshape=(None, *image.shape),
+                                chunks=(1, *image.shape),
+                                dtype=np.uint8,
+                            )
+                        dataset.resize(i + 1, axis=0)
+                        dataset[i] = image
+            hdf5.write_mapping(h5.create_group("metadata"), {"episode_index": ep, "fps": 30})
+
+
+def decode_only(videos: dict[str, Path], episodes: int, convert: bool) -> None:
+    for _ in range(episodes):
+        for video in videos.values():
+            with av.open(str(video)) as container:
+                stream = container.streams.video[0]
+                stream.thread_type = "AUTO"
+                for frame in container.decode(stream):
+                    if convert:
+                        frame.to_ndarray(format="rgb24")
+
+
+_RSS_SCRIPT = """
+import resource, sys
+from pathlib import Path
+sys.path.insert(0, {bench_dir!r})
+import bench_hdf5
+from eva.formats import hdf5
+video = Path({video!r})
+bench_hdf5.export_episodes(Path({out!r}), {{"cam": video}}, 1, {rows}, hdf5.Hdf5Options())
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def peak_rss_mb(video: Path, rows: int, out: Path) -> float:
+    script = _RSS_SCRIPT.format(
+        bench_dir=str(Path(__file__).parent), video=str(video), out=str(out), rows=rows
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    return int(result.stdout.strip().splitlines()[-1]) / 1024.0
+
+
+def _row(name: str, value: float, baseline: float, unit: str, note: str) -> dict[str, Any]:
+    if unit == "s":
+        ratio = baseline / value if value else float("nan")
+    else:
+        ratio = value / baseline if baseline else float("nan")
+    return {
+        "name": name,
+        "value": round(value, 4),
+        "baseline": round(baseline, 4),
+        "ratio": round(ratio, 3),
+        "unit": unit,
+        "note": note,
+    }
+
+
+def report(quick: bool = False) -> list[dict[str, Any]]:
+    episodes, frames, width, height = (4, 60, 320, 240) if quick else (20, 300, 320, 240)
+    repeats = 2 if quick else 2
+    videos = {key: cached_video(frames, width, height, seed) for seed, key in enumerate(CAMERAS)}
+    total = episodes * len(CAMERAS) * frames
+    size = f"{episodes} ep x {len(CAMERAS)} cams x {frames} frames {width}x{height}"
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="eva-bench-hdf5-") as tmp:
+        work = Path(tmp)
+
+        def fresh(name: str) -> Path:
+            path = work / f"{name}-{time.perf_counter_ns()}"
+            path.mkdir()
+            return path
+
+        def timed_export(options: hdf5.Hdf5Options, count: int = episodes) -> float:
+            def run() -> None:
+                out = fresh("export")
+                export_episodes(out, videos, count, frames, options)
+                subprocess.run(["rm", "-rf", str(out)], check=True)
+
+            return _best_seconds(run, repeats)
+
+        export_s = timed_export(hdf5.Hdf5Options())
+
+        def naive_run() -> None:
+            out = fresh("naive")
+            naive_export(out, videos, episodes, frames)
+            subprocess.run(["rm", "-rf", str(out)], check=True)
+
+        naive_s = _best_seconds(naive_run, repeats)
+        decode_s = _best_seconds(lambda: decode_only(videos, episodes, True), repeats)
+        raw_decode_s = _best_seconds(lambda: decode_only(videos, episodes, False), repeats)
+        pyav_convert_s = timed_export(hdf5.Hdf5Options(native_convert=False))
+        gzip_episodes = max(1, episodes // 5)
+        gzip_s = timed_export(
+            hdf5.Hdf5Options(compression="gzip", compression_level=1), gzip_episodes
+        )
+        plain_few_s = timed_export(hdf5.Hdf5Options(), gzip_episodes)
+
+        fps = f"export {total / export_s:.0f} frames/s"
+        rows.append(
+            _row(
+                "hdf5 export vs naive per-frame writer",
+                export_s,
+                naive_s,
+                "s",
+                f"{size}; {fps}, naive {total / naive_s:.0f} frames/s",
+            )
+        )
+        rows.append(
+            _row(
+                "hdf5 export vs decode-only rgb24 (limit)",
+                export_s,
+                decode_s,
+                "s",
+                f"{size}; decode-only {total / decode_s:.0f} frames/s (PyAV threaded to_ndarray)",
+            )
+        )
+        rows.append(
+            _row(
+                "hdf5 export vs decode without conversion",
+                export_s,
+                raw_decode_s,
+                "s",
+                f"{size}; decoder alone {total / raw_decode_s:.0f} frames/s",
+            )
+        )
+        rows.append(
+            _row(
+                "hdf5 export: native yuv->rgb vs PyAV conversion",
+                export_s,
+                pyav_convert_s,
+                "s",
+                f"{size}; identical pixels; exporter with PyAV's conversion "
+                f"{total / pyav_convert_s:.0f} frames/s",
+            )
+        )
+        few = gzip_episodes * len(CAMERAS) * frames
+        rows.append(
+            _row(
+                "hdf5 export gzip:1 vs uncompressed",
+                gzip_s,
+                plain_few_s,
+                "s",
+                f"{gzip_episodes} episodes; gzip {few / gzip_s:.0f} frames/s "
+                "(ratio < 1: compression is slower)",
+            )
+        )
+
+        lengths = (60, 180, 540) if quick else (100, 300, 900)
+        rss: list[tuple[int, float]] = []
+        for length in lengths:
+            video = cached_video(length, width, height, 7)
+            rss.append((length, peak_rss_mb(video, length, fresh("rss"))))
+        base_len, base_rss = rss[0]
+        for length, value in rss:
+            episode_mb = length * width * height * 3 / 2**20
+            rows.append(
+                _row(
+                    f"hdf5 export peak RSS, {length}-frame episode",
+                    value,
+                    base_rss,
+                    "MB",
+                    f"1 camera {width}x{height}; vs the {base_len}-frame episode "
+                    f"(ratio ~1 = flat); the decoded episode alone would be {episode_mb:.0f} MB",
+                )
+            )
+    return rows
+
+
+# ---- pytest-benchmark (small sizes) -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_videos() -> dict[str, Path]:
+    return {key: cached_video(30, 160, 120, seed) for seed, key in enumerate(CAMERAS)}
+
+
+def test_bench_export_episode(
+    benchmark: Any, small_videos: dict[str, Path], tmp_path: Path
+) -> None:
+    def run() -> None:
+        export_episodes(
+            tmp_path / f"e{time.perf_counter_ns()}", small_videos, 1, 30, hdf5.Hdf5Options()
+        )
+
+    benchmark(run)
+
+
+def test_bench_naive_episode(benchmark: Any, small_videos: dict[str, Path], tmp_path: Path) -> None:
+    benchmark(lambda: naive_export(tmp_path / f"n{time.perf_counter_ns()}", small_videos, 1, 30))
+
+
+def test_bench_decode_only(benchmark: Any, small_videos: dict[str, Path]) -> None:
+    benchmark(lambda: decode_only(small_videos, 1, True))
+
+
+if __name__ == "__main__":
+    for row in report(quick="--quick" in sys.argv):
+        print(row)
