@@ -5,7 +5,9 @@ sshd_config (own loopback port, no PAM, keys only, SFTP-only via ``ForceCommand 
 the uploader provably needs no remote shell), starts ``sshd -D -e`` and waits until it answers.
 The remote file system is this machine's, so a test's remote directory is just a temp path.
 
-Use the pytest fixtures by listing this module in ``pytest_plugins`` of a test module.
+Use the pytest fixtures by listing this module in ``pytest_plugins`` of a test module. It holds
+no test assertions, so pytest need not rewrite it (it is imported before it is registered):
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -1,0 +1,424 @@
+"""Uploads against a real OpenSSH server on 127.0.0.1 (SFTP-only account, see sftp_server.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import paramiko
+import pytest
+from click.testing import CliRunner
+from eva.cli import main
+from eva.dataset.layout import export_root
+from eva.jobs import UPLOAD_JOB
+from eva.progress import Progress
+from eva.upload.config import SftpConfig
+from eva.upload.job import read_upload_record, start_upload
+from eva.upload.sftp import (
+    STAGING_MARK,
+    HostKeyError,
+    UploadError,
+    UploadOptions,
+    publish_staging,
+    scan_local_tree,
+    upload_tree,
+)
+from sftp_server import SshdServer, make_export, ssh_agent
+
+pytest_plugins = ["sftp_server"]
+
+FIXED_NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+STAMP = "20260102T030405Z"
+
+
+def sftp_config(
+    server: SshdServer, remote_dir: Path, known_hosts: Path, **kw: object
+) -> SftpConfig:
+    values: dict = dict(
+        host="127.0.0.1",
+        port=server.port,
+        user=server.user,
+        identity_file=server.client_key,
+        remote_dir=str(remote_dir),
+        known_hosts=known_hosts,
+    )
+    values.update(kw)
+    return SftpConfig(**values)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every file of a tree by relative path (directories as a marker), for exact comparison."""
+    out: dict[str, bytes] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, d), root) + "/"] = b""
+        for f in filenames:
+            out[os.path.relpath(os.path.join(dirpath, f), root)] = Path(dirpath, f).read_bytes()
+    return out
+
+
+def staging_leftovers(remote_dir: Path) -> list[str]:
+    return [p.name for p in remote_dir.iterdir() if STAGING_MARK in p.name]
+
+
+def run(job) -> None:  # type: ignore[no-untyped-def]
+    assert job.wait(120), "upload did not finish"
+
+
+def test_success_path_tree_is_identical(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    source, accepted = make_export(tmp_path / "logs", file_sizes=(600_000, 300_001, 1, 0))
+    (accepted / "videos" / "observation.images.front" / "empty_dir").mkdir(parents=True)
+    remote_dir = remote_root / "datasets"  # created on demand
+    config = sftp_config(sshd_server, remote_dir, known_hosts)
+    seen: list[Progress] = []
+
+    job = start_upload(source, "hdf5", config)
+    job.add_listener(lambda p: seen.append(p))
+    run(job)
+
+    assert job.error is None and job.state == "completed"
+    assert job.result is not None
+    assert job.result.remote_path == str(remote_dir / "pick") == job.result.target_path
+    assert tree_bytes(remote_dir / "pick") == tree_bytes(accepted)
+    assert staging_leftovers(remote_dir) == []
+    record = json.loads((export_root(source, "hdf5") / UPLOAD_JOB).read_text())
+    assert record["state"] == "completed"
+    assert record["kind"] == "upload"
+    assert record["remote_path"] == str(remote_dir / "pick")
+    tree = scan_local_tree(accepted)
+    assert record["progress"]["files"] == len(tree.files)
+    assert record["progress"]["bytes"] == tree.total_bytes
+    assert record["progress"]["totals"] == {
+        "episodes": None,
+        "files": len(tree.files),
+        "bytes": tree.total_bytes,
+    }
+
+
+def test_existing_target_gets_copy_names(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    source, accepted = make_export(tmp_path / "logs")
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    old = remote_root / "pick"
+    old.mkdir()
+    (old / "precious.txt").write_text("older upload")
+    options = UploadOptions(clock=lambda: FIXED_NOW)
+
+    paths = []
+    for _ in range(3):
+        job = start_upload(source, "hdf5", config, options=options)
+        run(job)
+        assert job.result is not None, job.error
+        paths.append(job.result.remote_path)
+
+    assert paths == [
+        f"{old}.copy_{STAMP}",
+        f"{old}.copy_{STAMP}_02",
+        f"{old}.copy_{STAMP}_03",
+    ]
+    assert job.result.used_copy_name
+    assert tree_bytes(old) == {"precious.txt": b"older upload"}  # never replaced or merged
+    for path in paths:
+        assert tree_bytes(Path(path)) == tree_bytes(accepted)
+    assert staging_leftovers(remote_root) == []
+
+
+def test_openssh_rename_semantics_used_for_publishing(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path
+) -> None:
+    """Why publishing uses plain SSH_FXP_RENAME: OpenSSH refuses it onto an existing directory,
+    even an empty one, while posix-rename@openssh.com silently replaces an empty directory."""
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    with paramiko.Transport(("127.0.0.1", sshd_server.port)) as transport:
+        transport.connect(username=config.user, pkey=paramiko.PKey.from_path(config.identity_file))
+        sftp = paramiko.SFTPClient.from_transport(transport)
+        assert sftp is not None
+        base = str(remote_root)
+        sftp.mkdir(f"{base}/staged")
+        sftp.mkdir(f"{base}/empty_target")
+        with pytest.raises(OSError):
+            sftp.rename(f"{base}/staged", f"{base}/empty_target")
+        assert sorted(os.listdir(remote_root)) == ["empty_target", "staged"]
+        # publish_staging goes on to the copy name instead
+        used = publish_staging(sftp, f"{base}/staged", f"{base}/empty_target", FIXED_NOW)
+        assert used == f"{base}/empty_target.copy_{STAMP}"
+        sftp.mkdir(f"{base}/other")
+        sftp.posix_rename(f"{base}/other", f"{base}/empty_target")  # replaced: never used
+        assert sorted(os.listdir(remote_root)) == ["empty_target", f"empty_target.copy_{STAMP}"]
+
+
+def test_failure_mid_transfer_removes_staging_and_keeps_old_target(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    sizes = (900_000, 800_000, 700_000, 600_000, 500_000, 400_000, 300_000, 1_000)
+    source, accepted = make_export(tmp_path / "logs", file_sizes=sizes)
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    old = remote_root / "pick"
+    old.mkdir()
+    (old / "keep.bin").write_bytes(b"old data")
+    doomed = accepted / "data" / "chunk-000" / "episode_000007.bin"  # the smallest: sent last
+
+    job = start_upload(source, "hdf5", config)
+
+    def pull_file_away(progress: Progress) -> None:
+        # After the first file has fully arrived, a file still waiting becomes unreadable.
+        if progress.files >= 1 and doomed.exists():
+            doomed.unlink()
+
+    job.progress.listeners.insert(0, pull_file_away)
+    run(job)
+
+    assert job.state == "failed" and job.result is None
+    assert job.error is not None and "episode_000007.bin" in job.error
+    assert staging_leftovers(remote_root) == []
+    assert sorted(os.listdir(remote_root)) == ["pick"]  # nothing published
+    assert tree_bytes(old) == {"keep.bin": b"old data"}
+    record = read_upload_record(export_root(source, "hdf5"))
+    assert record is not None and record.state == "failed" and not record.resumable
+    assert "episode_000007.bin" in (record.error or "")
+    assert record.remote_path is None
+
+
+def test_remote_write_failure_removes_staging(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    """A local file growing past its scanned size is sent, then caught; also a remote_dir that
+    runs into a file is refused before anything is created."""
+    source, accepted = make_export(tmp_path / "logs")
+    (remote_root / "blocker").write_text("a file in the way")
+    blocked = sftp_config(sshd_server, remote_root / "blocker" / "sub", known_hosts)
+    job = start_upload(source, "hdf5", blocked)
+    run(job)
+    assert job.state == "failed"
+    assert "blocker exists and is not a directory" in (job.error or "")
+    assert sorted(os.listdir(remote_root)) == ["blocker"]
+
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    tree = scan_local_tree(accepted)
+    grown = max(tree.files, key=lambda f: f.size)
+    grown.path.write_bytes(grown.path.read_bytes() + b"late frame")
+    with pytest.raises(UploadError, match="changed during upload"):
+        upload_tree(config, tree, "pick")
+    assert sorted(os.listdir(remote_root)) == ["blocker"]
+
+
+def test_unknown_host_key_is_refused_unless_accepted(
+    sshd_server: SshdServer, remote_root: Path, tmp_path: Path
+) -> None:
+    source, accepted = make_export(tmp_path / "logs")
+    known_hosts = tmp_path / "ssh" / "known_hosts"  # does not exist yet
+    config = sftp_config(sshd_server, remote_root / "up", known_hosts)
+
+    job = start_upload(source, "hdf5", config)
+    run(job)
+    assert job.state == "failed"
+    assert "unknown host key" in (job.error or "") and "--accept-new-host-key" in (job.error or "")
+    assert not (remote_root / "up").exists()  # refused before anything was created
+    assert not known_hosts.exists()
+
+    job = start_upload(source, "hdf5", config, options=UploadOptions(accept_new_host_key=True))
+    run(job)
+    assert job.result is not None, job.error
+    assert job.result.host_key_recorded
+    assert known_hosts.read_text() == sshd_server.host_public_key_line
+    # Now known: no flag needed.
+    job = start_upload(source, "hdf5", config)
+    run(job)
+    assert job.result is not None and not job.result.host_key_recorded
+
+
+def test_changed_host_key_is_refused_even_with_accept_flag(
+    sshd_server: SshdServer, remote_root: Path, tmp_path: Path
+) -> None:
+    source, _ = make_export(tmp_path / "logs")
+    other_key = paramiko.Ed25519Key.from_private_key_file(str(sshd_server.client_key))
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(
+        f"[127.0.0.1]:{sshd_server.port} {other_key.get_name()} {other_key.get_base64()}\n"
+    )
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    options = UploadOptions(accept_new_host_key=True)
+    tree = scan_local_tree(make_export(tmp_path / "logs2")[1])
+    with pytest.raises(HostKeyError, match="does NOT match"):
+        upload_tree(config, tree, "pick", options=options)
+    assert os.listdir(remote_root) == []
+
+
+def test_agent_authentication(
+    sshd_server: SshdServer,
+    known_hosts: Path,
+    remote_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    source, accepted = make_export(tmp_path / "logs")
+    config = sftp_config(sshd_server, remote_root, known_hosts, identity_file=None)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    with pytest.raises(UploadError, match="no keys in ssh-agent"):
+        upload_tree(config, scan_local_tree(accepted), "pick")
+    with ssh_agent(sshd_server.client_key, tmp_path) as sock:
+        monkeypatch.setenv("SSH_AUTH_SOCK", sock)
+        job = start_upload(source, "hdf5", config)
+        run(job)
+    assert job.result is not None, job.error
+    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+
+
+def test_wrong_key_is_refused(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    _, accepted = make_export(tmp_path / "logs")
+    config = sftp_config(sshd_server, remote_root, known_hosts, identity_file=sshd_server.host_key)
+    with pytest.raises(UploadError, match="was not accepted"):
+        upload_tree(config, scan_local_tree(accepted), "pick")
+
+
+def test_local_symlink_is_refused(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    source, accepted = make_export(tmp_path / "logs")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not part of the dataset")
+    (accepted / "meta" / "extra.txt").symlink_to(secret)
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    with pytest.raises(UploadError, match=r"extra.txt: is a symlink"):
+        start_upload(source, "hdf5", config)
+    assert os.listdir(remote_root) == []
+    assert not (export_root(source, "hdf5") / UPLOAD_JOB).exists()
+
+    (accepted / "meta" / "extra.txt").unlink()
+    (accepted / "linked_dir").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(UploadError, match=r"linked_dir: is a symlink"):
+        start_upload(source, "hdf5", config)
+
+
+def test_resume_after_interruption(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    sizes = (700_000, 600_000, 500_000, 400_000, 300_000, 200_000, 100_000, 50_000, 10)
+    source, accepted = make_export(tmp_path / "logs", file_sizes=sizes)
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    # One worker, so exactly the files that completed before the cancel are staged.
+    options = UploadOptions(connections=1, sessions_per_connection=1)
+
+    job = start_upload(source, "hdf5", config, options=options)
+    job.progress.listeners.insert(0, lambda p: job.cancel() if p.files >= 3 else None)
+    run(job)
+    assert job.state == "failed" and job.result is None
+    record = read_upload_record(export_root(source, "hdf5"))
+    assert record is not None and record.resumable and record.staging_path
+    staging = Path(record.staging_path)
+    assert staging.is_dir() and staging.parent == remote_root
+    assert not (remote_root / "pick").exists()
+    staged = {p.name: p for p in staging.rglob("*.bin") if p.is_file()}
+    assert len(staged) >= 3
+    # A staged file damaged on the server (same size) must be sent again, not trusted.
+    damaged_name = "episode_000000.bin"
+    damaged = staged[damaged_name]
+    damaged.write_bytes(bytes(damaged.stat().st_size))
+
+    job = start_upload(source, "hdf5", config, options=UploadOptions(), resume=True)
+    run(job)
+    assert job.result is not None, job.error
+    assert job.result.resumed
+    assert job.result.staging_path == str(staging)
+    assert job.result.remote_path == str(remote_root / "pick")
+    assert 2 <= job.result.skipped_files < len(scan_local_tree(accepted).files)
+    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+    assert staging_leftovers(remote_root) == []
+    final = read_upload_record(export_root(source, "hdf5"))
+    assert final is not None and final.state == "completed" and final.resumed
+
+
+def test_resume_without_previous_upload_starts_fresh(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    source, accepted = make_export(tmp_path / "logs")
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    job = start_upload(source, "hdf5", config, resume=True)
+    run(job)
+    assert job.result is not None and not job.result.resumed
+    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+
+
+def test_concurrent_upload_of_same_export_is_refused(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    source, _ = make_export(tmp_path / "logs", file_sizes=(2_000_000,) * 4)
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    release = threading.Event()
+    job = start_upload(source, "hdf5", config)
+    job.progress.listeners.insert(0, lambda p: release.wait(30))
+    try:
+        with pytest.raises(Exception, match="already running"):
+            start_upload(source, "hdf5", config)
+    finally:
+        release.set()
+        run(job)
+    assert job.result is not None, job.error
+
+
+def write_config(path: Path, server: SshdServer, remote_dir: Path, log_dir: Path) -> Path:
+    path.write_text(
+        "[collection]\n"
+        f'log_dir = "{log_dir}"\n\n'
+        "[collection.storage.sftp]\n"
+        'host = "127.0.0.1"\n'
+        f"port = {server.port}\n"
+        f'user = "{server.user}"\n'
+        f'identity_file = "{server.client_key}"\n'
+        f'remote_dir = "{remote_dir}"\n'
+    )
+    return path
+
+
+def test_cli_json_lines_and_refusals(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    log_dir = tmp_path / "logs"
+    source, accepted = make_export(log_dir)
+    config = write_config(tmp_path / "eva.toml", sshd_server, remote_root, log_dir)
+    runner = CliRunner()
+    base = [
+        "upload",
+        "--format",
+        "hdf5",
+        "--config",
+        str(config),
+        "--known-hosts",
+        str(known_hosts),
+    ]
+
+    result = runner.invoke(main, [*base, "pick", "--json"])  # by name under log_dir
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert lines[-1]["event"] == "result"
+    assert lines[-1]["remote_path"] == str(remote_root / "pick")
+    assert all(line["event"] in ("progress", "result") for line in lines)
+    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+
+    result = runner.invoke(main, [*base, str(source)])  # by path, human output
+    assert result.exit_code == 0, result.output
+    assert ".copy_" in result.output and "copy name" in result.output
+
+    result = runner.invoke(main, [*base[:2], "mcap", *base[3:], str(source)])
+    assert result.exit_code == 1
+    assert "upload refused (never_exported)" in result.output
+
+    no_backend = tmp_path / "plain.toml"
+    no_backend.write_text(f'[collection]\nlog_dir = "{log_dir}"\n')
+    result = runner.invoke(
+        main, ["upload", "--format", "hdf5", "--config", str(no_backend), "pick"]
+    )
+    assert result.exit_code == 1 and "no upload backend configured" in result.output
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[collection.storage.sftp]\nhost = "h"\nremote_dir = "/a/../b"\n')
+    result = runner.invoke(main, ["upload", "--format", "hdf5", "--config", str(bad), "pick"])
+    assert result.exit_code == 1 and "collection.storage.sftp.remote_dir" in result.output
