@@ -35,7 +35,16 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, build_subset_meta
 from eva.export.registry import ExportOptions, load_format
-from eva.jobs import EXPORT_JOB, Job, JobRecorder, utc_now, write_job
+from eva.jobs import (
+    EXPORT_JOB,
+    Job,
+    JobRecorder,
+    job_path,
+    pid_alive,
+    read_job,
+    utc_now,
+    write_job,
+)
 from eva.progress import Progress
 from eva.publish import export_lock, make_staging, mark_complete, publish_pair, recover
 from eva.quality.split import SplitPlan, plan_split
@@ -210,6 +219,12 @@ def export_dataset(
         raise DatasetError(f"{root}: export root would lie inside the source {source}")
 
     with export_lock(root, f"{source} to {fmt}"):
+        upload = read_job(job_path(root, "upload"))
+        if upload is not None and upload.state in ("queued", "running") and pid_alive(upload.pid):
+            raise DatasetError(
+                f"{job_path(root, 'upload')}: an upload of this export is {upload.state} "
+                f"(pid {upload.pid}); replacing the pair now would change files under it"
+            )
         recovered = recover(root)
         root.mkdir(parents=True, exist_ok=True)
         job = Job(

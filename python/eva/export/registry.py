@@ -46,8 +46,8 @@ class FormatUnavailable(DatasetError):
     """The format is known but its module cannot be used (not written yet, or an import failed)."""
 
 
-def module_name(fmt: str) -> str:
-    return f"eva.formats.{normalize_format(fmt)}"
+def module_name(normalized: str) -> str:
+    return f"eva.formats.{normalized}"
 
 
 def load_format(fmt: str) -> ModuleType:
