@@ -1,0 +1,154 @@
+"""HDF5 through the real export pipeline: a synthetic raw v2.1 dataset is split and exported,
+verified, read back with h5py, compared with a PyAV decode of the source MP4s; bad cameras abort
+the export and nothing is published."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+from eva.capture.synthetic import write_synthetic_dataset
+from eva.dataset.errors import DatasetError
+from eva.dataset.reader import DatasetReader
+from eva.export.pipeline import export_dataset
+from eva.export.registry import ExportOptions
+from eva.formats import hdf5
+
+CAMERAS = ["observation.images.front", "observation.images.wrist"]
+
+
+def pyav_decode(path: Path) -> np.ndarray:
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def encode_video(path: Path, frames: np.ndarray, fmt: str | None = None) -> None:
+    container = av.open(str(path), "w", format=fmt)
+    stream = container.add_stream("libx264", rate=30)
+    stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+    stream.options = {"preset": "ultrafast", "bf": "0"}
+    for image in frames:
+        for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+            container.mux(packet)
+    for packet in stream.encode():
+        container.mux(packet)
+    container.close()
+
+
+@pytest.fixture
+def raw(tmp_path: Path) -> Path:
+    return write_synthetic_dataset(
+        tmp_path / "pick" / "raw",
+        episodes=3,
+        frames=[12, 15, 10],
+        cameras=CAMERAS,
+        quality=["green", "red", "green"],
+        extra_rows=[{"operator": {"name": "ann", "shift": [1, 2]}}, None, None],
+    )
+
+
+def test_export_verify_and_read_back(raw: Path) -> None:
+    result = export_dataset(raw, "hdf5", options=ExportOptions(extra={"hdf5_frames_per_chunk": 4}))
+    accepted, rejected = result.accepted_dir, result.rejected_dir
+    assert accepted == raw.parent / "export" / "hdf5" / "accepted"
+    assert hdf5.verify(accepted) == []
+    assert hdf5.verify(rejected) == []
+
+    info = json.loads((accepted / "meta" / "info.json").read_text())
+    assert info["embedded_images"] is True and info["total_videos"] == 0
+    assert "video_path" not in info
+    assert info["total_episodes"] == 2 and info["total_frames"] == 22
+    for key in CAMERAS:
+        assert info["features"][key]["dtype"] == "image"
+        assert info["features"][key]["shape"] == [48, 64, 3]
+    for name in ("episodes.jsonl", "tasks.jsonl", "stats.json", "quality_split.json"):
+        assert (accepted / "meta" / name).is_file()
+    marker = json.loads((accepted / "meta" / "quality_split.json").read_text())
+    assert marker["dataset_format"] == "hdf5" and marker["source_episode_indices"] == [0, 2]
+
+    source = DatasetReader(raw)
+    offset = 0
+    for new, src in enumerate([0, 2]):
+        path = accepted / "data" / "chunk-000" / f"episode_{new:06d}.hdf5"
+        source_table = source.read_table(src)
+        with hdf5.read_episode(path) as episode:
+            columns = episode.columns
+            assert list(columns) == source_table.column_names
+            state = columns["observation.state"]
+            assert state.dtype == np.float32 and state.shape == (source_table.num_rows, 14)
+            np.testing.assert_array_equal(state, source.read_vector(src, "observation.state"))
+            np.testing.assert_array_equal(columns["episode_index"], np.full(len(state), new))
+            np.testing.assert_array_equal(columns["index"], np.arange(offset, offset + len(state)))
+            offset += len(state)
+            for key in CAMERAS:
+                images = episode.images[key]
+                assert images.maxshape == (None, 48, 64, 3) and images.chunks == (4, 48, 64, 3)
+                np.testing.assert_array_equal(images[()], pyav_decode(source.video_path(src, key)))
+            meta = episode.metadata
+            assert meta["fps"] == 30 and meta["episode_index"] == new
+            assert meta["length"] == len(state) and meta["video_keys"] == CAMERAS
+            if src == 0:
+                assert meta["operator"] == {"name": "ann", "shift": [1, 2]}
+    rejected_file = rejected / "data" / "chunk-000" / "episode_000000.hdf5"
+    with hdf5.read_episode(rejected_file) as episode:
+        assert episode.metadata["quality"] == "red"
+        assert episode.metadata["quality_issues"][0]["code"] == "frozen_camera"
+
+    h5ls = shutil.which("h5ls")
+    assert h5ls is not None, "h5ls missing: install Debian hdf5-tools (scripts/system_deps.sh)"
+    listing = subprocess.run(
+        [h5ls, "-r", str(rejected_file)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "/images/item_000001/value Dataset {15/Inf, 48, 64, 3}" in listing
+
+
+def test_verify_reports_a_truncated_image(raw: Path) -> None:
+    import h5py
+
+    accepted = export_dataset(raw, "hdf5").accepted_dir
+    path = accepted / "data" / "chunk-000" / "episode_000001.hdf5"
+    with h5py.File(path, "r+") as h5:
+        h5["images/item_000000/value"].resize(9, axis=0)
+        del h5["metadata/item_000000"].attrs["kind"]
+    problems = hdf5.verify(accepted)
+    codes = {p.code for p in problems}
+    assert {"frame_count", "missing_attrs"} <= codes
+    assert all(p.episode == 1 for p in problems)
+
+
+@pytest.mark.parametrize("defect", ["short", "long", "resized"])
+def test_bad_camera_aborts_and_publishes_nothing(raw: Path, tmp_path: Path, defect: str) -> None:
+    # A good export first: a failed re-export must leave this pair untouched.
+    first = export_dataset(raw, "hdf5")
+    before = sorted(p.relative_to(first.export_root) for p in first.export_root.rglob("*.hdf5"))
+    assert len(before) == 3
+
+    target = DatasetReader(raw).video_path(2, CAMERAS[1])  # accepted episode 1, 10 rows
+    rng = np.random.default_rng(0)
+    if defect == "short":
+        encode_video(target, rng.integers(0, 255, (7, 48, 64, 3), dtype=np.uint8))
+    elif defect == "long":
+        encode_video(target, rng.integers(0, 255, (11, 48, 64, 3), dtype=np.uint8))
+    else:
+        first_part, second_part = tmp_path / "a.h264", tmp_path / "b.h264"
+        encode_video(first_part, rng.integers(0, 255, (4, 48, 64, 3), dtype=np.uint8), "h264")
+        encode_video(second_part, rng.integers(0, 255, (6, 48, 80, 3), dtype=np.uint8), "h264")
+        target.write_bytes(first_part.read_bytes() + second_part.read_bytes())
+
+    # Source validation (container frame counts) or the HDF5 writer (decoded frames, shapes)
+    # stops it; either way the one-line error names the episode and the camera.
+    with pytest.raises(DatasetError, match=r"episode 2\)?:? camera observation\.images\.wrist"):
+        export_dataset(raw, "hdf5")
+    root = first.export_root
+    after = sorted(p.relative_to(root) for p in root.rglob("*.hdf5"))
+    assert after == before  # the old pair is still the published one, nothing else appeared
+    assert hdf5.verify(first.accepted_dir) == []
+    leftovers = [p.name for p in root.parent.iterdir() if p.name.startswith(".eva-staging")]
+    assert leftovers == []
+    job = json.loads((root / "job.json").read_text())
+    assert job["state"] == "failed" and "observation.images.wrist" in job["error"]
