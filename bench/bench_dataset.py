@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from eva.capture.synthetic import SyntheticScene, joint_actions, joint_states
 from eva.dataset import atomic, layout
 from eva.dataset.stats import merge_stats

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from eva.capture.synthetic import write_synthetic_dataset
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+
 from eva.cli import main
 from eva.dataset import atomic, layout
 from eva.dataset.reader import DatasetReader

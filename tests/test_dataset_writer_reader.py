@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from eva.capture.synthetic import SyntheticScene, joint_actions, joint_states
 from eva.dataset import atomic, layout
 from eva.dataset.errors import DatasetError
@@ -387,7 +388,7 @@ def test_killed_writer_process_leaves_old_metadata_intact(tmp_path: Path) -> Non
     with _open(root) as writer:
         assert writer.next_episode_index == 2
     assert not [p for p in (root / "meta").iterdir() if p.name.startswith(atomic.TMP_PREFIX)]
-    assert [p.name for p in (root / layout.WORK_DIR).iterdir()] == ["writer.lock"]
+    assert not [p for p in (root / layout.WORK_DIR).iterdir() if p.is_dir()]
     assert DatasetReader(root).info["total_episodes"] == 2
 
 
@@ -481,3 +482,30 @@ def test_synthetic_dataset_flags(synthetic_dataset) -> None:
     assert reader.video_keys == ["observation.images.cam0", "observation.images.cam1"]
     assert reader.features["observation.state"]["shape"] == [7]
     assert pq.read_table(reader.data_path(2)).num_rows == 7
+
+
+def test_commit_holds_saving_marker_and_meta_lock_for_eva_qc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The protocol of docs/design.md "Saving marker", checked with eva qc's own lock probes."""
+    from eva.quality import verdicts
+
+    root = tmp_path / "raw"
+    seen: dict[str, bool] = {}
+    real_append = atomic.atomic_append_jsonl
+
+    def spying_append(path, rows, **kwargs):
+        if Path(path).name == "episodes.jsonl":
+            seen["saving"] = verdicts.is_being_saved(root, 0)
+            seen["meta"] = verdicts._lock_is_held(root / layout.WORK_DIR / verdicts.META_LOCK)
+        return real_append(path, rows, **kwargs)
+
+    with _open(root) as writer:
+        ep = writer.begin_episode("a")
+        _add(ep, 0, 2, SyntheticScene(48, 64))
+        monkeypatch.setattr(atomic, "atomic_append_jsonl", spying_append)
+        assert ep.commit() == 0
+    assert seen == {"saving": True, "meta": True}
+    assert not verdicts.saving_marker(root, 0).exists()  # unlinked after the append
+    verdicts.review_episode(root, 0, verdict="pass")  # and qc works right after
+    assert DatasetReader(root).episodes[0]["qc_verdict"] == "pass"

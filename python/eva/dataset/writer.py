@@ -30,7 +30,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,27 @@ CAPTURE_TIME = "capture_time"
 # Episode-row keys the writer owns; extra_row_fields may not override them.
 RESERVED_ROW_KEYS = frozenset({"episode_index", "tasks", "length", "video_keys"})
 LOCK_NAME = "writer.lock"
+# Shared with `eva qc` (docs/design.md "Saving marker"): every read-modify-write of episodes.jsonl
+# holds an exclusive flock on META_LOCK; while episode N is committed, SAVING_MARKER(N) is locked.
+META_LOCK = "meta.lock"
+
+
+def saving_marker_name(episode_index: int) -> str:
+    return f"saving-{episode_index:06d}.lock"
+
+
+@contextlib.contextmanager
+def _flocked(path: Path, *, unlink: bool = False) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if needed); optionally unlink before release."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -553,45 +574,51 @@ class DatasetWriter:
             data_path = self._data_path(ep)
             tmp = data_path.with_name(atomic.TMP_PREFIX + data_path.name)
             moved: list[Path] = []
-            try:
-                data_path.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(table, tmp)
-                if self.durable:
-                    with open(tmp, "rb") as f:
-                        os.fsync(f.fileno())
-                os.replace(tmp, data_path)
-                moved.append(data_path)
-                for cam in self.cameras:
-                    dest = self._video_path(ep, cam.key)
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(episode._video_files[cam.key], dest)
-                    moved.append(dest)
-                if self.durable:
-                    for d in {p.parent for p in moved}:
-                        atomic.fsync_dir(d)
-                if new_task:
+            # `eva qc` refuses a verdict for episode ep while this marker is locked.
+            with _flocked(self.work_root / saving_marker_name(ep), unlink=True):
+                try:
+                    data_path.parent.mkdir(parents=True, exist_ok=True)
+                    pq.write_table(table, tmp)
+                    if self.durable:
+                        with open(tmp, "rb") as f:
+                            os.fsync(f.fileno())
+                    os.replace(tmp, data_path)
+                    moved.append(data_path)
+                    for cam in self.cameras:
+                        dest = self._video_path(ep, cam.key)
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        os.replace(episode._video_files[cam.key], dest)
+                        moved.append(dest)
+                    if self.durable:
+                        for d in {p.parent for p in moved}:
+                            atomic.fsync_dir(d)
+                    if new_task:
+                        atomic.atomic_append_jsonl(
+                            self.root / layout.TASKS,
+                            [{"task_index": task_index, "task": task}],
+                            durable=self.durable,
+                        )
                     atomic.atomic_append_jsonl(
-                        self.root / layout.TASKS,
-                        [{"task_index": task_index, "task": task}],
+                        self.root / layout.EPISODES_STATS,
+                        [{"episode_index": ep, "stats": ep_stats}],
                         durable=self.durable,
                     )
-                atomic.atomic_append_jsonl(
-                    self.root / layout.EPISODES_STATS,
-                    [{"episode_index": ep, "stats": ep_stats}],
-                    durable=self.durable,
-                )
-                # Commit point: from here on the episode exists.
-                atomic.atomic_append_jsonl(self.root / layout.EPISODES, [row], durable=self.durable)
-            except BaseException:
-                for p in moved:
+                    # Commit point: from here on the episode exists. The meta lock keeps a
+                    # concurrent `eva qc` rewrite of episodes.jsonl from losing this row.
+                    with _flocked(self.work_root / META_LOCK):
+                        atomic.atomic_append_jsonl(
+                            self.root / layout.EPISODES, [row], durable=self.durable
+                        )
+                except BaseException:
+                    for p in moved:
+                        with contextlib.suppress(OSError):
+                            p.unlink()
                     with contextlib.suppress(OSError):
-                        p.unlink()
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-                if new_task:
-                    # tasks.jsonl may hold the new task now; keep memory in line with the file.
-                    self._tasks[task] = task_index
-                raise
+                        tmp.unlink()
+                    if new_task:
+                        # tasks.jsonl may hold the new task now; keep memory in line with the file.
+                        self._tasks[task] = task_index
+                    raise
 
             if new_task:
                 self._tasks[task] = task_index
