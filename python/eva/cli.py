@@ -67,7 +67,7 @@ def _dataset_summary(root: Path) -> dict[str, Any]:
         "robot_type": info.get("robot_type"),
         "fps": reader.fps,
         "episodes": len(rows),
-        "frames": sum(int(r.get("length") or 0) for r in rows),
+        "frames": reader.total_frames,
         "cameras": {key: reader.features[key].get("shape") for key in reader.video_keys},
         "vectors": {key: reader.features[key].get("shape") for key in reader.vector_keys},
         "tasks": [reader.tasks[i] for i in sorted(reader.tasks)],
