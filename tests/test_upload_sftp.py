@@ -422,3 +422,51 @@ def test_cli_json_lines_and_refusals(
     bad.write_text('[collection.storage.sftp]\nhost = "h"\nremote_dir = "/a/../b"\n')
     result = runner.invoke(main, ["upload", "--format", "hdf5", "--config", str(bad), "pick"])
     assert result.exit_code == 1 and "collection.storage.sftp.remote_dir" in result.output
+
+
+def test_real_export_pipeline_then_upload(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, small_dataset: Path
+) -> None:
+    """The accepted directory written by eva.export.pipeline passes the gate and arrives intact;
+    its rejected sibling and other formats are never sent."""
+    from eva.export.pipeline import export_dataset
+    from eva.upload.gate import UploadRefused, check_upload
+
+    exported = export_dataset(small_dataset, "lerobot_v21")
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    with pytest.raises(UploadRefused) as info:
+        check_upload(small_dataset, "hdf5", backend_configured=True)
+    assert info.value.reason == "never_exported"
+
+    job = start_upload(small_dataset, "v21", config)
+    run(job)
+    assert job.result is not None, job.error
+    name = small_dataset.parent.name  # <parent>/raw -> dataset name <parent>
+    assert job.result.remote_path == str(remote_root / name)
+    assert tree_bytes(remote_root / name) == tree_bytes(exported.accepted_dir)
+    marker = json.loads((remote_root / name / "meta" / "quality_split.json").read_text())
+    assert marker["subset"] == "accepted" and marker["dataset_format"] == "lerobot_v21"
+    assert marker["source_episode_indices"] == [0, 1]
+    record = read_upload_record(exported.export_root)
+    assert record is not None and record.export_job_id == exported.job.job_id
+
+
+def test_fresh_upload_discards_abandoned_staging(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    source, accepted = make_export(tmp_path / "logs", file_sizes=(300_000,) * 5)
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    options = UploadOptions(connections=1, sessions_per_connection=1)
+    job = start_upload(source, "hdf5", config, options=options)
+    job.progress.listeners.insert(0, lambda p: job.cancel() if p.files >= 1 else None)
+    run(job)
+    abandoned = job.record.staging_path
+    assert job.state == "failed" and abandoned and Path(abandoned).is_dir()
+
+    job = start_upload(source, "hdf5", config)  # no --resume: start over, clean up the old one
+    run(job)
+    assert job.result is not None and not job.result.resumed
+    assert job.result.staging_path != abandoned
+    assert not Path(abandoned).exists()
+    assert staging_leftovers(remote_root) == []
+    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)

@@ -83,6 +83,7 @@ class UploadJob:
         record: UploadJobRecord,
         options: UploadOptions,
         resume_staging: str | None,
+        discard_staging: str | None,
         lock: contextlib.ExitStack,
     ) -> None:
         self.permit = permit
@@ -90,6 +91,7 @@ class UploadJob:
         self.record = record
         self.options = options
         self.resume_staging = resume_staging
+        self.discard_staging = discard_staging
         self.record_path = permit.export_root / UPLOAD_JOB
         self.recorder = JobRecorder(record, self.record_path)
         self.progress = Progress()
@@ -144,6 +146,7 @@ class UploadJob:
                 progress=self.progress,
                 cancel=self._cancel,
                 resume_staging=self.resume_staging,
+                discard_staging=self.discard_staging,
                 on_staging=self._on_staging,
             )
             self.result = result
@@ -175,20 +178,18 @@ class UploadJob:
                 self._lock.close()
 
 
-def _resume_point(
+def _unfinished_staging(
     export_root: Path, permit: UploadPermit, config: SftpConfig, target: str
-) -> str | None:
-    """The staging dir of the previous, unfinished upload of this very export, if any."""
+) -> tuple[str | None, bool]:
+    """The staging dir the previous, unfinished upload to this server and target left behind, and
+    whether it holds files of this very export job (so that ``--resume`` may reuse them)."""
     mark_interrupted(export_root / UPLOAD_JOB)  # a killed uploader left "running" behind
     previous = read_upload_record(export_root)
     if previous is None or previous.state == "completed" or not previous.staging_path:
-        return None
-    same = (
-        previous.export_job_id == permit.export_job_id
-        and previous.remote == config.describe()
-        and previous.target_path == target
-    )
-    return previous.staging_path if same else None
+        return None, False
+    if previous.remote != config.describe() or previous.target_path != target:
+        return None, False
+    return previous.staging_path, previous.export_job_id == permit.export_job_id
 
 
 def start_upload(
@@ -214,9 +215,10 @@ def start_upload(
         scan_local_tree(permit.accepted_dir)  # symlinks etc. are refused before a job exists
         dataset_name = dataset_name_for(permit.source_dir)
         target = config.target_path(dataset_name)
-        resume_staging = (
-            _resume_point(permit.export_root, permit, config, target) if resume else None
-        )
+        leftover, same_export = _unfinished_staging(permit.export_root, permit, config, target)
+        # Without --resume (or after a re-export) an abandoned staging dir is deleted, not reused.
+        resume_staging = leftover if resume and same_export else None
+        discard_staging = None if resume_staging else leftover
         record = UploadJobRecord(
             kind="upload",
             source_dir=str(permit.source_dir),
@@ -228,7 +230,7 @@ def start_upload(
             export_job_id=permit.export_job_id,
         )
         write_job(permit.export_root / UPLOAD_JOB, record)
-        job = UploadJob(permit, config, record, options, resume_staging, lock)
+        job = UploadJob(permit, config, record, options, resume_staging, discard_staging, lock)
     except BaseException:
         lock.close()
         raise

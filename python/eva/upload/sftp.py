@@ -553,9 +553,13 @@ def upload_tree(
     progress: ProgressSink = null_progress,
     cancel: threading.Event | None = None,
     resume_staging: str | None = None,
+    discard_staging: str | None = None,
     on_staging: Callable[[str], None] | None = None,
 ) -> UploadResult:
-    """Upload ``tree`` to ``<remote_dir>/<dataset_name>`` (or a copy name) and publish it."""
+    """Upload ``tree`` to ``<remote_dir>/<dataset_name>`` (or a copy name) and publish it.
+
+    ``resume_staging``: continue in that staging dir if it still exists. ``discard_staging``: an
+    abandoned staging dir of an earlier upload of this dataset, deleted (best effort) first."""
     options = options or UploadOptions()
     cancel = cancel or threading.Event()
     check_component(dataset_name, "dataset name")
@@ -575,10 +579,18 @@ def upload_tree(
 
         resumed = False
         prefix = f".{dataset_name}{STAGING_MARK}"
+
+        def ours(path: str) -> bool:
+            return posixpath.dirname(path) == config.remote_dir and posixpath.basename(
+                path
+            ).startswith(prefix)
+
+        if discard_staging and discard_staging != resume_staging and ours(discard_staging):
+            with contextlib.suppress(OSError):
+                if remote_lstat(control, discard_staging) is not None:
+                    remove_remote_tree(control, discard_staging)
         if resume_staging is not None:
-            if posixpath.dirname(resume_staging) != config.remote_dir or not posixpath.basename(
-                resume_staging
-            ).startswith(prefix):
+            if not ours(resume_staging):
                 raise UploadError(f"resume: {resume_staging} is not a staging dir of {target}")
             attrs = remote_lstat(control, resume_staging)
             if attrs is not None and stat.S_ISDIR(attrs.st_mode or 0):
