@@ -29,9 +29,10 @@ import paramiko
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from sftp_server import SshdServer  # noqa: E402
+
 from eva.upload.config import SftpConfig  # noqa: E402
 from eva.upload.sftp import UploadOptions, scan_local_tree, upload_tree  # noqa: E402
-from sftp_server import SshdServer  # noqa: E402
 
 MB = 1_000_000
 

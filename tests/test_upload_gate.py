@@ -7,12 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from sftp_server import make_export
+
 from eva.dataset.layout import QUALITY_SPLIT, export_paths, export_root
 from eva.jobs import EXPORT_JOB, UPLOAD_JOB, read_job, write_job
 from eva.upload.config import SftpConfig
 from eva.upload.gate import REASONS, UploadRefused, check_upload, dataset_name_for
 from eva.upload.job import start_upload
-from sftp_server import make_export
 
 # A backend that is never contacted: every test here is refused before any connection.
 UNUSED_BACKEND = SftpConfig(host="127.0.0.1", port=9, remote_dir="/nonexistent/eva")

@@ -11,6 +11,8 @@ from pathlib import Path
 import paramiko
 import pytest
 from click.testing import CliRunner
+from sftp_server import SshdServer, make_export, ssh_agent
+
 from eva.cli import main
 from eva.dataset.layout import export_root
 from eva.jobs import UPLOAD_JOB
@@ -26,7 +28,6 @@ from eva.upload.sftp import (
     scan_local_tree,
     upload_tree,
 )
-from sftp_server import SshdServer, make_export, ssh_agent
 
 pytest_plugins = ["sftp_server"]
 
@@ -470,3 +471,32 @@ def test_fresh_upload_discards_abandoned_staging(
     assert not Path(abandoned).exists()
     assert staging_leftovers(remote_root) == []
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+
+
+def test_connection_lost_mid_transfer_cleans_up_over_a_new_connection(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    import signal
+
+    sizes = (900_000, 800_000, 700_000, 600_000, 500_000, 400_000, 300_000, 200_000)
+    source, _ = make_export(tmp_path / "logs", file_sizes=sizes)
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    assert sshd_server.process is not None
+    listener_pid = sshd_server.process.pid
+    killed: list[int] = []
+
+    def drop_connections(progress: Progress) -> None:
+        # The per-connection sshd processes die: the uploader sees the network go away.
+        if progress.files >= 1 and not killed:
+            children = Path(f"/proc/{listener_pid}/task/{listener_pid}/children").read_text()
+            for pid in map(int, children.split()):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    job = start_upload(source, "hdf5", config)
+    job.progress.listeners.insert(0, drop_connections)
+    run(job)
+    assert killed
+    assert job.state == "failed" and job.result is None
+    assert staging_leftovers(remote_root) == []  # removed over a fresh connection
+    assert os.listdir(remote_root) == []
