@@ -509,3 +509,50 @@ def test_commit_holds_saving_marker_and_meta_lock_for_eva_qc(
     assert not verdicts.saving_marker(root, 0).exists()  # unlinked after the append
     verdicts.review_episode(root, 0, verdict="pass")  # and qc works right after
     assert DatasetReader(root).episodes[0]["qc_verdict"] == "pass"
+
+
+def test_refuses_to_create_over_orphan_episodes(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    with _open(root) as writer:
+        ep = writer.begin_episode("a")
+        _add(ep, 0, 2, SyntheticScene(48, 64))
+        ep.commit()
+    (root / layout.INFO).unlink()
+    with pytest.raises(DatasetError, match="already holds episodes"):
+        _open(root)
+
+
+def test_append_to_lerobot_written_dataset(tmp_path: Path, lerobot_fixture_dir: Path) -> None:
+    import shutil
+
+    from eva.dataset.validate import validate_dataset
+
+    root = tmp_path / "raw"
+    shutil.copytree(lerobot_fixture_dir, root)
+    reader = DatasetReader(root)
+    names = reader.features["observation.state"]["names"]
+    with DatasetWriter.create_or_open(
+        root,
+        fps=30,
+        cameras=[CameraSpec(k, 48, 64) for k in reader.video_keys],
+        vectors=[VectorSpec("observation.state", 6, names), VectorSpec("action", 6, names)],
+        video=VideoOptions(codec="libsvtav1", preset="12"),
+        durable=False,
+    ) as writer:
+        assert writer.next_episode_index == 2 and writer.total_frames == 51
+        ep = writer.begin_episode("place it in the bin")
+        scene = SyntheticScene(48, 64)
+        ep.add_frames(
+            images={k: scene.frames(0, 5) for k in reader.video_keys},
+            vectors={"observation.state": np.zeros((5, 6)), "action": np.ones((5, 6))},
+        )
+        assert ep.commit({"quality": "green"}) == 2
+    reader = DatasetReader(root)
+    assert reader.tasks == {0: "pick the red cube", 1: "place it in the bin"}
+    table = reader.read_table(2)
+    assert "capture_time" not in table.column_names  # the dataset's own schema is kept
+    assert table.column("index").to_pylist() == list(range(51, 56))
+    assert table.column("task_index").to_pylist() == [1] * 5
+    assert reader.info["total_episodes"] == 3 and reader.info["total_frames"] == 56
+    assert reader.stats["index"]["count"] == [56]  # stats.json created from all episodes
+    assert validate_dataset(root, decode=True) == []

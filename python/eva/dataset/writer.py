@@ -282,6 +282,12 @@ class DatasetWriter:
         atomic.remove_stale_temporaries(self.root / layout.META_DIR)
 
     def _create_new(self, robot_type: str, chunks_size: int) -> None:
+        episodes = self.root / layout.EPISODES
+        if (episodes.exists() and episodes.stat().st_size > 0) or (self.root / "data").exists():
+            raise DatasetError(
+                f"{self.root / layout.INFO}: missing, but the directory already holds episodes; "
+                "refusing to start a new dataset over them"
+            )
         self.features = build_features(self.fps, self.cameras, self.vectors, self.video)
         self.info: dict[str, Any] = {
             "codebase_version": layout.CODEBASE_VERSION,
