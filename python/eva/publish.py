@@ -86,9 +86,26 @@ def make_staging(root: Path, export_id: str) -> Path:
     return path
 
 
-def mark_complete(staging: Path, export_id: str) -> None:
-    """The last write into a staging dir: from now on it may be rolled forward by ``recover``."""
-    atomic_write_bytes(Path(staging) / COMPLETE_MARKER, f"{export_id}\n".encode())
+def sync_filesystem(path: Path) -> None:
+    """Flush every dirty page of the filesystem holding ``path`` (one ``syncfs``, not N fsyncs)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        syncfs = getattr(libc, "syncfs", None)
+        if syncfs is None or syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+def mark_complete(staging: Path, export_id: str, *, durable: bool = True) -> None:
+    """The last write into a staging dir: from now on it may be rolled forward by ``recover``.
+
+    ``durable`` first flushes everything staged, so the marker never precedes the data on disk.
+    """
+    if durable:
+        sync_filesystem(Path(staging))
+    atomic_write_bytes(Path(staging) / COMPLETE_MARKER, f"{export_id}\n".encode(), durable=durable)
 
 
 def is_complete(staging: Path) -> bool:

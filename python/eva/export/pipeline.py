@@ -235,9 +235,11 @@ def export_dataset(
             rejected_dir=str(root / "rejected"),
         )
         recorder = JobRecorder(job, root / EXPORT_JOB)
-        recorder.save()
+        # The queued -> running records need no fsync: after a power loss a "running" job whose
+        # pid is gone is marked failed by recover(); the final record is made durable below.
+        write_job(recorder.path, job, durable=False)
         job.start()
-        recorder.save()
+        write_job(recorder.path, job, durable=False)
         progress = Progress()
 
         def listener(p: Progress) -> None:
@@ -266,8 +268,8 @@ def export_dataset(
                 progress(files=1)
             job.set_progress(progress)
             job.complete()
-            write_job(staging / EXPORT_JOB, job)
-            mark_complete(staging, job.job_id)
+            write_job(staging / EXPORT_JOB, job, durable=False)
+            mark_complete(staging, job.job_id, durable=options.durable)
             publish_pair(root, staging, exchange=exchange)
             staging = None
         except BaseException as e:

@@ -34,11 +34,14 @@ class ExportOptions:
     """Knobs a format may honour; unknown formats ignore what they do not need.
 
     ``link_videos``: the native v2.1 exporter hard-links source MP4s when the filesystem allows
-    (falls back to a copy). ``extra`` carries format-specific settings (e.g. HDF5 compression).
+    (falls back to a copy). ``durable``: flush the staged pair to disk (one ``syncfs``) before it
+    is published, so a power loss cannot publish unwritten files; a process crash is safe either
+    way. ``extra`` carries format-specific settings (e.g. HDF5 compression).
     """
 
     link_videos: bool = True
     batch_size: int = 32
+    durable: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
 

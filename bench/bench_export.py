@@ -1,0 +1,148 @@
+"""Native v2.1 quality export against ``cp -r`` of the same dataset (the physical limit).
+
+The export validates the source, splits it, rewrites every parquet's index columns column-wise,
+hard-links (or with ``--copy-videos`` copies) the MP4s, writes both subsets' metadata and
+publishes the pair. ``cp -r`` of the source directory is what a plain copy costs on this disk.
+
+``report(quick)`` rows (best of several repeats, page cache warm for both):
+
+* export with hard-linked MP4s vs ``cp -r`` (ratio > 1: cheaper than a copy);
+* export with copied MP4s vs ``cp -r`` (the cross-filesystem case: close to 1 is the goal);
+* the default export (linked, one ``syncfs`` before publication) vs ``cp -r`` + ``syncfs``.
+
+``ratio`` = baseline_time / value_time.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from eva.capture.synthetic import write_synthetic_dataset
+from eva.export.pipeline import export_dataset
+from eva.export.registry import ExportOptions
+from eva.publish import sync_filesystem
+
+
+def make_source(base: Path, *, episodes: int, frames: int, width: int, height: int) -> Path:
+    return write_synthetic_dataset(
+        base / "raw",
+        episodes=episodes,
+        frames=frames,
+        cameras=2,
+        width=width,
+        height=height,
+        state_dim=14,
+        quality=["green" if i % 4 else "red" for i in range(episodes)],
+        batch_size=30,
+    )
+
+
+def _best_seconds(run: Callable[[], Any], before: Callable[[], Any], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        before()
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def report(quick: bool = False) -> list[dict]:
+    """About 10 s with quick (8 x 150 frames, 320x240), 20-30 s full (20 x 300 frames, 320x240)."""
+    episodes, frames, width, height = (8, 150, 320, 240) if quick else (20, 300, 320, 240)
+    repeats = 3 if quick else 5
+    with tempfile.TemporaryDirectory(prefix="eva-bench-export-") as tmp:
+        base = Path(tmp)
+        source = make_source(base, episodes=episodes, frames=frames, width=width, height=height)
+        export_parent = base / "export"
+        copy_dest = base / "copy"
+        megabytes = _tree_bytes(source) / 1e6
+
+        def clear_export() -> None:
+            shutil.rmtree(export_parent, ignore_errors=True)
+
+        def clear_copy() -> None:
+            shutil.rmtree(copy_dest, ignore_errors=True)
+
+        def cp_r() -> None:
+            subprocess.run(["cp", "-r", str(source), str(copy_dest)], check=True)
+
+        def cp_r_sync() -> None:
+            cp_r()
+            sync_filesystem(copy_dest)
+
+        def export(**options: Any) -> Callable[[], Any]:
+            return lambda: export_dataset(source, "lerobot_v21", options=ExportOptions(**options))
+
+        copy_s = _best_seconds(cp_r, clear_copy, repeats)
+        copy_sync_s = _best_seconds(cp_r_sync, clear_copy, repeats)
+        link_s = _best_seconds(export(durable=False), clear_export, repeats)
+        copied_s = _best_seconds(export(durable=False, link_videos=False), clear_export, repeats)
+        durable_s = _best_seconds(export(), clear_export, repeats)
+    size = f"{episodes} episodes x {frames} frames, 2 cameras {width}x{height}, {megabytes:.1f} MB"
+    return [
+        {
+            "name": "export lerobot_v21 (hard-linked MP4s) vs cp -r",
+            "value": link_s * 1e3,
+            "baseline": copy_s * 1e3,
+            "ratio": copy_s / link_s,
+            "unit": "ms",
+            "note": f"{size}; validate + split + parquet rewrite + publish, no sync",
+        },
+        {
+            "name": "export lerobot_v21 (copied MP4s) vs cp -r",
+            "value": copied_s * 1e3,
+            "baseline": copy_s * 1e3,
+            "ratio": copy_s / copied_s,
+            "unit": "ms",
+            "note": f"{size}; the cross-filesystem path, no sync",
+        },
+        {
+            "name": "export lerobot_v21 default (linked, durable) vs cp -r + syncfs",
+            "value": durable_s * 1e3,
+            "baseline": copy_sync_s * 1e3,
+            "ratio": copy_sync_s / durable_s,
+            "unit": "ms",
+            "note": f"{size}; both flush to disk once (shared disk: noisy)",
+        },
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# pytest-benchmark (small sizes; `pytest bench/bench_export.py --benchmark-enable`)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_export_v21_small(benchmark: Any, tmp_path: Path) -> None:
+    source = make_source(tmp_path, episodes=4, frames=30, width=64, height=48)
+
+    def run() -> None:
+        export_dataset(source, "lerobot_v21")
+
+    benchmark(run)
+
+
+def test_cp_r_small(benchmark: Any, tmp_path: Path) -> None:
+    source = make_source(tmp_path, episodes=4, frames=30, width=64, height=48)
+    dest = tmp_path / "copy"
+
+    def run() -> None:
+        shutil.rmtree(dest, ignore_errors=True)
+        subprocess.run(["cp", "-r", str(source), str(dest)], check=True)
+
+    benchmark(run)
+
+
+if __name__ == "__main__":
+    for row in report(quick=True):
+        print(row)
