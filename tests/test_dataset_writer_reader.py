@@ -556,3 +556,28 @@ def test_append_to_lerobot_written_dataset(tmp_path: Path, lerobot_fixture_dir: 
     assert reader.info["total_episodes"] == 3 and reader.info["total_frames"] == 56
     assert reader.stats["index"]["count"] == [56]  # stats.json created from all episodes
     assert validate_dataset(root, decode=True) == []
+
+
+def test_non_finite_vectors_are_kept_but_left_out_of_stats(tmp_path: Path) -> None:
+    """A red episode with NaN samples (non_finite_value) is still saved as evidence."""
+    from eva.dataset.validate import validate_dataset
+
+    root = tmp_path / "raw"
+    state = np.arange(12, dtype=np.float32).reshape(4, 3)
+    state[1, 2] = np.nan
+    state[3, 0] = np.inf
+    with _open(root) as writer:
+        ep = writer.begin_episode("a")
+        ep.add_frames(
+            images={FRONT: SyntheticScene(48, 64).frames(0, 4)},
+            vectors={"observation.state": state, "action": np.full((4, 3), np.nan)},
+        )
+        ep.commit({"quality": "red", "quality_issues": [{"severity": "red", "code": "non_finite_value", "detail": "observation.state frame 1"}]})  # fmt: skip
+    reader = DatasetReader(root)
+    stored = reader.read_vector(0, "observation.state")
+    assert np.isnan(stored[1, 2]) and np.isinf(stored[3, 0])
+    stats = reader.episodes_stats[0]
+    assert stats["observation.state"]["count"] == [2]  # rows 0 and 2
+    assert stats["observation.state"]["max"] == [6.0, 7.0, 8.0]
+    assert "action" not in stats  # no finite row at all; still computable from the table
+    assert validate_dataset(root) == []

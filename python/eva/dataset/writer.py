@@ -194,6 +194,21 @@ def _jsonable(value: Any, where: str) -> Any:
     raise DatasetError(f"episode field {where}: {type(value).__name__} is not JSON data")
 
 
+def _finite_row_stats(values: np.ndarray) -> dict[str, Any] | None:
+    """Stats over the rows whose values are all finite (None if there are none).
+
+    A red episode may carry NaN/inf samples (quality issue ``non_finite_value``); the parquet keeps
+    them as evidence, but JSON stats cannot hold them and one NaN would poison the dataset merge.
+    """
+    finite = np.isfinite(values).all(axis=1)
+    rows = values if finite.all() else values[finite]
+    if len(rows) == 0:
+        return None
+    stats = VectorStats(values.shape[1])
+    stats.update(rows)
+    return stats.result()
+
+
 class DatasetWriter:
     """Appends episodes to one raw v2.1 dataset. Use ``create_or_open``."""
 
@@ -560,17 +575,13 @@ class DatasetWriter:
 
             ep_stats = dict(episode._image_stats_results())
             for v in self.vectors:
-                s = VectorStats(v.dim)
-                s.update(vectors[v.name])
-                ep_stats[v.name] = s.result()
+                ep_stats[v.name] = _finite_row_stats(vectors[v.name])
             scalar_columns = ["timestamp", "frame_index", "episode_index", "index", "task_index"]
             if self._has_capture_time:
                 scalar_columns.insert(1, CAPTURE_TIME)
             for name in scalar_columns:
-                s = VectorStats(1)
-                s.update(columns[name].to_numpy().reshape(n, 1))
-                ep_stats[name] = s.result()
-            ep_stats = {k: ep_stats[k] for k in self.features if k in ep_stats}
+                ep_stats[name] = _finite_row_stats(columns[name].to_numpy().reshape(n, 1))
+            ep_stats = {k: ep_stats[k] for k in self.features if ep_stats.get(k) is not None}
 
             row: dict[str, Any] = {"episode_index": ep, "tasks": [task], "length": n}
             if self.cameras:
