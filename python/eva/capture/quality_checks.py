@@ -1,0 +1,218 @@
+"""Automatic quality checks of live capture (contracts §1) and the issue records they produce.
+
+Each check runs incrementally on the samples the consumer pops, so STOP only summarises. Any issue
+makes the episode red. Codes produced here:
+
+- ``non_monotonic_timestamp``: a sample whose time is not later than the stream's previous one
+  (it is left out of alignment, which needs sorted times);
+- ``non_finite_value``: a vector sample with NaN/inf values or a non-finite time (left out);
+- ``source_clock_discontinuity``: a gap between consecutive samples of a stream larger than
+  ``clock_jump_s``;
+- ``frozen_camera``: a camera delivering identical images for at least ``frozen_camera_s``;
+- ``invalid_image_shape`` / ``invalid_vector_dim``: pushed samples of the wrong shape (refused at
+  push time, counted);
+- ``unexpected_image_stream``: images pushed for a camera the config does not declare;
+- ``missing_camera_stream`` / ``missing_configured_column``: a configured camera / vector stream
+  that delivered nothing in the episode;
+- ``missing_camera``: a camera that delivered, but only after part of the episode was aligned
+  (those frames carry black images);
+- ``image_skew_exceeded``: grid frames whose nearest image is farther than the tolerance;
+- ``episode_too_short``, ``frame_count_mismatch``: from the aligned totals;
+- ``capture_backlog_overflow`` (project code): samples refused because the ring hit its hard
+  memory limit;
+- ``unexpected_vector_stream`` (project code): vector samples pushed for a stream the config does
+  not declare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+EPISODE_TOO_SHORT = "episode_too_short"
+FRAME_COUNT_MISMATCH = "frame_count_mismatch"
+NON_MONOTONIC_TIMESTAMP = "non_monotonic_timestamp"
+MISSING_CAMERA = "missing_camera"
+INVALID_IMAGE_SHAPE = "invalid_image_shape"
+MISSING_CONFIGURED_COLUMN = "missing_configured_column"
+INVALID_VECTOR_DIM = "invalid_vector_dim"
+NON_FINITE_VALUE = "non_finite_value"
+MISSING_CAMERA_STREAM = "missing_camera_stream"
+UNEXPECTED_IMAGE_STREAM = "unexpected_image_stream"
+IMAGE_SKEW_EXCEEDED = "image_skew_exceeded"
+FROZEN_CAMERA = "frozen_camera"
+SOURCE_CLOCK_DISCONTINUITY = "source_clock_discontinuity"
+CAPTURE_BACKLOG_OVERFLOW = "capture_backlog_overflow"
+UNEXPECTED_VECTOR_STREAM = "unexpected_vector_stream"
+
+ALL_CODES = (
+    EPISODE_TOO_SHORT,
+    FRAME_COUNT_MISMATCH,
+    NON_MONOTONIC_TIMESTAMP,
+    MISSING_CAMERA,
+    INVALID_IMAGE_SHAPE,
+    MISSING_CONFIGURED_COLUMN,
+    INVALID_VECTOR_DIM,
+    NON_FINITE_VALUE,
+    MISSING_CAMERA_STREAM,
+    UNEXPECTED_IMAGE_STREAM,
+    IMAGE_SKEW_EXCEEDED,
+    FROZEN_CAMERA,
+    SOURCE_CLOCK_DISCONTINUITY,
+    CAPTURE_BACKLOG_OVERFLOW,
+    UNEXPECTED_VECTOR_STREAM,
+)
+
+
+def issue(code: str, detail: str) -> dict[str, str]:
+    return {"severity": "red", "code": code, "detail": detail}
+
+
+@dataclass
+class IssueLog:
+    """Issues of one episode, at most one record per (code, stream) with an occurrence count."""
+
+    _issues: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+
+    def add(self, code: str, stream: str, detail: str, count: int = 1) -> None:
+        key = (code, stream)
+        if key in self._issues:
+            self._issues[key]["count"] += count
+        else:
+            self._issues[key] = {"detail": detail, "count": count}
+
+    def has(self, code: str, stream: str | None = None) -> bool:
+        return any(c == code and (stream is None or s == stream) for c, s in self._issues)
+
+    def records(self) -> list[dict[str, str]]:
+        out = []
+        for (code, _stream), entry in self._issues.items():
+            detail = entry["detail"]
+            if entry["count"] > 1:
+                detail += f" ({entry['count']} occurrences in total)"
+            out.append(issue(code, detail))
+        return out
+
+
+@dataclass
+class StreamCheck:
+    """Incremental per-stream checks over popped samples; returns the usable ones."""
+
+    stream: str
+    kind: str  # "camera" | "vector"
+    clock_jump_s: float
+    frozen_s: float = 0.0
+    last_time: float = -np.inf
+    samples_seen: int = 0
+    usable: int = 0
+    frozen_since: float | None = None
+    frozen_since_sample: int = 0
+    frozen_flagged: bool = False
+    _prev_frame: np.ndarray | None = None
+    _prev_t: float = 0.0
+
+    def filter(
+        self, times: np.ndarray, values: np.ndarray, issues: IssueLog, frame_at: Any
+    ) -> np.ndarray:
+        """Boolean mask of the samples in ``times``/``values`` that may be aligned.
+
+        ``frame_at(t)`` names the approximate grid frame of a time for the details.
+        """
+        n = times.shape[0]
+        finite_t = np.isfinite(times)
+        prior = np.maximum.accumulate(
+            np.concatenate([[self.last_time], np.where(finite_t, times, -np.inf)])
+        )[:-1]
+        ordered = finite_t & (times > prior)
+        ok = ordered.copy()
+        base = self.samples_seen
+        bad_order = np.flatnonzero(finite_t & ~ordered)
+        if bad_order.size:
+            i = int(bad_order[0])
+            issues.add(
+                NON_MONOTONIC_TIMESTAMP,
+                self.stream,
+                f"{self.kind} {self.stream}: sample {base + i} at t={times[i]:.6f} s is not after "
+                f"the previous sample (t={prior[i]:.6f} s){frame_at(prior[i])}; left out",
+                int(bad_order.size),
+            )
+        if not finite_t.all():
+            i = int(np.flatnonzero(~finite_t)[0])
+            issues.add(
+                NON_FINITE_VALUE,
+                self.stream,
+                f"{self.kind} {self.stream}: sample {base + i} has a non-finite timestamp; left out",
+                int((~finite_t).sum()),
+            )
+        if self.kind == "vector" and n:
+            finite_v = np.isfinite(values.reshape(n, -1)).all(axis=1)
+            bad = np.flatnonzero(~finite_v & finite_t)
+            if bad.size:
+                i = int(bad[0])
+                dims = np.flatnonzero(~np.isfinite(values.reshape(n, -1)[i])).tolist()
+                issues.add(
+                    NON_FINITE_VALUE,
+                    self.stream,
+                    f"vector {self.stream}: sample {base + i} at t={times[i]:.6f} s has "
+                    f"non-finite values in dims {dims}{frame_at(times[i])}; left out",
+                    int(bad.size),
+                )
+            ok &= finite_v
+        good = np.flatnonzero(ok)
+        if good.size:
+            seq = np.concatenate([[self.last_time], times[good]])
+            gaps = np.diff(seq)
+            if self.usable == 0:
+                gaps[0] = 0.0
+            jumps = np.flatnonzero(gaps > self.clock_jump_s)
+            if jumps.size:
+                j = int(jumps[0])
+                i = int(good[j])
+                issues.add(
+                    SOURCE_CLOCK_DISCONTINUITY,
+                    self.stream,
+                    f"{self.kind} {self.stream}: {gaps[j]:.3f} s gap before sample {base + i} "
+                    f"(t={times[i]:.6f} s){frame_at(times[i])}, limit {self.clock_jump_s} s",
+                    int(jumps.size),
+                )
+            self.last_time = float(times[good[-1]])
+            if self.kind == "camera" and self.frozen_s > 0:
+                self._check_frozen(times, values, good, issues, frame_at)
+        self.samples_seen += n
+        self.usable += int(good.size)
+        return ok
+
+    def _check_frozen(
+        self,
+        times: np.ndarray,
+        frames: np.ndarray,
+        good: np.ndarray,
+        issues: IssueLog,
+        frame_at: Any,
+    ) -> None:
+        for i in good:
+            frame = frames[i]
+            t = float(times[i])
+            prev = self._prev_frame
+            if prev is not None and np.array_equal(prev, frame):
+                if self.frozen_since is None:
+                    self.frozen_since = self._prev_t
+                    self.frozen_since_sample = self.samples_seen + int(i) - 1
+                if not self.frozen_flagged and t - self.frozen_since >= self.frozen_s:
+                    self.frozen_flagged = True
+                    issues.add(
+                        FROZEN_CAMERA,
+                        self.stream,
+                        f"camera {self.stream}: identical images from sample "
+                        f"{self.frozen_since_sample} (t={self.frozen_since:.3f} s)"
+                        f"{frame_at(self.frozen_since)} for at least {self.frozen_s} s",
+                    )
+            else:
+                self.frozen_since = None
+                if prev is None:
+                    self._prev_frame = frame.copy()
+                else:
+                    np.copyto(prev, frame)
+            self._prev_t = t

@@ -1,0 +1,912 @@
+"""The live recorder: START / push samples / STOP or CANCEL, into a raw v2.1 dataset.
+
+Threads and data flow::
+
+    rig threads --push_image/push_vector--> one SnapshotRing per stream (native, lock-free SPSC)
+        --> consumer thread: pop, check, align onto the fps grid, encode (EpisodeWriter.add_frames)
+        --> at STOP: drain the episode's remaining samples, validate, commit (save job)
+
+- ``push_*`` only checks the shape and copies the sample into the stream's ring (the native copy
+  of a frame runs with the GIL released) and returns; it never waits for the disk or the encoder.
+  A per-stream lock serialises producers of the same stream (the ring is single-producer) and
+  makes START/STOP cut every stream at an exact sample; it is held only for the copy.
+- One consumer thread handles episodes in START order. While an episode records it aligns rows
+  as soon as every live stream has samples past the grid instant and encodes them in small
+  batches, so memory stays bounded by the rings and a few frames per camera, whatever the length.
+- STOP cuts every stream (the sample counts at STOP belong to the episode) and returns a
+  :class:`SaveJob` at once; the consumer finishes the episode (drain, validate, commit) and then
+  goes on with the next one, whose samples wait in the rings meanwhile.
+- CANCEL cuts the streams the same way; the consumer discards those samples and the episode's
+  temporary files. Neither STOP nor CANCEL creates accepted/rejected directories.
+- Backlog: each stream's lag (newest pushed time - oldest unread time) is checked by the consumer;
+  a warning is logged each time it rises past a ``backlog.warn_seconds`` threshold. Rings grow up
+  to the hard memory limit; samples refused past it are counted and make the episode red
+  (``capture_backlog_overflow``). Nothing is dropped silently.
+
+Work in progress lives in ``<raw>/.eva-work/`` (the dataset writer's episode directories). A
+crash leaves it behind; the next ``start`` into that dataset reports (``logging`` warning and
+``Recorder.recovered``) and removes it, and the raw dataset stays valid.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eva.capture import align
+from eva.capture.quality_checks import (
+    CAPTURE_BACKLOG_OVERFLOW,
+    EPISODE_TOO_SHORT,
+    FRAME_COUNT_MISMATCH,
+    IMAGE_SKEW_EXCEEDED,
+    INVALID_IMAGE_SHAPE,
+    INVALID_VECTOR_DIM,
+    MISSING_CAMERA,
+    MISSING_CAMERA_STREAM,
+    MISSING_CONFIGURED_COLUMN,
+    UNEXPECTED_IMAGE_STREAM,
+    UNEXPECTED_VECTOR_STREAM,
+    IssueLog,
+    StreamCheck,
+)
+from eva.capture.ring import Ring, make_ring
+from eva.capture.save_worker import (
+    FAILED,
+    QUEUED,
+    SAVING,
+    SaveJob,
+    commit_episode,
+    leftover_work,
+    remove_stale_markers,
+    utc_now,
+)
+from eva.config import CollectionConfig
+from eva.dataset.errors import DatasetError
+from eva.dataset.video import VideoOptions
+from eva.dataset.writer import CameraSpec, DatasetWriter, EpisodeWriter, VectorSpec
+
+log = logging.getLogger("eva.capture")
+
+EMIT_BATCH = 8  # grid rows per add_frames call (frames per camera encoded together)
+IDLE_SLEEP_S = 0.002
+VECTOR_PENDING = 4096
+
+
+class RecorderError(RuntimeError):
+    """A lifecycle call that does not fit the recorder's state (e.g. STOP while idle)."""
+
+
+@dataclass
+class _Stream:
+    """A configured stream: its ring and the producer-side gate."""
+
+    name: str
+    kind: str  # "camera" | "vector"
+    shape: tuple[int, ...]
+    ring: Ring
+    discrete: tuple[int, ...] = ()
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    open: bool = False  # accepting samples (an episode is recording)
+    last_pushed_t: float = math.nan
+    bad_shape: int = 0
+    bad_shape_detail: str = ""
+
+
+@dataclass
+class _Session:
+    """One START..STOP/CANCEL episode as the consumer sees it."""
+
+    dataset_dir: Path
+    task: str
+    writer: DatasetWriter
+    started_at: str
+    started_mono: float
+    base: dict[str, int]  # ring.pushed at START, per stream
+    overflow_base: dict[str, int]
+    limit: dict[str, int] | None = None  # ring.pushed at STOP/CANCEL
+    cancelled: bool = False
+    job: SaveJob | None = None
+    ended_at: str | None = None
+    ended_mono: float | None = None
+    unexpected: dict[str, int] = field(default_factory=dict)
+    bad_shapes: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
+class _Pending:
+    """Samples of one stream popped from its ring and still needed for alignment."""
+
+    def __init__(self, stream: _Stream, capacity: int) -> None:
+        dtype = np.uint8 if stream.kind == "camera" else np.float64
+        self.stream = stream
+        self.values = np.zeros((capacity, *stream.shape), dtype=dtype)
+        self.times = np.zeros(capacity, dtype=np.float64)
+        self.n = 0
+        self.capacity = capacity
+
+    def drop_front(self, k: int) -> None:
+        if k <= 0:
+            return
+        keep = self.n - k
+        if keep > 0:
+            self.values[:keep] = self.values[k : self.n]
+            self.times[:keep] = self.times[k : self.n]
+        self.n = max(keep, 0)
+
+
+class Recorder:
+    """Record episodes from a live rig into ``<log_dir>/<dataset>/raw`` (see module doc).
+
+    ``dataset`` is the default dataset name for ``start`` (default: the first of
+    ``config.tasks``). ``durable=False`` skips fsyncs (tests, benchmarks).
+    ``consumer_throttle_s`` makes the consumer sleep that long per loop: it exists to exercise the
+    backlog path (tests, benchmarks of a slow host), leave it at 0 otherwise.
+    """
+
+    def __init__(
+        self,
+        config: CollectionConfig,
+        dataset: str | None = None,
+        *,
+        durable: bool = True,
+        consumer_throttle_s: float = 0.0,
+        native: bool | None = None,
+    ) -> None:
+        self.config = config
+        self.default_dataset = dataset if dataset is not None else next(iter(config.tasks))
+        self.durable = durable
+        self.consumer_throttle_s = consumer_throttle_s
+        self.native = native
+        self.fps = config.fps
+        self.tolerance = config.skew_tolerance
+        self.recovered: list[str] = []
+        self.jobs: list[SaveJob] = []
+        self._streams: dict[str, _Stream] = {}
+        self._build_rings()
+        self._cameras = {c.key: self._streams[c.key] for c in config.cameras}
+        self._vectors = {v.name: self._streams[v.name] for v in config.vectors}
+        self._unexpected: dict[str, int] = {}
+        self._unexpected_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._current: _Session | None = None
+        self._sessions: deque[_Session] = deque()
+        self._writers: dict[Path, DatasetWriter] = {}
+        self._wake = threading.Event()
+        self._closing = False
+        self._active: _Session | None = None
+        self._active_rows = 0
+        self._fps_marks: dict[str, tuple[float, int]] = {}
+        self._consumer_error: str | None = None
+        self._consumer = threading.Thread(target=self._consume, name="eva-capture", daemon=True)
+        self._consumer.start()
+
+    # ---- setup ---------------------------------------------------------------------------
+
+    def _build_rings(self) -> None:
+        cfg = self.config
+        n_cam = max(len(cfg.cameras), 1)
+        cam_limit = int(cfg.backlog.max_memory_mb * 1e6 / n_cam)
+        ring_s = cfg.backlog.ring_seconds
+        for cam in cfg.cameras:
+            shape = (cam.height, cam.width, 3)
+            item = cam.height * cam.width * 3
+            block = max(2, min(16, int(cfg.fps * ring_s / 2) or 2))
+            blocks = max(1, math.ceil(cfg.fps * ring_s / block))
+            ring = make_ring(
+                shape, np.uint8, block_slots=block, initial_blocks=blocks,
+                max_bytes=max(cam_limit, item * block * blocks), native=self.native,
+            )  # fmt: skip
+            self._streams[cam.key] = _Stream(cam.key, "camera", shape, ring)
+        for vec in cfg.vectors:
+            # Vectors are tiny: 60 s at 1 kHz of storage as their hard limit.
+            ring = make_ring(
+                (vec.dim,), np.float64, block_slots=1024, initial_blocks=1,
+                max_bytes=60_000 * vec.dim * 8, native=self.native,
+            )  # fmt: skip
+            self._streams[vec.name] = _Stream(vec.name, "vector", (vec.dim,), ring, vec.discrete)
+
+    # ---- push (any thread, hot path) -----------------------------------------------------
+
+    def push_image(self, camera: str, t: float, frame: np.ndarray) -> bool:
+        """Copy one camera image (H, W, 3) uint8 with its capture time; True when stored.
+
+        False while no episode records (the sample is not wanted), for a refused sample (wrong
+        shape, unknown camera: both counted as quality issues) and past the backlog hard limit
+        (counted as ``capture_backlog_overflow``).
+        """
+        stream = self._cameras.get(camera)
+        if stream is None:
+            if self._current is not None:
+                with self._unexpected_lock:
+                    self._unexpected[camera] = self._unexpected.get(camera, 0) + 1
+            return False
+        with stream.lock:
+            if not stream.open:
+                return False
+            if (
+                getattr(frame, "shape", None) != stream.shape
+                or getattr(frame, "dtype", None) != np.uint8
+            ):
+                self._note_bad_shape(stream, frame, "(H, W, 3) uint8")
+                return False
+            ok = stream.ring.push(t, frame)
+            stream.last_pushed_t = t
+        return ok
+
+    def push_vector(self, stream_name: str, t: float, values: Any) -> bool:
+        """Copy one vector sample (dim,) with its capture time; True when stored (see push_image)."""
+        stream = self._vectors.get(stream_name)
+        if stream is None:
+            if self._current is not None:
+                with self._unexpected_lock:
+                    key = "vector:" + stream_name
+                    self._unexpected[key] = self._unexpected.get(key, 0) + 1
+            return False
+        with stream.lock:
+            if not stream.open:
+                return False
+            arr = values if type(values) is np.ndarray else np.asarray(values, dtype=np.float64)
+            if arr.shape != stream.shape:
+                self._note_bad_shape(stream, arr, f"({stream.shape[0]},)")
+                return False
+            ok = stream.ring.push(t, arr)
+            stream.last_pushed_t = t
+        return ok
+
+    def _note_bad_shape(self, stream: _Stream, sample: Any, expected: str) -> None:
+        stream.bad_shape += 1
+        if stream.bad_shape == 1:
+            shape = getattr(sample, "shape", None)
+            dtype = getattr(sample, "dtype", type(sample).__name__)
+            stream.bad_shape_detail = f"got {dtype}{shape}, expected {expected} {stream.shape}"
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def recording(self) -> bool:
+        return self._current is not None
+
+    def dataset_dir(self, dataset: str | None = None) -> Path:
+        return self.config.dataset_dir(dataset if dataset is not None else self.default_dataset)
+
+    def start(self, dataset: str | None = None, task: str | None = None) -> Path:
+        """Begin an episode of ``task`` in ``dataset``; returns the raw dataset directory."""
+        with self._state_lock:
+            if self._current is not None:
+                raise RecorderError("an episode is already recording: STOP or CANCEL it first")
+            if self._consumer_error:
+                raise RecorderError(f"capture consumer failed: {self._consumer_error}")
+            name = dataset if dataset is not None else self.default_dataset
+            root = self.config.dataset_dir(name)
+            if task is None:
+                prompts = self.config.tasks.get(name)
+                if not prompts:
+                    raise RecorderError(f"dataset {name!r} has no task in the config: pass a task")
+                task = prompts[0]
+            if not task.strip():
+                raise RecorderError("task prompt must not be empty")
+            writer = self._writer_for(root)
+            session = _Session(
+                dataset_dir=root,
+                task=task.strip(),
+                writer=writer,
+                started_at=utc_now(),
+                started_mono=time.monotonic(),
+                base={},
+                overflow_base={},
+            )
+            with self._unexpected_lock:
+                self._unexpected.clear()
+            for stream in self._streams.values():
+                with stream.lock:
+                    session.base[stream.name] = stream.ring.pushed
+                    session.overflow_base[stream.name] = stream.ring.overflow_count
+                    stream.bad_shape = 0
+                    stream.bad_shape_detail = ""
+                    stream.open = True
+            self._current = session
+            self._sessions.append(session)
+        self._wake.set()
+        return root
+
+    def stop(self) -> SaveJob:
+        """End the episode; returns its save job (validation and commit run in the background)."""
+        session = self._end(cancelled=False)
+        assert session.job is not None
+        return session.job
+
+    def cancel(self) -> None:
+        """Drop the episode: its samples and temporary files are discarded; no index is used."""
+        self._end(cancelled=True)
+
+    def _end(self, cancelled: bool) -> _Session:
+        with self._state_lock:
+            session = self._current
+            if session is None:
+                raise RecorderError("no episode is recording")
+            limit: dict[str, int] = {}
+            for stream in self._streams.values():
+                with stream.lock:
+                    stream.open = False
+                    limit[stream.name] = stream.ring.pushed
+                    if stream.bad_shape:
+                        session.bad_shapes[stream.name] = (
+                            stream.bad_shape,
+                            stream.bad_shape_detail,
+                        )
+            with self._unexpected_lock:
+                session.unexpected = dict(self._unexpected)
+                self._unexpected.clear()
+            session.ended_at = utc_now()
+            session.ended_mono = time.monotonic()
+            session.cancelled = cancelled
+            if not cancelled:
+                session.job = SaveJob(session.dataset_dir, session.task)
+                self.jobs.append(session.job)
+            session.limit = limit  # last: the consumer treats a set limit as "episode ended"
+            self._current = None
+        self._wake.set()
+        return session
+
+    def _writer_for(self, root: Path) -> DatasetWriter:
+        writer = self._writers.get(root)
+        if writer is not None:
+            return writer
+        for path in leftover_work(root):
+            msg = f"{root}: removed leftovers of an interrupted capture session: {path.name}"
+            log.warning(msg)
+            self.recovered.append(msg)
+        for path in remove_stale_markers(root):
+            msg = f"{root}: removed stale saving marker {path.name}"
+            log.warning(msg)
+            self.recovered.append(msg)
+        cfg = self.config
+        try:
+            writer = DatasetWriter.create_or_open(
+                root,
+                fps=cfg.fps,
+                cameras=[CameraSpec(c.key, c.height, c.width) for c in cfg.cameras],
+                vectors=[VectorSpec(v.name, v.dim, v.names) for v in cfg.vectors],
+                robot_type=cfg.robot_type,
+                video=VideoOptions(
+                    codec=cfg.encoder.codec,
+                    crf=cfg.encoder.crf,
+                    preset=cfg.encoder.preset,
+                    gop=cfg.encoder.gop,
+                ),
+                durable=self.durable,
+            )
+        except (DatasetError, ValueError) as e:
+            raise RecorderError(str(e)) from None
+        self._writers[root] = writer
+        return writer
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every STOPped/CANCELled episode has been processed; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._state_lock:
+                busy = any(s is not self._current for s in self._sessions)
+            if not busy:
+                return True
+            if self._consumer_error or not self._consumer.is_alive():
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
+    def close(self, timeout: float | None = None) -> None:
+        """CANCEL a recording episode, finish queued saves, stop the consumer, close writers."""
+        if self._current is not None:
+            self.cancel()
+        self.wait_idle(timeout)
+        self._closing = True
+        self._wake.set()
+        self._consumer.join(timeout)
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    # ---- status --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot for status lines: frames, backlog, dropped (refused) samples, saves, fps."""
+        now = time.monotonic()
+        camera_fps: dict[str, float] = {}
+        for key, stream in self._cameras.items():
+            pushed = stream.ring.pushed
+            mark = self._fps_marks.get(key)
+            if mark is not None and now > mark[0]:
+                camera_fps[key] = (pushed - mark[1]) / (now - mark[0])
+            else:
+                camera_fps[key] = 0.0
+            self._fps_marks[key] = (now, pushed)
+        session = self._current
+        return {
+            "recording": session is not None,
+            "dataset": str(session.dataset_dir) if session else None,
+            "task": session.task if session else None,
+            "elapsed_s": (now - session.started_mono) if session else 0.0,
+            "frames": self._active_rows if (session is not None and self._active is session) else 0,
+            "backlog": {name: len(s.ring) for name, s in self._streams.items()},
+            "backlog_mb": sum(len(s.ring) * s.ring.item_bytes for s in self._streams.values())
+            / 1e6,
+            "dropped": sum(s.ring.overflow_count for s in self._streams.values()),
+            "save_queue": sum(1 for j in self.jobs if j.state in (QUEUED, SAVING)),
+            "saved": sum(1 for j in self.jobs if j.state == "saved"),
+            "failed": sum(1 for j in self.jobs if j.state == FAILED),
+            "camera_fps": camera_fps,
+            "consumer_error": self._consumer_error,
+        }
+
+    # ---- consumer ------------------------------------------------------------------------
+
+    def _consume(self) -> None:
+        try:
+            while True:
+                with self._state_lock:
+                    session = self._sessions[0] if self._sessions else None
+                if session is None:
+                    if self._closing:
+                        return
+                    self._wake.wait(0.1)
+                    self._wake.clear()
+                    continue
+                _EpisodeConsumer(self, session).run()
+                with self._state_lock:
+                    self._sessions.popleft()
+        except BaseException as e:  # keep the reason visible to status() and start()
+            self._consumer_error = f"{type(e).__name__}: {e}".splitlines()[0]
+            log.exception("capture consumer stopped")
+            with self._state_lock:
+                for s in self._sessions:
+                    if s.job is not None and not s.job.finished:
+                        s.job._finish(FAILED, self._consumer_error)
+
+
+class _EpisodeConsumer:
+    """Pops, checks, aligns and encodes one episode's samples, then saves or discards it."""
+
+    def __init__(self, recorder: Recorder, session: _Session) -> None:
+        self.rec = recorder
+        self.s = session
+        self.fps = recorder.fps
+        self.tol = recorder.tolerance
+        cfg = recorder.config
+        self.streams = recorder._streams
+        self.cameras = [recorder._cameras[c.key] for c in cfg.cameras]
+        self.vectors = [recorder._vectors[v.name] for v in cfg.vectors]
+        cam_cap = max(4, int(math.ceil(self.fps * 0.5)))
+        self.pending: dict[str, _Pending] = {}
+        for st in self.cameras:
+            self.pending[st.name] = _Pending(st, cam_cap)
+        for st in self.vectors:
+            self.pending[st.name] = _Pending(st, VECTOR_PENDING)
+        self.popped = {name: 0 for name in self.streams}  # samples popped in this episode
+        self.issues = IssueLog()
+        self.checks = {
+            st.name: StreamCheck(
+                st.name,
+                st.kind,
+                cfg.clock_jump_s,
+                cfg.frozen_camera_s if st.kind == "camera" else 0.0,
+            )
+            for st in self.streams.values()
+        }
+        self.first_t: dict[str, float] = {}
+        self.last_t: dict[str, float] = {}
+        self.grid_start: float | None = None
+        self.next_row = 0
+        self.late_rows: dict[str, int] = {}  # rows emitted before a late stream appeared
+        self.skew_count = {st.name: 0 for st in self.cameras}
+        self.skew_first: dict[str, int] = {}
+        self.skew_max = {st.name: 0.0 for st in self.cameras}
+        self.skew_sum = {st.name: 0.0 for st in self.cameras}
+        self.warn_level = {name: 0 for name in self.streams}
+        self.high_water = {name: 0 for name in self.streams}
+        self.episode: EpisodeWriter | None = None
+        self.frame_buf = {
+            st.name: np.zeros((EMIT_BATCH, *st.shape), np.uint8) for st in self.cameras
+        }
+        self.scratch = np.zeros((64,), np.float64)
+
+    # -- helpers --
+
+    def frame_at(self, t: float) -> str:
+        if self.grid_start is None or not math.isfinite(t):
+            return ""
+        return f" (near frame {max(0, round((t - self.grid_start) * self.fps))})"
+
+    def ended(self) -> bool:
+        return self.s.limit is not None
+
+    def remaining(self, name: str) -> int | None:
+        """Samples of this episode still in the ring (None while the episode records)."""
+        limit = self.s.limit
+        if limit is None:
+            return None
+        return limit[name] - self.s.base[name] - self.popped[name]
+
+    # -- main loop --
+
+    def run(self) -> None:
+        s = self.s
+        self.rec._active = s
+        self.rec._active_rows = 0
+        for st in self.streams.values():
+            st.ring.reset_high_water()
+        try:
+            if s.task:
+                self.episode = s.writer.begin_episode(s.task)
+            while True:
+                if self.rec.consumer_throttle_s:
+                    time.sleep(self.rec.consumer_throttle_s)
+                if s.limit is not None and s.cancelled:
+                    self.discard()
+                    return
+                moved = self.pop_all()
+                self.watch_backlog()
+                self.settle_grid_start()
+                emitted = self.emit_ready(final=False)
+                if s.limit is not None and all(self.remaining(n) == 0 for n in self.streams):
+                    self.finish()
+                    return
+                if not moved and not emitted:
+                    time.sleep(IDLE_SLEEP_S)
+        except BaseException as e:
+            if self.episode is not None:
+                self.episode.abort()
+            if s.job is not None and not s.job.finished:
+                s.job._finish(FAILED, f"{type(e).__name__}: {e}".splitlines()[0])
+            if isinstance(e, DatasetError | OSError | ValueError):
+                log.error("capture: episode failed: %s", e)
+                # Drop what is left of this episode so the next one starts clean.
+                self.wait_end_and_discard()
+                return
+            raise
+        finally:
+            self.rec._active = None
+
+    def wait_end_and_discard(self) -> None:
+        while self.s.limit is None:
+            self.drain_discard()
+            time.sleep(0.01)
+        self.drain_discard()
+
+    def drain_discard(self) -> None:
+        for name, st in self.streams.items():
+            left = self.remaining(name)
+            n = st.ring.discard(-1 if left is None else max(left, 0))
+            self.popped[name] += n
+
+    def discard(self) -> None:
+        """CANCEL: free the episode's samples and its temporary files."""
+        self.drain_discard()
+        if self.episode is not None:
+            self.episode.abort()
+
+    # -- popping and checks --
+
+    def pop_all(self) -> bool:
+        moved = False
+        for name, st in self.streams.items():
+            p = self.pending[name]
+            left = self.remaining(name)
+            room = p.capacity - p.n
+            want = room if left is None else min(room, left)
+            if want <= 0:
+                continue
+            n0 = p.n
+            k = st.ring.pop_batch(p.values[n0:], p.times[n0:], want)
+            if k == 0:
+                continue
+            moved = True
+            self.popped[name] += k
+            times = p.times[n0 : n0 + k]
+            values = p.values[n0 : n0 + k]
+            ok = self.checks[name].filter(times, values, self.issues, self.frame_at)
+            if not ok.all():
+                keep = np.flatnonzero(ok)
+                p.times[n0 : n0 + keep.size] = times[keep]
+                p.values[n0 : n0 + keep.size] = values[keep]
+                k = int(keep.size)
+            p.n = n0 + k
+            if k:
+                if name not in self.first_t:
+                    self.first_t[name] = float(p.times[n0])
+                    if self.grid_start is not None and self.next_row > 0:
+                        self.late_rows[name] = self.next_row
+                self.last_t[name] = float(p.times[p.n - 1])
+            if self.grid_start is None:
+                self.prune_before_start()
+        return moved
+
+    def prune_before_start(self) -> None:
+        """Before the grid is fixed, drop samples no grid instant can use (start only rises)."""
+        if not self.first_t:
+            return
+        lower = max(self.first_t.values())
+        for p in self.pending.values():
+            if p.n > 1:
+                j = int(np.searchsorted(p.times[: p.n], lower, side="right")) - 1
+                p.drop_front(j)
+
+    def watch_backlog(self) -> None:
+        thresholds = self.rec.config.backlog.warn_seconds
+        for name, st in self.streams.items():
+            backlog = len(st.ring)
+            self.high_water[name] = max(self.high_water[name], backlog)
+            if not thresholds:
+                continue
+            oldest = st.ring.peek_time() if backlog else None
+            lag = (st.last_pushed_t - oldest) if oldest is not None else 0.0
+            if not math.isfinite(lag):
+                lag = 0.0
+            level = self.warn_level[name]
+            if level < len(thresholds) and lag >= thresholds[level]:
+                while level < len(thresholds) and lag >= thresholds[level]:
+                    level += 1
+                log.warning(
+                    "capture backlog: stream %s has %d samples waiting (%.1f MB), %.2f s behind",
+                    name,
+                    backlog,
+                    backlog * st.ring.item_bytes / 1e6,
+                    lag,
+                )
+                self.warn_level[name] = level
+            elif level and lag < thresholds[0] / 2:
+                log.info("capture backlog: stream %s caught up", name)
+                self.warn_level[name] = 0
+
+    # -- grid --
+
+    def settle_grid_start(self) -> None:
+        if self.grid_start is not None or not self.first_t:
+            return
+        present = set(self.first_t)
+        everything = set(self.streams)
+        if present >= everything:
+            self.grid_start = max(self.first_t.values())
+            return
+        latest = max(self.last_t.values())
+        drained = self.ended() and all(self.remaining(n) == 0 for n in self.streams)
+        # A full pending buffer cannot wait for the missing streams any longer either.
+        stuck = any(p.n >= p.capacity for p in self.pending.values())
+        timed_out = latest - min(self.first_t.values()) >= self.rec.config.stream_start_timeout_s
+        if drained or stuck or timed_out:
+            self.grid_start = max(self.first_t.values())
+
+    def ready_rows(self, final: bool) -> int:
+        """How many grid rows from next_row can be aligned now."""
+        assert self.grid_start is not None
+        if final:
+            end = min(self.last_t.values())
+            return max(align.grid_length(self.grid_start, end, self.fps) - self.next_row, 0)
+        counts = []
+        for name, p in self.pending.items():
+            if name not in self.first_t:
+                continue
+            if p.n == 0:
+                return 0
+            last = p.times[p.n - 1]
+            # A camera row is settled once a sample lies after it; a vector row once one lies at
+            # or after it (then interpolation and hold are final).
+            span = (last - self.grid_start) * self.fps
+            strict = p.stream.kind == "camera"
+            k = math.ceil(span) if strict else math.floor(span) + 1
+            counts.append(k - self.next_row)
+        return max(min(counts), 0) if counts else 0
+
+    def emit_ready(self, final: bool) -> bool:
+        if self.grid_start is None:
+            return False
+        n = self.ready_rows(final)
+        emitted = False
+        while n > 0:
+            m = min(n, EMIT_BATCH)
+            self.emit(m)
+            n -= m
+            emitted = True
+        return emitted
+
+    def emit(self, m: int) -> None:
+        assert self.grid_start is not None and self.episode is not None
+        k0 = self.next_row
+        grid = align.grid_times(self.grid_start, self.fps, k0, m)
+        images: dict[str, np.ndarray] = {}
+        capture_time: np.ndarray | None = None
+        for st in self.cameras:
+            p = self.pending[st.name]
+            buf = self.frame_buf[st.name][:m]
+            if st.name not in self.first_t or p.n == 0:
+                buf[:] = 0
+                images[st.name] = buf
+                continue
+            idx, skew = align.nearest_indices(p.times[: p.n], grid, self.tol, native=None)
+            np.take(p.values[: p.n], idx, axis=0, out=buf)
+            images[st.name] = buf
+            chosen = p.times[idx]
+            dist = np.abs(chosen - grid)
+            violations = int(skew.sum())
+            if violations:
+                if st.name not in self.skew_first:
+                    self.skew_first[st.name] = k0 + int(np.flatnonzero(skew)[0])
+                self.skew_count[st.name] += violations
+            self.skew_max[st.name] = max(self.skew_max[st.name], float(dist.max()))
+            self.skew_sum[st.name] += float(dist.sum())
+            if capture_time is None and st is self.cameras[0]:
+                capture_time = chosen
+        vectors: dict[str, np.ndarray] = {}
+        for st in self.vectors:
+            p = self.pending[st.name]
+            if st.name not in self.first_t or p.n == 0:
+                vectors[st.name] = np.zeros((m, st.shape[0]), np.float32)
+                continue
+            vectors[st.name] = align.align_vector(
+                p.times[: p.n], p.values[: p.n], grid, st.discrete
+            ).astype(np.float32)
+        if capture_time is None:
+            capture_time = grid
+        self.episode.add_frames(images=images, vectors=vectors, capture_time=capture_time)
+        self.next_row = k0 + m
+        self.rec._active_rows = self.next_row
+        # Keep, per stream, the latest sample at or before the next grid instant and later ones.
+        g_next = self.grid_start + self.next_row / self.fps
+        for p in self.pending.values():
+            if p.n > 1:
+                j = int(np.searchsorted(p.times[: p.n], g_next, side="right")) - 1
+                p.drop_front(j)
+
+    # -- STOP --
+
+    def finish(self) -> None:
+        s = self.s
+        assert s.job is not None and self.episode is not None
+        self.settle_grid_start()
+        if self.grid_start is not None:
+            # Rows still waiting for later samples are final now.
+            self.emit_ready(final=False)
+            self.emit_ready(final=True)
+        row = self.validate()
+        s.job.frames = self.next_row
+        s.job.quality = row["quality"]
+        s.job.quality_issues = row["quality_issues"]
+        commit_episode(s.job, s.writer, self.episode, row)
+        if s.job.state == FAILED:
+            log.error("capture: saving episode failed: %s", s.job.error)
+
+    def validate(self) -> dict[str, Any]:
+        s = self.s
+        cfg = self.rec.config
+        issues = self.issues
+        rows = self.next_row
+        for st in self.cameras:
+            if st.name not in self.first_t:
+                issues.add(
+                    MISSING_CAMERA_STREAM,
+                    st.name,
+                    f"camera {st.name}: no image arrived during the episode"
+                    + (f"; its {rows} frames are black" if rows else ""),
+                )
+            elif st.name in self.late_rows:
+                k = self.late_rows[st.name]
+                issues.add(
+                    MISSING_CAMERA,
+                    st.name,
+                    f"camera {st.name}: no image for frames 0-{k - 1} (the stream started "
+                    f"{self.first_t[st.name] - (self.grid_start or 0.0):.3f} s late); they are black",
+                )
+            if self.skew_count.get(st.name):
+                issues.add(
+                    IMAGE_SKEW_EXCEEDED,
+                    st.name,
+                    f"camera {st.name}: {self.skew_count[st.name]} frames (first: frame "
+                    f"{self.skew_first[st.name]}) whose nearest image is farther than "
+                    f"{self.tol * 1e3:.1f} ms from the grid (max {self.skew_max[st.name] * 1e3:.1f} ms)",
+                )
+        for st in self.vectors:
+            if st.name not in self.first_t:
+                issues.add(
+                    MISSING_CONFIGURED_COLUMN,
+                    st.name,
+                    f"vector {st.name}: no sample arrived during the episode; column is zeros",
+                )
+            elif st.name in self.late_rows:
+                k = self.late_rows[st.name]
+                issues.add(
+                    MISSING_CONFIGURED_COLUMN,
+                    st.name,
+                    f"vector {st.name}: no sample for frames 0-{k - 1} (stream started late); "
+                    "they are zeros",
+                )
+        for name, (count, detail) in s.bad_shapes.items():
+            st = self.streams[name]
+            code = INVALID_IMAGE_SHAPE if st.kind == "camera" else INVALID_VECTOR_DIM
+            what = "camera" if st.kind == "camera" else "vector"
+            issues.add(code, name, f"{what} {name}: {count} samples refused: {detail}")
+        for key, count in s.unexpected.items():
+            if key.startswith("vector:"):
+                issues.add(
+                    UNEXPECTED_VECTOR_STREAM,
+                    key,
+                    f"vector stream {key[7:]!r} is not in the config: {count} samples ignored",
+                )
+            else:
+                issues.add(
+                    UNEXPECTED_IMAGE_STREAM,
+                    key,
+                    f"camera {key!r} is not in the config: {count} images ignored",
+                )
+        overflow = {
+            name: st.ring.overflow_count - s.overflow_base[name]
+            for name, st in self.streams.items()
+        }
+        for name, count in overflow.items():
+            if count:
+                issues.add(
+                    CAPTURE_BACKLOG_OVERFLOW,
+                    name,
+                    f"stream {name}: {count} samples refused: the capture backlog reached its "
+                    f"hard memory limit ({cfg.backlog.max_memory_mb:g} MB over all cameras)",
+                )
+        expected = None
+        if self.grid_start is not None and self.last_t:
+            expected = align.grid_length(self.grid_start, min(self.last_t.values()), self.fps)
+            if expected != rows:
+                issues.add(
+                    FRAME_COUNT_MISMATCH,
+                    "episode",
+                    f"aligned {rows} frames but the streams' common span holds {expected} grid "
+                    "instants",
+                )
+        if 0 < rows < cfg.min_episode_frames:
+            issues.add(
+                EPISODE_TOO_SHORT,
+                "episode",
+                f"episode has {rows} frames, fewer than min_episode_frames={cfg.min_episode_frames}",
+            )
+        records = issues.records()
+        duration = (s.ended_mono or time.monotonic()) - s.started_mono
+        alignment: dict[str, Any] = {
+            "fps": self.fps,
+            "grid_start": self.grid_start,
+            "grid_end": min(self.last_t.values()) if self.last_t else None,
+            "skew_tolerance_s": self.tol,
+            "cameras": {
+                st.name: {
+                    "samples": self.checks[st.name].samples_seen,
+                    "max_skew_s": self.skew_max[st.name],
+                    "mean_skew_s": self.skew_sum[st.name] / rows if rows else 0.0,
+                    "skew_violations": self.skew_count[st.name],
+                }
+                for st in self.cameras
+            },
+            "vectors": {
+                st.name: {"samples": self.checks[st.name].samples_seen} for st in self.vectors
+            },
+        }
+        return {
+            "quality": "red" if records else "green",
+            "quality_issues": records,
+            "started_at": s.started_at,
+            "ended_at": s.ended_at,
+            "duration_seconds": round(duration, 6),
+            "alignment": alignment,
+            "capture_backlog": {
+                "high_water": self.high_water,
+                "refused": overflow,
+            },
+        }

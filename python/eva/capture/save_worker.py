@@ -1,0 +1,148 @@
+"""Save jobs: the observable record of each STOPped episode, and the commit step itself.
+
+A job moves ``queued`` (STOP pressed; the consumer still drains, aligns and encodes the episode's
+remaining samples) -> ``saving`` (validation done; parquet, stats and metadata being written) ->
+``saved`` (``episode_index`` set, or None for a zero-frame episode, which writes nothing) or
+``failed`` (``error`` holds one line). Jobs are processed in STOP order by the recorder's
+consumer thread, so episode indices follow the order of the STOPs.
+
+While episode N is committed the dataset writer holds an exclusive ``flock`` on
+``<raw>/.eva-work/saving-<N:06d>.lock`` (docs/design.md, "Saving marker"): ``eva qc`` refuses a
+verdict for N meanwhile. A stale marker left by a crash is removed by the next recorder start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import itertools
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eva.dataset import layout
+from eva.dataset.writer import DatasetWriter, EpisodeWriter
+
+QUEUED = "queued"
+SAVING = "saving"
+SAVED = "saved"
+FAILED = "failed"
+JOB_STATES = (QUEUED, SAVING, SAVED, FAILED)
+
+_job_ids = itertools.count(1)
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class SaveJob:
+    """One STOPped episode on its way to disk. Read it from any thread; the recorder updates it."""
+
+    dataset_dir: Path
+    task: str
+    job_id: int = field(default_factory=lambda: next(_job_ids))
+    state: str = QUEUED
+    episode_index: int | None = None
+    frames: int = 0
+    quality: str | None = None
+    quality_issues: list[dict[str, str]] = field(default_factory=list)
+    error: str | None = None
+    created_at: str = field(default_factory=utc_now)
+    finished_at: str | None = None
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (SAVED, FAILED)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until saved or failed; False on timeout."""
+        return self._done.wait(timeout)
+
+    def _finish(self, state: str, error: str | None = None) -> None:
+        self.state = state
+        self.error = error
+        self.finished_at = utc_now()
+        self._done.set()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "dataset_dir": str(self.dataset_dir),
+            "task": self.task,
+            "state": self.state,
+            "episode_index": self.episode_index,
+            "frames": self.frames,
+            "quality": self.quality,
+            "quality_issues": list(self.quality_issues),
+            "error": self.error,
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+        }
+
+
+def saving_marker_path(dataset_dir: Path, episode_index: int) -> Path:
+    return Path(dataset_dir) / layout.WORK_DIR / f"saving-{episode_index:06d}.lock"
+
+
+def remove_stale_markers(dataset_dir: Path) -> list[Path]:
+    """Saving markers nobody holds (left by a crash): remove them, return what was removed."""
+    work = Path(dataset_dir) / layout.WORK_DIR
+    removed: list[Path] = []
+    if not work.is_dir():
+        return removed
+    for path in sorted(work.glob("saving-*.lock")):
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    return removed
+
+
+def leftover_work(dataset_dir: Path) -> list[Path]:
+    """Episode work directories under ``.eva-work`` (only crashes leave them while no writer runs)."""
+    work = Path(dataset_dir) / layout.WORK_DIR
+    if not work.is_dir():
+        return []
+    return sorted(p for p in work.iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def commit_episode(
+    job: SaveJob,
+    writer: DatasetWriter,
+    episode: EpisodeWriter,
+    row_fields: Mapping[str, Any],
+) -> None:
+    """Publish ``episode`` (validation already in ``row_fields``) and finish ``job``."""
+    job.state = SAVING
+    try:
+        if episode.length == 0:
+            episode.abort()
+            job.episode_index = None
+            job.frames = 0
+            job._finish(SAVED)
+            return
+        # The writer holds the saving marker and meta.lock of the eva qc protocol during commit.
+        index = episode.commit(row_fields)
+        job.episode_index = index
+        job.frames = episode.length
+        job._finish(SAVED)
+    except Exception as e:  # the job records the failure; the recorder keeps running
+        episode.abort()
+        job._finish(FAILED, f"{type(e).__name__}: {e}".splitlines()[0])

@@ -1,0 +1,320 @@
+"""Where samples come from: the Source API for your own rig, a simulated rig, a dataset replay.
+
+Writing a source
+----------------
+
+A real rig usually has one thread per device. Such code needs no adapter: call
+``recorder.push_image(camera_key, t, frame)`` and ``recorder.push_vector(stream, t, values)``
+from those threads (each call copies the sample and returns within microseconds). ``t`` is the
+capture time in seconds on one clock shared by all streams of the rig (e.g. ``time.monotonic()``
+or a hardware clock); ``frame`` is an ``(H, W, 3)`` uint8 RGB array of the configured size and
+``values`` a ``(dim,)`` array. Samples pushed while no episode records are ignored.
+
+A source that is easier to write as one loop implements :class:`Source`: ``samples()`` yields
+:class:`Sample` objects in (roughly) capture order, pacing itself as the hardware would, and
+:class:`SourcePump` runs it on a background thread into a recorder::
+
+    class MyRig:
+        def samples(self):
+            while True:
+                t, img = camera.read()          # your driver
+                yield Sample("image", "observation.images.front", t, img)
+                t, q = arm.joint_positions()
+                yield Sample("vector", "observation.state", t, q)
+
+    pump = SourcePump(MyRig(), recorder)
+    pump.start()
+    recorder.start("pick-cube", "pick the red cube")
+    ...
+    recorder.stop()
+    pump.stop()
+
+The arrays yielded may be reused by the source once the next sample is requested (the recorder
+copies them).
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from eva.capture.synthetic import SyntheticScene, joint_actions, joint_states
+from eva.config import CameraConfig, CollectionConfig, VectorConfig
+from eva.dataset.reader import DatasetReader
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timestamped sample: ``kind`` is "image" (camera key) or "vector" (stream name)."""
+
+    kind: str
+    stream: str
+    t: float
+    data: np.ndarray
+
+
+class Source(Protocol):
+    """Yields the rig's samples, paced as the hardware delivers them (see module doc)."""
+
+    def samples(self) -> Iterator[Sample]: ...
+
+
+class SampleSink(Protocol):
+    """What a source feeds: :class:`eva.capture.recorder.Recorder` is one."""
+
+    def push_image(self, camera: str, t: float, frame: np.ndarray) -> bool: ...
+    def push_vector(self, stream_name: str, t: float, values: np.ndarray) -> bool: ...
+
+
+class SourcePump:
+    """Runs ``source.samples()`` on a thread and pushes every sample into ``sink``."""
+
+    def __init__(self, source: Source, sink: SampleSink) -> None:
+        self.source = source
+        self.sink = sink
+        self.samples = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="eva-source", daemon=True)
+        self.finished = threading.Event()
+
+    def start(self) -> SourcePump:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            for sample in self.source.samples():
+                if self._stop.is_set():
+                    break
+                if sample.kind == "image":
+                    self.sink.push_image(sample.stream, sample.t, sample.data)
+                else:
+                    self.sink.push_vector(sample.stream, sample.t, sample.data)
+                self.samples += 1
+        except BaseException as e:  # surfaced through .error (the CLI reports it)
+            self.error = e
+        finally:
+            self.finished.set()
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+
+class _Pacer:
+    """Sleeps until the wall clock reaches a sample's time (relative to the first sample)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.origin: tuple[float, float] | None = None
+
+    def wait(self, t: float) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self.origin is None:
+            self.origin = (now, t)
+            return
+        delay = self.origin[0] + (t - self.origin[1]) - now
+        if delay > 0:
+            time.sleep(delay)
+
+
+class SimulatedRig:
+    """A deterministic, seedable rig: cameras at ``fps`` and vector streams at ``vector_hz``.
+
+    Defaults: three 640x480 cameras at 30 fps and 14-dim ``observation.state`` / ``action`` at
+    200 Hz (gripper dims step between 0 and 1). Every stream has its own phase offset and
+    uniform timestamp jitter (``jitter_s``, kept below half a period so times stay increasing).
+    Images cycle through a bank of ``frame_bank`` distinct synthetic frames per camera (generated
+    once, so the rig itself costs almost nothing per frame). ``realtime`` paces samples on the
+    wall clock; ``t0`` is the time of the first sample (default: ``time.time()`` when realtime,
+    else 0). ``duration_s`` ends the stream (None: endless).
+    """
+
+    def __init__(
+        self,
+        cameras: Sequence[CameraConfig] | None = None,
+        vectors: Sequence[VectorConfig] | None = None,
+        *,
+        fps: float = 30.0,
+        vector_hz: float = 200.0,
+        seed: int = 0,
+        jitter_s: float = 0.002,
+        realtime: bool = False,
+        t0: float | None = None,
+        duration_s: float | None = None,
+        frame_bank: int = 16,
+    ) -> None:
+        self.cameras = list(
+            cameras
+            if cameras is not None
+            else [
+                CameraConfig(f"observation.images.{name}", 640, 480)
+                for name in ("cam_high", "cam_left_wrist", "cam_right_wrist")
+            ]
+        )
+        self.vectors = list(
+            vectors
+            if vectors is not None
+            else [VectorConfig(n, 14, (6, 13)) for n in ("observation.state", "action")]
+        )
+        self.fps = float(fps)
+        self.vector_hz = float(vector_hz)
+        self.seed = seed
+        self.jitter_s = float(jitter_s)
+        self.realtime = realtime
+        self.t0 = t0
+        self.duration_s = duration_s
+        self.frame_bank = max(2, int(frame_bank))
+        self._banks: dict[str, np.ndarray] = {}
+
+    @classmethod
+    def from_config(cls, config: CollectionConfig, **kwargs: object) -> SimulatedRig:
+        return cls(config.cameras, config.vectors, fps=config.fps, **kwargs)  # type: ignore[arg-type]
+
+    def _bank(self, k: int, cam: CameraConfig) -> np.ndarray:
+        bank = self._banks.get(cam.key)
+        if bank is None:
+            scene = SyntheticScene(cam.height, cam.width, seed=self.seed * 1000 + k)
+            bank = scene.frames(0, self.frame_bank)
+            bank.setflags(write=False)
+            self._banks[cam.key] = bank
+        return bank
+
+    def _vector_chunk(self, k: int, vec: VectorConfig, start: int, n: int) -> np.ndarray:
+        hz = max(1, round(self.vector_hz))
+        if vec.name == "action":
+            values = joint_actions(start, n, dim=vec.dim, fps=hz, seed=self.seed)
+        else:
+            values = joint_states(start, n, dim=vec.dim, fps=hz, seed=self.seed + k)
+        return values.astype(np.float64)
+
+    def samples(self) -> Iterator[Sample]:
+        t0 = self.t0 if self.t0 is not None else (time.time() if self.realtime else 0.0)
+        rng = np.random.default_rng([self.seed, 17])
+        pacer = _Pacer(self.realtime)
+        # (time, order, kind, stream index, sample number); order breaks ties deterministically.
+        heap: list[tuple[float, int, str, int, int]] = []
+        periods: dict[tuple[str, int], float] = {}
+        offsets: dict[tuple[str, int], float] = {}
+        jitter = {}
+        for k, _cam in enumerate(self.cameras):
+            periods[("image", k)] = 1.0 / self.fps
+            offsets[("image", k)] = k * 0.001
+        for k, _vec in enumerate(self.vectors):
+            periods[("vector", k)] = 1.0 / self.vector_hz
+            offsets[("vector", k)] = 0.0005 * k
+        for key in periods:
+            jitter[key] = min(self.jitter_s, 0.45 * periods[key])
+        for order, (kind, k) in enumerate(periods):
+            heapq.heappush(heap, (offsets[(kind, k)], order, kind, k, 0))
+        chunks: dict[int, tuple[int, np.ndarray]] = {}
+        chunk_len = 256
+        while heap:
+            nominal, o, kind, k, i = heapq.heappop(heap)
+            if self.duration_s is not None and nominal > self.duration_s:
+                continue
+            j = jitter[(kind, k)]
+            t = t0 + nominal + (rng.uniform(-j, j) if j > 0 else 0.0)
+            pacer.wait(t)
+            if kind == "image":
+                cam = self.cameras[k]
+                bank = self._bank(k, cam)
+                yield Sample("image", cam.key, t, bank[i % self.frame_bank])
+            else:
+                vec = self.vectors[k]
+                start, chunk = chunks.get(k, (-chunk_len, np.empty(0)))
+                if i >= start + chunk_len:
+                    start = i - i % chunk_len
+                    chunk = self._vector_chunk(k, vec, start, chunk_len)
+                    chunks[k] = (start, chunk)
+                yield Sample("vector", vec.name, t, chunk[i - start])
+            period = periods[(kind, k)]
+            heapq.heappush(heap, (offsets[(kind, k)] + (i + 1) * period, o, kind, k, i + 1))
+
+
+class ReplaySource:
+    """Replays an existing raw v2.1 dataset's frames and vectors as a live rig would.
+
+    Episodes are played back to back on one continuous clock (each row at its ``timestamp``
+    plus the episode's offset; the next episode starts one frame period after the previous one
+    ended), with real-time pacing unless ``realtime=False``; ``loop`` repeats the dataset.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        realtime: bool = True,
+        loop: bool = False,
+        episodes: Sequence[int] | None = None,
+        t0: float = 0.0,
+        batch_size: int = 16,
+    ) -> None:
+        self.reader = DatasetReader(Path(path))
+        self.realtime = realtime
+        self.loop = loop
+        self.episodes = list(episodes) if episodes is not None else self.reader.episode_indices
+        self.t0 = t0
+        self.batch_size = batch_size
+
+    def stream_config(self) -> tuple[list[CameraConfig], list[VectorConfig]]:
+        """The dataset's cameras and vector streams, for a collection config that matches."""
+        features = self.reader.features
+        cameras = [
+            CameraConfig(k, int(features[k]["shape"][1]), int(features[k]["shape"][0]))
+            for k in self.reader.video_keys
+        ]
+        vectors = [
+            VectorConfig(k, int(features[k]["shape"][0]))
+            for k in self.reader.vector_keys
+            if k != "capture_time" and features[k].get("shape") and len(features[k]["shape"]) == 1
+        ]
+        return cameras, vectors
+
+    @property
+    def fps(self) -> int:
+        return self.reader.fps
+
+    def samples(self) -> Iterator[Sample]:
+        _, vectors = self.stream_config()
+        keys = self.reader.video_keys
+        fps = self.reader.fps
+        pacer = _Pacer(self.realtime)
+        offset = self.t0
+        while True:
+            for ep in self.episodes:
+                table = self.reader.read_table(ep, ["timestamp"])
+                stamps = table.column("timestamp").to_numpy().astype(np.float64)
+                columns = {v.name: self.reader.read_vector(ep, v.name) for v in vectors}
+                frames = [self.reader.iter_frames(ep, key, self.batch_size) for key in keys]
+                row = 0
+                while row < len(stamps):
+                    batches = [next(it) for it in frames] if frames else []
+                    n = len(batches[0]) if batches else min(self.batch_size, len(stamps) - row)
+                    for i in range(n):
+                        t = offset + float(stamps[row + i])
+                        pacer.wait(t)
+                        for key, batch in zip(keys, batches, strict=True):
+                            yield Sample("image", key, t, batch[i])
+                        for v in vectors:
+                            yield Sample(
+                                "vector",
+                                v.name,
+                                t,
+                                np.asarray(columns[v.name][row + i], np.float64),
+                            )
+                    row += n
+                if len(stamps):
+                    offset += float(stamps[-1]) + 1.0 / fps
+            if not self.loop:
+                return
