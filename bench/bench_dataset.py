@@ -66,16 +66,26 @@ def build_dataset(root: Path, episodes: int) -> Path:
     return root
 
 
-def time_appends(root: Path, appends: int, durable: bool) -> list[float]:
-    """Seconds per append of one 30-frame episode (the writer is opened once, outside the timing)."""
+def time_appends(roots: list[Path], appends: int, durable: bool) -> list[list[float]]:
+    """Seconds per append of one 30-frame episode, for each dataset in ``roots``.
+
+    The appends alternate between the datasets (a, b, a, b...) so that load from other processes
+    on the shared machine hits both sides alike; writers are opened outside the timing.
+    """
     images = SyntheticScene(HEIGHT, WIDTH, seed=2).frames(0, APPEND_FRAMES)
-    times = []
-    with _writer(root, durable=durable) as writer:
-        _episode(writer, APPEND_FRAMES, images, 0)  # warm-up (imports, encoder init paths)
+    writers = [_writer(root, durable=durable) for root in roots]
+    times: list[list[float]] = [[] for _ in roots]
+    try:
+        for writer in writers:
+            _episode(writer, APPEND_FRAMES, images, 0)  # warm-up (imports, encoder init paths)
         for i in range(appends):
-            start = time.perf_counter()
-            _episode(writer, APPEND_FRAMES, images, i + 1)
-            times.append(time.perf_counter() - start)
+            for writer, series in zip(writers, times, strict=True):
+                start = time.perf_counter()
+                _episode(writer, APPEND_FRAMES, images, i + 1)
+                series.append(time.perf_counter() - start)
+    finally:
+        for writer in writers:
+            writer.close()
     return times
 
 
@@ -91,7 +101,7 @@ def naive_metadata_reread(root: Path) -> float:
 
 def report(quick: bool = False) -> list[dict[str, Any]]:
     """Rows for bench/run_all.py; about 15 s, 8 s with quick."""
-    appends = 5 if quick else 12
+    appends = 9 if quick else 25
     small_n, large_n = 10, 200
     rows: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix="eva-bench-dataset-"))
@@ -101,8 +111,8 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
         large = build_dataset(tmp / "large", large_n)
         build_s = time.perf_counter() - build_start
         for durable in (False, True):
-            t_small = statistics.median(time_appends(small, appends, durable))
-            t_large = statistics.median(time_appends(large, appends, durable))
+            small_times, large_times = time_appends([small, large], appends, durable)
+            t_small, t_large = statistics.median(small_times), statistics.median(large_times)
             label = "durable (fsync)" if durable else "no fsync"
             rows.append(
                 {
@@ -121,7 +131,7 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
         reread = min(naive_metadata_reread(large) for _ in range(3))
         rows.append(
             {
-                "name": f"dataset.append vs naive metadata re-read @{large_n + 2 * appends + 2}",
+                "name": f"dataset.append vs naive metadata re-read @{large_n + 2 * (appends + 1)}",
                 "value": t_append_large * 1e3,
                 "baseline": (t_append_large + reread) * 1e3,
                 "ratio": (t_append_large + reread) / t_append_large,
