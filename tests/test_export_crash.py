@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.cli import main
 from eva.dataset import layout

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.cli import main
 from eva.dataset import layout
@@ -402,3 +403,18 @@ def test_unavailable_format_is_reported(source: Path, monkeypatch: pytest.Monkey
     monkeypatch.setitem(layout.FORMAT_ALIASES, "future", "future_fmt")
     with pytest.raises(FormatUnavailable, match="not available"):
         load_format("future")
+
+
+def test_failed_rerun_keeps_the_published_pair(source: Path) -> None:
+    first = export_dataset(source, "lerobot_v21")
+    before = {s: tree_hash(first.export_root / s) for s in ("accepted", "rejected")}
+    (source / "videos/chunk-000/observation.images.cam1/episode_000004.mp4").unlink()
+    with pytest.raises(DatasetError, match="episode_000004.mp4"):
+        export_dataset(source, "lerobot_v21")
+    assert {s: tree_hash(first.export_root / s) for s in ("accepted", "rejected")} == before
+    job = read_job(first.export_root / "job.json")
+    assert job is not None and job.state == "failed" and "episode_000004.mp4" in (job.error or "")
+    hidden = [
+        p for p in first.export_root.parent.iterdir() if p.name.startswith(".eva-") and p.is_dir()
+    ]
+    assert hidden == []

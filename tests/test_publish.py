@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from eva.jobs import Job, read_job, write_job
 from eva.publish import (
     ExportBusy,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from eva.cli import main
 from eva.dataset import layout
 from eva.dataset.atomic import atomic_write_jsonl, read_jsonl
