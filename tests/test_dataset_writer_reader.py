@@ -581,3 +581,15 @@ def test_non_finite_vectors_are_kept_but_left_out_of_stats(tmp_path: Path) -> No
     assert stats["observation.state"]["max"] == [6.0, 7.0, 8.0]
     assert "action" not in stats  # no finite row at all; still computable from the table
     assert validate_dataset(root) == []
+
+
+def test_bad_options_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="even width and height"):
+        _open(tmp_path / "odd", cameras=[CameraSpec(FRONT, 47, 64)])
+    assert not (tmp_path / "odd").exists()
+    with pytest.raises(ValueError, match="preset"):
+        VideoOptions(preset="warp9")
+    with pytest.raises(ValueError, match="codec"):
+        VideoOptions(codec="mjpeg")
+    with pytest.raises(ValueError, match="pix_fmt"):
+        VideoOptions(pix_fmt="yuv444p")

@@ -23,6 +23,10 @@ import numpy as np
 from eva.dataset.errors import DatasetError
 
 SUPPORTED_CODECS = ("libx264", "libsvtav1")
+X264_PRESETS = (
+    "ultrafast", "superfast", "veryfast", "faster", "fast",
+    "medium", "slow", "slower", "veryslow", "placebo",
+)  # fmt: skip
 # Codec name as LeRobot records it in info.json `video.codec`.
 CODEC_INFO_NAME = {"libx264": "h264", "libsvtav1": "av1"}
 
@@ -46,6 +50,14 @@ class VideoOptions:
             raise ValueError(f"video gop {self.gop}: must be >= 1")
         if not 0 <= int(self.crf) <= 63:
             raise ValueError(f"video crf {self.crf}: must be in 0..63")
+        if self.codec == "libx264" and self.preset not in X264_PRESETS:
+            raise ValueError(
+                f"video preset {self.preset!r}: choose one of {', '.join(X264_PRESETS)}"
+            )
+        if self.codec == "libsvtav1" and not (self.preset.isdigit() or self.preset in X264_PRESETS):
+            raise ValueError(f"video preset {self.preset!r}: SVT-AV1 takes a number 0..13")
+        if self.pix_fmt not in ("yuv420p",):
+            raise ValueError(f"video pix_fmt {self.pix_fmt!r}: only yuv420p is supported")
 
     @property
     def info_codec(self) -> str:

@@ -256,6 +256,12 @@ class DatasetWriter:
             raise DatasetError(f"{root}: fps {fps} must be >= 1")
         if chunks_size < 1:
             raise DatasetError(f"{root}: chunks_size {chunks_size} must be >= 1")
+        for cam in cameras:
+            if video.pix_fmt == "yuv420p" and (cam.width % 2 or cam.height % 2):
+                raise DatasetError(
+                    f"camera {cam.key}: {cam.width}x{cam.height} must have even width and height "
+                    "for yuv420p video"
+                )
         keys = [c.key for c in cameras] + [v.name for v in vectors]
         if len(set(keys)) != len(keys):
             raise DatasetError(f"{root}: duplicate camera/vector names in {keys}")
