@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader

@@ -7,6 +7,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+
 from eva.formats._v3_video import (
     VideoConcatError,
     VideoShardWriter,
@@ -122,7 +123,7 @@ def test_incompatible_stream_is_refused_and_names_the_difference(
     writer = VideoShardWriter(tmp_path / "shard.mp4")
     writer.append(episodes[0][0])
     with pytest.raises(VideoConcatError, match="width 64 != 32"):
-        writer.append(small, probe(small).params)
+        writer.append(small)
     assert not probe(episodes[0][0]).params.compatible_with(probe(other_rate).params)
     # A refused episode leaves the shard usable.
     writer.append(episodes[1][0])

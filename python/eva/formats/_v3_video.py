@@ -31,6 +31,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 # Receives each decoded keyframe of an appended episode as an (H, W, 3) uint8 RGB array.
 KeyframeSink = Callable[[np.ndarray], None]
@@ -121,6 +122,40 @@ def decode_count_frames(path: Path) -> int:
     return n
 
 
+class EpisodeVideo:
+    """An episode MP4 opened once: its ``info`` (no decoding) for the shard decision, then the
+    same open container for the packet copy. Use as a context manager."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        try:
+            self.container = av.open(str(self.path))
+        except av.error.FFmpegError as e:
+            raise VideoConcatError(f"{self.path}: cannot open video ({e})") from None
+        if not self.container.streams.video:
+            self.container.close()
+            raise VideoConcatError(f"{self.path}: no video stream")
+        self.stream = self.container.streams.video[0]
+        # Only keyframes are ever decoded here, one at a time: decoder threads would cost more
+        # to start per episode than they could save.
+        self.stream.thread_type = "NONE"
+        self.stream.codec_context.thread_count = 1
+        self.info = EpisodeVideoInfo(
+            params=_stream_params(self.stream),
+            frames=stream_frames(self.stream),
+            size_bytes=self.path.stat().st_size,
+        )
+
+    def close(self) -> None:
+        self.container.close()
+
+    def __enter__(self) -> EpisodeVideo:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @dataclass(frozen=True)
 class AppendedEpisode:
     """Where an appended episode landed in the shard, in seconds of the shard's stream."""
@@ -149,6 +184,12 @@ class VideoShardWriter:
         # Start of the next episode, in ticks of the shard's time base.
         self._next_start = 0
         self._last_dts: int | None = None
+        # One reformatter for all conversions: ``frame.to_ndarray(format=...)`` builds a new
+        # swscale context per frame, which costs ~100x the conversion of a small frame.
+        self._reformatter = VideoReformatter()
+
+    def _rgb(self, frame: av.VideoFrame) -> np.ndarray:
+        return self._reformatter.reformat(frame, format="rgb24").to_ndarray()
 
     @property
     def duration_s(self) -> float:
@@ -158,45 +199,38 @@ class VideoShardWriter:
 
     def append(
         self,
-        source: Path,
-        params: StreamParams | None = None,
+        source: Path | EpisodeVideo,
         keyframe_sink: KeyframeSink | None = None,
     ) -> AppendedEpisode:
         """Copy every video packet of ``source`` to the end of the shard.
 
-        ``params`` (from ``probe``) saves a second open when the caller already probed the file.
-        ``keyframe_sink`` gets every keyframe decoded on the way (a keyframe decodes on its own,
-        so with a GOP of 30 this costs about 1/30 of a full decode and no extra read): the
-        sample the image quantiles are computed from.
+        ``source`` is a path or an already opened ``EpisodeVideo`` (the caller that probed the
+        file to decide on a new shard saves a second open). ``keyframe_sink`` gets every keyframe
+        decoded on the way (a keyframe decodes on its own, so with a GOP of 30 this costs about
+        1/30 of a full decode and no extra read): the sample the image quantiles come from.
         Raises ``VideoConcatError`` when the source is incompatible with the shard; the caller
         checks ``compatible_with`` first and opens a new shard instead.
         """
-        source = Path(source)
-        try:
-            src = av.open(str(source))
-        except av.error.FFmpegError as e:
-            raise VideoConcatError(f"{source}: cannot open video ({e})") from None
-        with src:
-            if not src.streams.video:
-                raise VideoConcatError(f"{source}: no video stream")
-            in_stream = src.streams.video[0]
-            src_params = params or _stream_params(in_stream)
-            if self._container is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._container = av.open(str(self.path), "w", format="mp4", options=MUXER_OPTIONS)
-                # The template copies codec id, size, pixel format and extradata into the new
-                # stream; the time base is not part of the codec parameters, so set it too.
-                self._stream = self._container.add_stream_from_template(in_stream, opaque=True)
-                self._stream.time_base = in_stream.time_base
-                self.params = src_params
-            elif not src_params.compatible_with(self.params):
-                raise VideoConcatError(
-                    f"{source}: stream parameters differ from shard {self.path.name}: "
-                    + "; ".join(self.params.differences(src_params))
-                )
-            return self._copy_packets(
-                source, src, in_stream, int(stream_frames(in_stream)), keyframe_sink
+        if not isinstance(source, EpisodeVideo):
+            with EpisodeVideo(source) as opened:
+                return self.append(opened, keyframe_sink)
+        in_stream = source.stream
+        if self._container is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._container = av.open(str(self.path), "w", format="mp4", options=MUXER_OPTIONS)
+            # The template copies codec id, size, pixel format and extradata into the new
+            # stream; the time base is not part of the codec parameters, so set it too.
+            self._stream = self._container.add_stream_from_template(in_stream, opaque=True)
+            self._stream.time_base = in_stream.time_base
+            self.params = source.info.params
+        elif not source.info.params.compatible_with(self.params):
+            raise VideoConcatError(
+                f"{source.path}: stream parameters differ from shard {self.path.name}: "
+                + "; ".join(self.params.differences(source.info.params))
             )
+        return self._copy_packets(
+            source.path, source.container, in_stream, source.info.frames, keyframe_sink
+        )
 
     def _copy_packets(
         self,
@@ -232,7 +266,7 @@ class VideoShardWriter:
                 )
             if keyframe_sink is not None and packet.is_keyframe:
                 for frame in in_stream.codec_context.decode(packet):
-                    keyframe_sink(frame.to_ndarray(format="rgb24"))
+                    keyframe_sink(self._rgb(frame))
             duration = int(packet.duration or 0)
             if pts is not None:
                 end = max(end, pts + max(duration, 1))
@@ -247,7 +281,7 @@ class VideoShardWriter:
             raise VideoConcatError(f"{source}: no video packets")
         if keyframe_sink is not None:
             for frame in in_stream.codec_context.decode(None):
-                keyframe_sink(frame.to_ndarray(format="rgb24"))
+                keyframe_sink(self._rgb(frame))
         assert self.params is not None
         start = self._next_start
         self._next_start = end
@@ -293,8 +327,10 @@ def decode_frame_times(path: Path) -> list[float]:
 
 def decode_frames(path: Path) -> Iterator[tuple[float, np.ndarray]]:
     """Every frame of ``path`` in order as (presentation time in seconds, (H, W, 3) uint8 RGB)."""
+    reformatter = VideoReformatter()
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         for frame in container.decode(stream):
-            yield float(frame.pts * frame.time_base), frame.to_ndarray(format="rgb24")
+            rgb = reformatter.reformat(frame, format="rgb24").to_ndarray()
+            yield float(frame.pts * frame.time_base), rgb

@@ -62,6 +62,7 @@ from eva.dataset.stats import (
 )
 from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
 from eva.formats._v3_video import (
+    EpisodeVideo,
     VideoConcatError,
     VideoShardWriter,
     decode_frames,
@@ -369,11 +370,39 @@ def episodes_table(rows: list[dict[str, Any]], video_keys: Iterable[str]) -> pa.
     schema = pa.schema(fields)
     columns = []
     for f in schema:
-        values = [_to_plain(row.get(f.name)) for row in rows]
-        if pa.types.is_list(f.type) and pa.types.is_floating(_leaf_type(f.type)):
-            values = [_floatify(v) for v in values]
-        columns.append(pa.array(values, type=f.type))
+        values = [row.get(f.name) for row in rows]
+        column = _dense_nested_array(values, f.type) if f.name in stat_columns else None
+        if column is None:
+            values = [_to_plain(v) for v in values]
+            if pa.types.is_list(f.type) and pa.types.is_floating(_leaf_type(f.type)):
+                values = [_floatify(v) for v in values]
+            column = pa.array(values, type=f.type)
+        columns.append(column)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _dense_nested_array(values: list[Any], arrow_type: pa.DataType) -> pa.Array | None:
+    """Nested list column from same-shaped values through one numpy array (no per-value Python);
+    None when values are missing or ragged (the caller then takes the general path)."""
+    if not values or any(v is None for v in values):
+        return None
+    leaf = _leaf_type(arrow_type)
+    try:
+        array = np.asarray(values, dtype=leaf.to_pandas_dtype())
+    except (ValueError, TypeError):
+        return None
+    depth = 0
+    t = arrow_type
+    while pa.types.is_list(t):
+        depth += 1
+        t = t.value_type
+    if array.ndim != depth + 1:
+        return None
+    nested: pa.Array = pa.array(array.reshape(-1), type=leaf)
+    for size in reversed(array.shape[1:]):
+        offsets = np.arange(0, len(nested) + 1, size, dtype=np.int32)
+        nested = pa.ListArray.from_arrays(pa.array(offsets), nested)
+    return nested
 
 
 def _leaf_type(t: pa.DataType) -> pa.DataType:
@@ -598,31 +627,33 @@ def _append_video(
     """Append source episode ``source``'s camera ``key`` to the camera's shard (rolling first)."""
     src_path = Path(reader.video_path(source, key))
     try:
-        info = probe(src_path)
+        video = EpisodeVideo(src_path)
     except VideoConcatError as e:
         raise DatasetError(f"episode {source}, camera {key}: {e}") from None
-    if info.frames and info.frames != rows:
-        raise DatasetError(
-            f"episode {source}, camera {key}: {src_path.name} holds {info.frames} frames, "
-            f"the table has {rows} rows"
-        )
-    writer = cam.writer
-    if writer is not None and (
-        data_rolled
-        or writer.payload_bytes + info.size_bytes > settings.video_files_size_in_mb * _MB
-        or writer.params is None
-        or not writer.params.compatible_with(info.params)
-    ):
-        cam.roll()
-    if cam.writer is None:
-        cam.writer = VideoShardWriter(cam.path())
-    # Without verify_decode the keyframes decoded during the copy are the quantile sample; with
-    # it the whole shard is decoded at close and the histograms come from every frame.
-    stats = None if settings.verify_decode else ImageStats()
-    try:
-        appended = cam.writer.append(src_path, info.params, stats.update if stats else None)
-    except VideoConcatError as e:
-        raise DatasetError(f"episode {source}, camera {key}: {e}") from None
+    with video:
+        info = video.info
+        if info.frames and info.frames != rows:
+            raise DatasetError(
+                f"episode {source}, camera {key}: {src_path.name} holds {info.frames} frames, "
+                f"the table has {rows} rows"
+            )
+        writer = cam.writer
+        if writer is not None and (
+            data_rolled
+            or writer.payload_bytes + info.size_bytes > settings.video_files_size_in_mb * _MB
+            or writer.params is None
+            or not writer.params.compatible_with(info.params)
+        ):
+            cam.roll()
+        if cam.writer is None:
+            cam.writer = VideoShardWriter(cam.path())
+        # Without verify_decode the keyframes decoded during the copy are the quantile sample;
+        # with it the whole shard is decoded at close and the histograms come from every frame.
+        stats = None if settings.verify_decode else ImageStats()
+        try:
+            appended = cam.writer.append(video, stats.update if stats else None)
+        except VideoConcatError as e:
+            raise DatasetError(f"episode {source}, camera {key}: {e}") from None
     if appended.packets != rows:
         raise DatasetError(
             f"episode {source}, camera {key}: {src_path.name} holds {appended.packets} frames, "
