@@ -389,6 +389,7 @@ def test_killed_writer_process_leaves_old_metadata_intact(tmp_path: Path) -> Non
         assert writer.next_episode_index == 2
     assert not [p for p in (root / "meta").iterdir() if p.name.startswith(atomic.TMP_PREFIX)]
     assert not [p for p in (root / layout.WORK_DIR).iterdir() if p.is_dir()]
+    assert not list((root / "data").glob(f"*/{atomic.TMP_PREFIX}*"))
     assert DatasetReader(root).info["total_episodes"] == 2
 
 

@@ -164,7 +164,11 @@ def build_features(
 
 
 def huggingface_schema_metadata(features: Mapping[str, Mapping[str, Any]]) -> bytes:
-    """The ``huggingface`` parquet schema metadata LeRobot/datasets write (non-video columns)."""
+    """The ``huggingface`` parquet schema metadata LeRobot/datasets write (non-video columns).
+
+    LeRobot 0.3.3 itself does not need it (it passes the features from info.json; checked with
+    the oracle), but HF ``datasets.load_dataset("parquet")`` uses it to restore Sequence types.
+    """
     hf: dict[str, Any] = {}
     for name, feat in features.items():
         if feat["dtype"] in ("video", "image"):
@@ -301,6 +305,11 @@ class DatasetWriter:
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
         atomic.remove_stale_temporaries(self.root / layout.META_DIR)
+        data = self.root / "data"
+        if data.is_dir() and not data.is_symlink():
+            for chunk in data.iterdir():  # a parquet temp file a crash left before its rename
+                if chunk.is_dir() and not chunk.is_symlink():
+                    atomic.remove_stale_temporaries(chunk)
 
     def _create_new(self, robot_type: str, chunks_size: int) -> None:
         episodes = self.root / layout.EPISODES
