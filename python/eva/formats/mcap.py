@@ -33,11 +33,13 @@ per-chunk overhead (message index + chunk index records) stays negligible and me
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -149,7 +151,12 @@ class McapEpisodeWriter:
     """Write one MCAP file: header, schema, channels, chunked messages, summary, footer.
 
     Only what the eva layout needs: one schema, channels registered up front, messages appended
-    in log-time order. Not thread-safe; one instance per file.
+    in log-time order. One instance per file, used from one thread.
+
+    With ``background=True`` (default) a full chunk is CRC'd, compressed and written by a helper
+    thread while the caller fills the second of two chunk buffers: those steps release the GIL,
+    so they overlap with the video decode on another core. ``finish()`` (or ``close()`` on
+    error) joins the helper.
     """
 
     def __init__(
@@ -159,6 +166,7 @@ class McapEpisodeWriter:
         compression: str = DEFAULT_COMPRESSION,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         crc: bool = True,
+        background: bool = True,
     ) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"mcap compression {compression!r}: choose one of {COMPRESSIONS}")
@@ -170,9 +178,17 @@ class McapEpisodeWriter:
         self._compressor = _make_compressor(compression)
         self._chunk_size = int(chunk_size)
         self._crc = crc
-        # The chunk buffer is reused for every chunk; it only grows (once) for a message larger
-        # than the chunk size.
-        self._buf = bytearray(self._chunk_size + 64 * 1024)
+        # Two chunk buffers, reused for every chunk (the second is allocated when first needed);
+        # a buffer only grows (once) for a message larger than the chunk size.
+        self._bufs: list[bytearray | None] = [bytearray(self._chunk_size + 64 * 1024), None]
+        self._buf_index = 0
+        self._buf: bytearray = self._bufs[0]  # type: ignore[assignment]
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="eva-mcap-flush")
+            if background
+            else None
+        )
+        self._pending: Future[None] | None = None
         self._chunk = _ChunkState()
         self._schemas: list[bytes] = []
         self._channels: dict[int, _Channel] = {}
@@ -227,6 +243,7 @@ class McapEpisodeWriter:
             self._flush_chunk()
         if size > len(self._buf) - self._chunk.used:
             self._buf = bytearray(max(size, self._chunk_size) + 64 * 1024)
+            self._bufs[self._buf_index] = self._buf
         return self._chunk.used
 
     def _account(self, channel_id: int, log_time: int, offset: int, size: int) -> None:
@@ -305,11 +322,30 @@ class McapEpisodeWriter:
             raise ValueError(f"ndarray map is {written} bytes, expected {encoded_size}")
         self._account(channel_id, log_time, offset, size)
 
+    def _wait_pending(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()  # re-raises a failed write here, in the caller's thread
+
     def _flush_chunk(self) -> None:
         chunk = self._chunk
         if chunk.messages == 0:
             return
-        records = memoryview(self._buf)[: chunk.used]
+        # The other buffer is free once its flush (the only one in flight) has finished.
+        self._wait_pending()
+        self._chunk = _ChunkState()
+        if self._executor is None:
+            self._write_chunk(self._buf, chunk)
+            return
+        self._pending = self._executor.submit(self._write_chunk, self._buf, chunk)
+        self._buf_index ^= 1
+        other = self._bufs[self._buf_index]
+        if other is None:
+            other = self._bufs[self._buf_index] = bytearray(len(self._buf))
+        self._buf = other
+
+    def _write_chunk(self, buf: bytearray, chunk: _ChunkState) -> None:
+        records = memoryview(buf)[: chunk.used]
         crc = zlib.crc32(records) if self._crc else 0
         if self._compressor is None:
             data: bytes | memoryview = records
@@ -355,7 +391,6 @@ class McapEpisodeWriter:
                 uncompressed_size=chunk.used,
             )
         )
-        self._chunk = _ChunkState()
 
     # -- summary -------------------------------------------------------------------------------
 
@@ -364,6 +399,8 @@ class McapEpisodeWriter:
         if self._finished:
             return
         self._flush_chunk()
+        self._wait_pending()
+        self.close()
         self._write(_record(OP_DATA_END, struct.pack("<I", 0)))
         summary_start = self._pos
         groups: list[tuple[int, bytes]] = []
@@ -425,6 +462,17 @@ class McapEpisodeWriter:
         self._write(footer_head + struct.pack("<I", summary_crc))
         self._write(MAGIC)
         self._finished = True
+
+    def close(self) -> None:
+        """Stop the helper thread (after its current write); the file is complete only after
+        ``finish()``."""
+        if self._executor is not None:
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                with contextlib.suppress(BaseException):
+                    pending.result()
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
 
 def _make_compressor(compression: str) -> Any:
@@ -519,16 +567,20 @@ def write_episode_file(
     try:
         with open(path, "wb") as stream:
             writer = McapEpisodeWriter(stream, compression=compression, chunk_size=chunk_size)
-            writer.register_schema(
-                1, EPISODE_SCHEMA_NAME, EPISODE_SCHEMA_ENCODING, EPISODE_SCHEMA_DATA
-            )
-            writer.register_channel(1, EPISODE_TOPIC, MESSAGE_ENCODING, schema_id=1)
-            channel_ids = {key: 2 + i for i, key in enumerate(keys)}
-            for key in keys:
-                writer.register_channel(channel_ids[key], image_topic(key), MESSAGE_ENCODING)
-            writer.add_message(1, 0, 0, 0, episode_payload(table, metadata, fps, image_features))
-            _write_frames(writer, frame_batches, channel_ids, rows, fps, label)
-            writer.finish()
+            try:
+                writer.register_schema(
+                    1, EPISODE_SCHEMA_NAME, EPISODE_SCHEMA_ENCODING, EPISODE_SCHEMA_DATA
+                )
+                writer.register_channel(1, EPISODE_TOPIC, MESSAGE_ENCODING, schema_id=1)
+                channel_ids = {key: 2 + i for i, key in enumerate(keys)}
+                for key in keys:
+                    writer.register_channel(channel_ids[key], image_topic(key), MESSAGE_ENCODING)
+                payload = episode_payload(table, metadata, fps, image_features)
+                writer.add_message(1, 0, 0, 0, payload)
+                _write_frames(writer, frame_batches, channel_ids, rows, fps, label)
+                writer.finish()
+            finally:
+                writer.close()
         return os.stat(path).st_size
     except BaseException:
         path.unlink(missing_ok=True)
