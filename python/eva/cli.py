@@ -597,13 +597,13 @@ def upload_command(
                 last_emit = now
             elif interactive:
                 line = _upload_progress_line(job.record.progress, now - started)
-                click.echo("\r" + line, nl=False, err=True)
+                click.echo("\r" + line + "\x1b[K", nl=False, err=True)
     except KeyboardInterrupt:
         job.cancel()
         job.wait()
     if interactive:
         line = _upload_progress_line(job.record.progress, time.monotonic() - started)
-        click.echo("\r" + line, err=True)
+        click.echo("\r" + line + "\x1b[K", err=True)
 
     record = job.snapshot()
     if job.result is None:
