@@ -11,14 +11,15 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 import pytest
+from mcap.reader import make_reader
+from mcap.stream_reader import StreamReader
+
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.video import VideoEncoder, iter_frame_batches
 from eva.export.pipeline import export_dataset
 from eva.export.registry import ExportOptions
 from eva.formats import mcap as mcap_format
-from mcap.reader import make_reader
-from mcap.stream_reader import StreamReader
 
 FPS = 30
 W, H = 64, 48
@@ -269,3 +270,59 @@ def test_bad_compression_option_is_refused(synthetic_dataset: Callable[..., Path
     with pytest.raises(DatasetError, match="--mcap-compression 'brotli'"):
         export_dataset(source, "mcap", options=ExportOptions(extra={"mcap_compression": "brotli"}))
     assert not (layout.export_root(source, "mcap") / "accepted").exists()
+
+
+def test_dataset_without_cameras_and_empty_subset(synthetic_dataset: Callable[..., Path]) -> None:
+    source = synthetic_dataset(episodes=2, frames=[10, 12], cameras=0)
+    result = export_dataset(source, "mcap")
+    assert mcap_format.verify(result.accepted_dir) == []
+    # Every episode is green, so the rejected subset is empty but complete and valid.
+    assert mcap_format.verify(result.rejected_dir) == []
+    assert json.loads((result.rejected_dir / layout.INFO).read_text())["total_episodes"] == 0
+    path = result.accepted_dir / "data" / "chunk-000" / "episode_000001.mcap"
+    with mcap_format.read_episode(path) as episode:
+        assert episode.video_keys == [] and len(episode) == 12
+        assert list(episode.iter_frames()) == []
+        assert episode.columns["observation.state"].shape[0] == 12
+
+
+def _rewrite_with(path: Path, mutate: Callable[[int, str, int], tuple[int, int]]) -> None:
+    """Rewrite an exported episode file, passing each image message's (sequence, log_time)
+    through ``mutate(frame_index, video_key, log_time)``."""
+    with mcap_format.read_episode(path) as episode:
+        payload = mcap_format.packb(episode.episode)
+        keys = episode.video_keys
+        frames = list(episode.iter_frames())
+    with open(path, "wb") as f:
+        writer = mcap_format.McapEpisodeWriter(f)
+        writer.register_schema(1, "eva_client.episode", "jsonschema", b'{"type": "object"}')
+        writer.register_channel(1, "episode", "messagepack", 1)
+        for i, key in enumerate(keys):
+            writer.register_channel(2 + i, f"episode/image/{key}", "messagepack")
+        writer.add_message(1, 0, 0, 0, payload)
+        for index, images in frames:
+            for i, key in enumerate(keys):
+                t = (index + 1) * round(1e9 / FPS)
+                seq, log_time = mutate(index, key, t)
+                writer.add_ndarray_message(2 + i, seq, log_time, log_time, images[key])
+        writer.finish()
+
+
+def test_verify_detects_bad_sequences_and_timestamps(
+    synthetic_dataset: Callable[..., Path],
+) -> None:
+    source = synthetic_dataset(episodes=2, frames=10, cameras=2)
+    accepted = export_dataset(source, "mcap").accepted_dir
+    first = accepted / "data" / "chunk-000" / "episode_000000.mcap"
+    second = accepted / "data" / "chunk-000" / "episode_000001.mcap"
+    _rewrite_with(first, lambda i, key, t: (i, t))  # an unchanged rewrite verifies clean
+    assert mcap_format.verify(accepted) == []
+    keys = mcap_format.read_episode(first).video_keys
+    _rewrite_with(first, lambda i, key, t: (i, t + (1 if key == keys[1] and i == 4 else 0)))
+    _rewrite_with(second, lambda i, key, t: (i + 1, t))
+    problems = mcap_format.verify(accepted)
+    found = [(p.code, p.episode) for p in problems]
+    assert found[:2] == [("timestamps", 0), ("sequences", 1)]
+    assert "frame 4" in problems[0].message and "observation.images.cam1" in problems[0].message
+    # Shifted sequences also break the (i+1)*period rule and the lookup of frame 0.
+    assert found[2:] == [("timestamps", 1), ("bad_frame", 1)]

@@ -1074,7 +1074,11 @@ def _verify_episode(
                 problem("bad_value", f"{name} has shape {value.shape}", path, ep)
     if episode.video_keys and rows:
         key = episode.video_keys[0]
-        frame = episode.frame(key, 0)
+        try:
+            frame = episode.frame(key, 0)
+        except DatasetError as e:
+            problem("bad_frame", str(e).replace(f"{path}: ", ""), path, ep)
+            return rows
         shape = tuple(features.get(key, {}).get("shape", frame.shape))
         if frame.shape != shape or frame.dtype != np.uint8:
             problem(
