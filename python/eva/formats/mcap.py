@@ -216,6 +216,7 @@ class McapEpisodeWriter:
             + data
         )
         record = _record(OP_SCHEMA, body)
+        self._check_no_messages_yet("schema")
         self._schemas.append(record)
         self._write(record)
 
@@ -231,11 +232,18 @@ class McapEpisodeWriter:
             + metadata
         )
         record = _record(OP_CHANNEL, body)
+        self._check_no_messages_yet("channel")
         self._channels[channel_id] = _Channel(channel_id, schema_id, topic)
         self._channel_records.append(record)
         # Channels (and the schema) sit in the data section before the first chunk, where every
         # reader, streaming or seeking, sees them before any message.
         self._write(record)
+
+    def _check_no_messages_yet(self, what: str) -> None:
+        # Schemas and channels go straight to the stream, which the helper thread owns once
+        # chunks are being flushed.
+        if self._message_count:
+            raise RuntimeError(f"register every {what} before the first message")
 
     def _reserve(self, size: int) -> int:
         """Make room for a ``size``-byte record in the chunk buffer; return its offset."""
