@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eva.dataset.layout import UnsafeNameError, check_component
 from eva.jobs import STATES, UPLOAD_JOB, Job, JobRecorder, mark_interrupted, write_job
 from eva.progress import Progress
 from eva.publish import export_lock
@@ -214,6 +215,10 @@ def start_upload(
         permit = check_upload(source_dir, fmt, backend_configured=True)
         scan_local_tree(permit.accepted_dir)  # symlinks etc. are refused before a job exists
         dataset_name = dataset_name_for(permit.source_dir)
+        try:
+            check_component(dataset_name, "remote dataset name")
+        except UnsafeNameError as e:
+            raise UploadError(f"{permit.source_dir}: {e}") from None
         target = config.target_path(dataset_name)
         leftover, same_export = _unfinished_staging(permit.export_root, permit, config, target)
         # Without --resume (or after a re-export) an abandoned staging dir is deleted, not reused.

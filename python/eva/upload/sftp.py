@@ -299,7 +299,6 @@ class Connector:
             self._check_host_key(transport.get_remote_server_key(), known)
             self._authenticate(transport)
             self._record_new_host_key()
-            sock.settimeout(None)
             return transport
         except BaseException:
             transport.close()
