@@ -8,11 +8,12 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from eva._native import load
-from eva.dataset import msgpack_codec as codec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+from eva._native import load
+from eva.dataset import msgpack_codec as codec
 
 pytestmark = pytest.mark.kernels
 
