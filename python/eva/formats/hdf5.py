@@ -39,6 +39,8 @@ are written one whole-chunk block at a time through the normal (filtered) write 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -424,19 +426,26 @@ class FrameConverter:
 
 
 class BatchBuffers:
-    """Reused (n, H, W, 3) batch buffers keyed by frame shape: no per-episode allocation."""
+    """Reused (n, H, W, 3) batch buffers keyed by frame shape: no per-episode allocation.
+
+    Two buffers per shape: the decode thread fills one while the writer writes the other.
+    """
+
+    COUNT = 2
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[int, int, int], np.ndarray] = {}
+        self._buffers: dict[tuple[int, int, int], list[np.ndarray]] = {}
 
-    def get(self, frames: int, height: int, width: int) -> np.ndarray:
+    def get(self, frames: int, height: int, width: int) -> list[np.ndarray]:
         key = (frames, height, width)
-        buffer = self._buffers.get(key)
-        if buffer is None:
+        buffers = self._buffers.get(key)
+        if buffers is None:
             self._buffers.clear()  # keep one shape alive: bounded memory
-            buffer = np.empty((frames, height, width, 3), dtype=np.uint8)
-            self._buffers[key] = buffer
-        return buffer
+            buffers = [
+                np.empty((frames, height, width, 3), dtype=np.uint8) for _ in range(self.COUNT)
+            ]
+            self._buffers[key] = buffers
+        return buffers
 
 
 @dataclass
@@ -509,75 +518,133 @@ class EpisodeWriter:
         return path.stat().st_size
 
     def _write_camera(self, item: h5py.Group, key: str, video: Path, rows: int, label: str) -> None:
+        """Decode ``video`` into ``item/value`` (rows, H, W, 3).
+
+        A decode thread (PyAV and the native conversion release the GIL) fills one batch buffer
+        while this thread writes the other with direct chunk writes, so decoding, conversion and
+        HDF5 I/O overlap. Memory: two batches, whatever the episode length.
+        """
         opts = self.options
         fpc = opts.frames_per_chunk
         converter = self.converter
         assert converter is not None
+        where = f"{label}: camera {key}"
         try:
             container = av.open(str(video))
         except (OSError, av.FFmpegError) as e:
-            raise DatasetError(f"{label}: camera {key}: cannot open {video}: {e}") from None
-        dataset: h5py.Dataset | None = None
-        batch: np.ndarray | None = None
-        frame_shape: tuple[int, int] = (0, 0)
-        written = 0  # frames already in the file
-        filled = 0  # frames waiting in the batch buffer
+            raise DatasetError(f"{where}: cannot open {video}: {e}") from None
+        stop = threading.Event()
+        free: queue.Queue[int | None] = queue.Queue()
+        full: queue.Queue[tuple[int, int] | BaseException | None] = queue.Queue()
+        decoder: threading.Thread | None = None
+        written = 0
         try:
             if not container.streams.video:
-                raise DatasetError(f"{label}: camera {key}: {video} has no video stream")
+                raise DatasetError(f"{where}: {video} has no video stream")
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
-            for frame in container.decode(stream):
-                index = written + filled
-                if dataset is None:
-                    frame_shape = (frame.height, frame.width)
-                    dataset = item.create_dataset(
-                        "value",
-                        shape=(rows, *frame_shape, 3),
-                        maxshape=(None, *frame_shape, 3),
-                        chunks=(fpc, *frame_shape, 3),
-                        dtype=np.uint8,
-                        compression=opts.compression,
-                        compression_opts=opts.compression_level,
+            frames = container.decode(stream)
+            try:
+                first = next(frames, None)
+            except av.FFmpegError as e:
+                raise DatasetError(f"{where}: cannot decode {video}: {e}") from None
+            if first is None:
+                raise DatasetError(
+                    f"{where}: {video.name} has no frames, the table has {rows} rows"
+                )
+            shape = (first.height, first.width)
+            dataset = item.create_dataset(
+                "value",
+                shape=(rows, *shape, 3),
+                maxshape=(None, *shape, 3),
+                chunks=(fpc, *shape, 3),
+                dtype=np.uint8,
+                compression=opts.compression,
+                compression_opts=opts.compression_level,
+            )
+            buffers = self.buffers.get(opts.chunks_per_batch * fpc, *shape)
+            converter.start_video(first, buffers[0], 0)
+            for index in range(1, len(buffers)):
+                free.put(index)
+
+            def decode() -> None:
+                try:
+                    self._decode_frames(
+                        frames, converter, buffers, shape, rows, where, video, stop, free, full
                     )
-                    batch = self.buffers.get(opts.chunks_per_batch * fpc, *frame_shape)
-                elif (frame.height, frame.width) != frame_shape:
-                    raise DatasetError(
-                        f"{label}: camera {key}: frame {index} is {frame.width}x{frame.height}, "
-                        f"but the first frame was {frame_shape[1]}x{frame_shape[0]}"
-                    )
-                if index >= rows:
-                    raise DatasetError(
-                        f"{label}: camera {key}: {video.name} has more frames than the "
-                        f"{rows} table rows"
-                    )
-                assert batch is not None
-                if index == 0:
-                    converter.start_video(frame, batch, filled)
-                else:
-                    converter.convert(frame, batch, filled)
-                filled += 1
-                if filled == len(batch):
-                    self._flush(dataset, batch, written, filled)
-                    written += filled
-                    filled = 0
-            if filled:
-                assert dataset is not None and batch is not None
-                self._flush(dataset, batch, written, filled)
-                written += filled
-        except av.FFmpegError as e:
-            raise DatasetError(f"{label}: camera {key}: cannot decode {video}: {e}") from None
+                except BaseException as e:  # handed to the writer thread, which raises it
+                    full.put(e)
+
+            decoder = threading.Thread(target=decode, name=f"eva-hdf5-decode-{key}", daemon=True)
+            decoder.start()
+            while True:
+                message = full.get()
+                if message is None:
+                    break
+                if isinstance(message, BaseException):
+                    raise message
+                index, count = message
+                self._flush(dataset, buffers[index], written, count)
+                written += count
+                free.put(index)
         finally:
+            stop.set()
+            free.put(None)  # wake the decoder if it waits for a buffer
+            if decoder is not None:
+                decoder.join()
             container.close()
         if written != rows:
             raise DatasetError(
-                f"{label}: camera {key}: {video.name} decodes to {written} frames "
-                f"but the table has {rows} rows"
+                f"{where}: {video.name} decodes to {written} frames but the table has {rows} rows"
             )
         self.stats.frames += written
-        self.stats.bytes += written * frame_shape[0] * frame_shape[1] * 3
+        self.stats.bytes += written * shape[0] * shape[1] * 3
         self.stats.native_frames = converter.native_frames
         self.stats.pyav_frames = converter.pyav_frames
+
+    @staticmethod
+    def _decode_frames(
+        frames: Iterator[av.VideoFrame],
+        converter: FrameConverter,
+        buffers: list[np.ndarray],
+        shape: tuple[int, int],
+        rows: int,
+        where: str,
+        video: Path,
+        stop: threading.Event,
+        free: queue.Queue[int | None],
+        full: queue.Queue[tuple[int, int] | BaseException | None],
+    ) -> None:
+        """Decode thread: convert frames 1.. into the free buffer (frame 0 is in buffers[0])."""
+        current, filled, index = 0, 1, 1
+        batch = buffers[current]
+        try:
+            for frame in frames:
+                if stop.is_set():
+                    return
+                if (frame.height, frame.width) != shape:
+                    raise DatasetError(
+                        f"{where}: frame {index} is {frame.width}x{frame.height}, "
+                        f"but the first frame was {shape[1]}x{shape[0]}"
+                    )
+                if index >= rows:
+                    raise DatasetError(
+                        f"{where}: {video.name} has more frames than the {rows} table rows"
+                    )
+                if filled == len(batch):
+                    full.put((current, filled))
+                    next_buffer = free.get()
+                    if next_buffer is None:
+                        return
+                    current, filled = next_buffer, 0
+                    batch = buffers[current]
+                converter.convert(frame, batch, filled)
+                filled += 1
+                index += 1
+        except av.FFmpegError as e:
+            raise DatasetError(f"{where}: cannot decode {video}: {e}") from None
+        full.put((current, filled))
+        full.put(None)
 
     def _flush(self, dataset: h5py.Dataset, batch: np.ndarray, start: int, count: int) -> None:
         """Write batch[:count] at frame ``start``: whole chunks only (``start`` is chunk-aligned)."""
@@ -744,7 +811,8 @@ def verify(export_dir: Path) -> list[Any]:
     problems: list[Problem] = []
 
     def add(code: str, message: str, path: Path, episode: int | None = None) -> None:
-        problems.append(Problem(code=code, message=message, path=path, episode=episode))
+        where = f"{path}: episode {episode}" if episode is not None else str(path)
+        problems.append(Problem(code, f"{where}: {message}", str(path), episode))
 
     try:
         info = json.loads((root / layout.INFO).read_text(encoding="utf-8"))
