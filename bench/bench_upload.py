@@ -74,6 +74,15 @@ class Loopback:
             known_hosts=self.known_hosts,
         )
 
+    def check_and_clear_remote(self, tree_root: Path) -> None:
+        """Every run must have delivered the whole tree (paths and sizes) before it counts."""
+        sent = self.remote / "bench"
+        local = {f.rel: f.size for f in scan_local_tree(tree_root).files}
+        remote = {f.rel: f.size for f in scan_local_tree(sent).files}
+        if remote != local:
+            raise RuntimeError(f"{sent}: uploaded tree differs from {tree_root}")
+        self.clear_remote()
+
     def clear_remote(self) -> None:
         for child in self.remote.iterdir():
             shutil.rmtree(child)
@@ -147,20 +156,31 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
         nfiles = len(scan_local_tree(tree_root).files)
         loop = Loopback(workdir)
         try:
-            eva = best_rate(lambda: loop.eva_upload(tree_root), nbytes, repeats, loop.clear_remote)
+            eva = best_rate(
+                lambda: loop.eva_upload(tree_root),
+                nbytes,
+                repeats,
+                lambda: loop.check_and_clear_remote(tree_root),
+            )
             single = best_rate(
                 lambda: loop.eva_upload(
                     tree_root, UploadOptions(connections=1, sessions_per_connection=1)
                 ),
                 nbytes,
                 repeats,
-                loop.clear_remote,
+                lambda: loop.check_and_clear_remote(tree_root),
             )
             openssh = best_rate(
-                lambda: loop.openssh_upload(tree_root), nbytes, repeats, loop.clear_remote
+                lambda: loop.openssh_upload(tree_root),
+                nbytes,
+                repeats,
+                lambda: loop.check_and_clear_remote(tree_root),
             )
             put = best_rate(
-                lambda: loop.paramiko_put(tree_root), nbytes, repeats, loop.clear_remote
+                lambda: loop.paramiko_put(tree_root),
+                nbytes,
+                repeats,
+                lambda: loop.check_and_clear_remote(tree_root),
             )
         finally:
             loop.close()
