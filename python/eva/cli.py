@@ -231,6 +231,18 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _check_hdf5_compression(value: str | None) -> str | None:
+    """Refuse a bad --hdf5-compression before a job starts (a failed job would block uploads)."""
+    if value is not None:
+        from eva.formats.hdf5 import parse_compression
+
+        try:
+            parse_compression(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    return value
+
+
 @main.command("export")
 @click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
@@ -255,6 +267,7 @@ def _human_bytes(n: int) -> str:
 @click.option(
     "--hdf5-compression",
     default=None,
+    callback=lambda _ctx, _param, value: _check_hdf5_compression(value),
     metavar="none|gzip[:LEVEL]|lzf",
     help="hdf5: image/column compression (default none: fastest; gzip and lzf are ~50 MB/s/core).",
 )
