@@ -376,3 +376,24 @@ def test_pipeline_publishes_both_subsets_or_nothing(tmp_path: Path) -> None:
         p.name for p in (tmp_path / "export").iterdir() if p.name.startswith(".eva-staging")
     ]
     assert leftovers == []
+
+
+def test_lerobot_written_av1_fixture_exports(tmp_path: Path) -> None:
+    """A v2.1 dataset written by LeRobot 0.3.3 itself (AV1 video) goes through the packet copy."""
+    fixture = Path(__file__).parent / "fixtures" / "lerobot_v21_fixture"
+    dest = tmp_path / "v3"
+    reader, meta = export(fixture, dest)
+    assert lerobot_v3.verify(dest) == []
+    stats = json.loads((dest / "meta/stats.json").read_text())
+    key = "observation.images.front"
+    assert np.asarray(stats[key]["q50"]).shape == (3, 1, 1)
+    rows = locators(dest)
+    shard = dest / f"videos/{key}/chunk-000/file-000.mp4"
+    decoded = decode_with_times(shard)
+    assert len(decoded) == sum(r["length"] for r in rows) == meta.total_frames
+    for row in rows:
+        src = decode_with_times(reader.video_path(meta.source_index(row["episode_index"]), key))
+        by_time = {round(t, 4): img for t, img in decoded}
+        for t, (_, img) in enumerate(src):
+            ts = round(row[f"videos/{key}/from_timestamp"] + t / reader.fps, 4)
+            np.testing.assert_array_equal(by_time[ts], img)

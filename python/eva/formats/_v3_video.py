@@ -33,8 +33,8 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
-# Receives each decoded keyframe of an appended episode as an (H, W, 3) uint8 RGB array.
-KeyframeSink = Callable[[np.ndarray], None]
+# Receives decoded frames as (H, W, 3) uint8 RGB arrays.
+FrameSink = Callable[[np.ndarray], None]
 
 # LeRobot writes its shards with the moov atom first so a reader can start without seeking to the
 # end of a large file (streaming from the Hub, or a remote copy after the SFTP upload).
@@ -184,12 +184,6 @@ class VideoShardWriter:
         # Start of the next episode, in ticks of the shard's time base.
         self._next_start = 0
         self._last_dts: int | None = None
-        # One reformatter for all conversions: ``frame.to_ndarray(format=...)`` builds a new
-        # swscale context per frame, which costs ~100x the conversion of a small frame.
-        self._reformatter = VideoReformatter()
-
-    def _rgb(self, frame: av.VideoFrame) -> np.ndarray:
-        return self._reformatter.reformat(frame, format="rgb24").to_ndarray()
 
     @property
     def duration_s(self) -> float:
@@ -200,20 +194,20 @@ class VideoShardWriter:
     def append(
         self,
         source: Path | EpisodeVideo,
-        keyframe_sink: KeyframeSink | None = None,
+        keyframes: list[bytes] | None = None,
     ) -> AppendedEpisode:
         """Copy every video packet of ``source`` to the end of the shard.
 
         ``source`` is a path or an already opened ``EpisodeVideo`` (the caller that probed the
-        file to decide on a new shard saves a second open). ``keyframe_sink`` gets every keyframe
-        decoded on the way (a keyframe decodes on its own, so with a GOP of 30 this costs about
-        1/30 of a full decode and no extra read): the sample the image quantiles come from.
+        file to decide on a new shard saves a second open). ``keyframes``, when given, receives a
+        copy of every keyframe packet on the way (no extra read): a keyframe decodes on its own,
+        so ``decode_keyframes`` can turn them into pixels later, in another thread.
         Raises ``VideoConcatError`` when the source is incompatible with the shard; the caller
         checks ``compatible_with`` first and opens a new shard instead.
         """
         if not isinstance(source, EpisodeVideo):
             with EpisodeVideo(source) as opened:
-                return self.append(opened, keyframe_sink)
+                return self.append(opened, keyframes)
         in_stream = source.stream
         if self._container is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -229,7 +223,7 @@ class VideoShardWriter:
                 + "; ".join(self.params.differences(source.info.params))
             )
         return self._copy_packets(
-            source.path, source.container, in_stream, source.info.frames, keyframe_sink
+            source.path, source.container, in_stream, source.info.frames, keyframes
         )
 
     def _copy_packets(
@@ -238,7 +232,7 @@ class VideoShardWriter:
         src: av.container.InputContainer,
         in_stream: av.video.stream.VideoStream,
         container_frames: int,
-        keyframe_sink: KeyframeSink | None,
+        keyframes: list[bytes] | None,
     ) -> AppendedEpisode:
         assert self._container is not None and self._stream is not None
         shift: int | None = None
@@ -264,9 +258,8 @@ class VideoShardWriter:
                     f"{source}: decode timestamps go backwards after shifting ({dts} <= "
                     f"{self._last_dts}); B-frame or edit-list streams need re-encoding"
                 )
-            if keyframe_sink is not None and packet.is_keyframe:
-                for frame in in_stream.codec_context.decode(packet):
-                    keyframe_sink(self._rgb(frame))
+            if keyframes is not None and packet.is_keyframe:
+                keyframes.append(bytes(packet))  # muxing takes the packet's buffer
             duration = int(packet.duration or 0)
             if pts is not None:
                 end = max(end, pts + max(duration, 1))
@@ -279,9 +272,6 @@ class VideoShardWriter:
             packets += 1
         if packets == 0:
             raise VideoConcatError(f"{source}: no video packets")
-        if keyframe_sink is not None:
-            for frame in in_stream.codec_context.decode(None):
-                keyframe_sink(self._rgb(frame))
         assert self.params is not None
         start = self._next_start
         self._next_start = end
@@ -334,3 +324,25 @@ def decode_frames(path: Path) -> Iterator[tuple[float, np.ndarray]]:
         for frame in container.decode(stream):
             rgb = reformatter.reformat(frame, format="rgb24").to_ndarray()
             yield float(frame.pts * frame.time_base), rgb
+
+
+def decode_keyframes(params: StreamParams, packets: list[bytes], sink: FrameSink) -> int:
+    """Decode keyframe packets (from ``VideoShardWriter.append``) with a fresh decoder of the
+    stream's codec and extradata; each RGB frame goes to ``sink``. Returns the frame count.
+
+    PyAV releases the GIL while decoding and converting, so this runs well in a worker thread
+    next to the packet copy.
+    """
+    ctx = av.CodecContext.create(params.codec, "r")
+    if params.extradata:
+        ctx.extradata = params.extradata
+    ctx.thread_count = 1
+    # One reformatter for all frames: ``frame.to_ndarray(format=...)`` builds a new swscale
+    # context per frame, which costs ~100x the conversion of a small frame.
+    reformatter = VideoReformatter()
+    n = 0
+    for data in [*packets, None]:
+        for frame in ctx.decode(av.Packet(data) if data is not None else None):
+            sink(reformatter.reformat(frame, format="rgb24").to_ndarray())
+            n += 1
+    return n

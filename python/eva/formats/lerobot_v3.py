@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,9 +64,11 @@ from eva.dataset.stats import (
 from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
 from eva.formats._v3_video import (
     EpisodeVideo,
+    StreamParams,
     VideoConcatError,
     VideoShardWriter,
     decode_frames,
+    decode_keyframes,
     probe,
 )
 from eva.progress import ProgressSink
@@ -199,6 +202,8 @@ class _CameraShards:
     placed: list[_Placed] = field(default_factory=list)
     # output episode -> (3, 256) histogram of its decoded frames (keyframes, or all frames)
     histograms: dict[int, np.ndarray] = field(default_factory=dict)
+    # output episode -> keyframe histogram still being computed by the worker thread
+    pending: dict[int, Future[np.ndarray]] = field(default_factory=dict)
 
     def path(self) -> Path:
         return self.root / VIDEO_PATH.format(
@@ -220,12 +225,48 @@ class _CameraShards:
         if self.writer is not None:
             self.writer.abort()
             self.writer = None
+        for future in self.pending.values():
+            future.cancel()
+
+    def collect(self) -> None:
+        """Wait for the worker's keyframe histograms."""
+        for ep, future in self.pending.items():
+            self.histograms[ep] = future.result()
+        self.pending = {}
 
     def roll(self) -> None:
         self.close()
         self.chunk_index, self.file_index = next_file(
             self.chunk_index, self.file_index, self.settings.chunks_size
         )
+
+
+class _KeyframeHistograms:
+    """One worker thread turning keyframe packets into pixel histograms while the main thread
+    copies packets (decoding, pixel conversion and the histogram kernel all release the GIL).
+    At most ``max_pending`` episodes wait, so the copied keyframes in memory stay bounded."""
+
+    def __init__(self, max_pending: int = 16) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eva-v3-keyframes")
+        self._pending: list[Future[np.ndarray]] = []
+        self._max_pending = max_pending
+
+    def submit(self, params: StreamParams, packets: list[bytes]) -> Future[np.ndarray]:
+        self._pending = [f for f in self._pending if not f.done()]
+        while len(self._pending) >= self._max_pending:
+            self._pending.pop(0).result()
+        future = self._executor.submit(_keyframe_histogram, params, packets)
+        self._pending.append(future)
+        return future
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _keyframe_histogram(params: StreamParams, packets: list[bytes]) -> np.ndarray:
+    stats = ImageStats()
+    decode_keyframes(params, packets, stats.update)
+    return stats.histogram()
 
 
 def _decode_shard(path: Path, key: str, placed: list[_Placed]) -> dict[int, np.ndarray]:
@@ -523,6 +564,7 @@ def write_subset(
     cameras = {key: _CameraShards(key, root, settings, progress) for key in video_keys}
     quantiles = _QuantileCollector()
     episode_rows: list[dict[str, Any]] = []
+    keyframe_pool = _KeyframeHistograms()
     try:
         for ep in range(meta.total_episodes):
             source = meta.source_index(ep)
@@ -547,7 +589,9 @@ def write_subset(
 
             for key in video_keys:
                 cam = cameras[key]
-                placed = _append_video(reader, source, ep, key, n, cam, data_rolled, settings)
+                placed = _append_video(
+                    reader, source, ep, key, n, cam, data_rolled, settings, keyframe_pool
+                )
                 row[f"videos/{key}/chunk_index"] = cam.chunk_index
                 row[f"videos/{key}/file_index"] = cam.file_index
                 row[f"videos/{key}/from_timestamp"] = placed.from_timestamp
@@ -558,10 +602,13 @@ def write_subset(
         data.flush()
         for cam in cameras.values():
             cam.close()
+            cam.collect()
     except BaseException:
         for cam in cameras.values():
             cam.abort()
         raise
+    finally:
+        keyframe_pool.shutdown()
 
     # Image quantiles: per episode from its histogram, dataset-wide from their sum.
     for row in episode_rows:
@@ -623,6 +670,7 @@ def _append_video(
     cam: _CameraShards,
     data_rolled: bool,
     settings: V3Settings,
+    keyframe_pool: _KeyframeHistograms,
 ) -> _Placed:
     """Append source episode ``source``'s camera ``key`` to the camera's shard (rolling first)."""
     src_path = Path(reader.video_path(source, key))
@@ -647,11 +695,11 @@ def _append_video(
             cam.roll()
         if cam.writer is None:
             cam.writer = VideoShardWriter(cam.path())
-        # Without verify_decode the keyframes decoded during the copy are the quantile sample;
-        # with it the whole shard is decoded at close and the histograms come from every frame.
-        stats = None if settings.verify_decode else ImageStats()
+        # Without verify_decode the keyframes copied on the way are the quantile sample (decoded
+        # in the worker thread); with it the whole shard is decoded at close instead.
+        keyframes: list[bytes] | None = None if settings.verify_decode else []
         try:
-            appended = cam.writer.append(video, stats.update if stats else None)
+            appended = cam.writer.append(video, keyframes)
         except VideoConcatError as e:
             raise DatasetError(f"episode {source}, camera {key}: {e}") from None
     if appended.packets != rows:
@@ -661,8 +709,8 @@ def _append_video(
         )
     placed = _Placed(ep, appended.from_timestamp, appended.to_timestamp, rows)
     cam.placed.append(placed)
-    if stats is not None and stats.frame_count:
-        cam.histograms[ep] = stats.histogram()
+    if keyframes:
+        cam.pending[ep] = keyframe_pool.submit(info.params, keyframes)
     return placed
 
 
