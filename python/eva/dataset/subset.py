@@ -150,14 +150,15 @@ def build_subset_meta(
     episodes_stats: dict[int, Stats] = {}
     offset = 0
     for new, src in enumerate(source_indices):
-        row = copy.deepcopy(dict(source_episodes[src]))
+        # Shallow copies: only top-level keys are replaced, nested values are written unchanged.
+        row = dict(source_episodes[src])
         length = int(row.get("length", len(task_index_values[src])))
         row["episode_index"] = new
         episodes.append(row)
         lengths.append(length)
         offsets.append(offset)
 
-        ep_stats = copy.deepcopy(dict(source_episodes_stats.get(src, {})))
+        ep_stats = dict(source_episodes_stats.get(src, {}))
         if "episode_index" in ep_stats:
             ep_stats["episode_index"] = _constant_stats(new, length)
         if "index" in ep_stats:

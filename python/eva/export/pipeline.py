@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from eva import __version__
 from eva.dataset import layout
@@ -144,8 +145,8 @@ def prepare(source: Path) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMet
     task_values: dict[int, np.ndarray] = {}
     complete_stats: dict[int, dict[str, Any]] = {}
     for ep in sorted(rows):
-        table = reader.read_table(ep, columns=["task_index"])
-        task_values[ep] = table.column("task_index").to_numpy()
+        with pq.ParquetFile(reader.data_path(ep)) as parquet:
+            task_values[ep] = parquet.read(columns=["task_index"]).column("task_index").to_numpy()
         unknown = set(np.unique(task_values[ep]).tolist()) - set(reader.tasks)
         if unknown:
             raise DatasetError(
