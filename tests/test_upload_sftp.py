@@ -500,3 +500,51 @@ def test_connection_lost_mid_transfer_cleans_up_over_a_new_connection(
     assert job.state == "failed" and job.result is None
     assert staging_leftovers(remote_root) == []  # removed over a fresh connection
     assert os.listdir(remote_root) == []
+
+
+KILLED_UPLOADER = """
+import os, signal, sys
+from pathlib import Path
+from eva.upload.config import SftpConfig
+from eva.upload.job import start_upload
+from eva.upload.sftp import UploadOptions
+
+source, remote_dir, port, user, key, known_hosts = sys.argv[1:7]
+config = SftpConfig(host="127.0.0.1", port=int(port), user=user, identity_file=Path(key),
+                    remote_dir=remote_dir, known_hosts=Path(known_hosts))
+job = start_upload(Path(source), "hdf5", config,
+                   options=UploadOptions(connections=1, sessions_per_connection=1))
+def die(progress):
+    if progress.files >= 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # a crash: no cleanup, no final record
+job.progress.listeners.insert(0, die)
+job.wait(120)
+"""
+
+
+def test_resume_after_the_uploader_was_killed(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    sizes = (500_000, 400_000, 300_000, 200_000, 100_000)
+    source, accepted = make_export(tmp_path / "logs", file_sizes=sizes)
+    args = [str(source), str(remote_root), str(sshd_server.port), sshd_server.user]
+    args += [str(sshd_server.client_key), str(known_hosts)]
+    killed = subprocess.run([sys.executable, "-c", KILLED_UPLOADER, *args], timeout=120)
+    assert killed.returncode == -9
+
+    record = json.loads((export_root(source, "hdf5") / UPLOAD_JOB).read_text())
+    assert record["state"] == "running"  # what a crash leaves behind
+    staging = Path(record["staging_path"])
+    assert staging.is_dir() and not (remote_root / "pick").exists()
+
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    job = start_upload(source, "hdf5", config, resume=True)
+    run(job)
+    assert job.result is not None, job.error
+    assert job.result.resumed and job.result.staging_path == str(staging)
+    assert job.result.skipped_files >= 2
+    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+    assert staging_leftovers(remote_root) == []

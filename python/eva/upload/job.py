@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from eva.dataset.layout import UnsafeNameError, check_component
-from eva.jobs import STATES, UPLOAD_JOB, Job, JobRecorder, mark_interrupted, write_job
+from eva.jobs import STATES, UPLOAD_JOB, Job, JobRecorder, write_job
 from eva.progress import Progress
 from eva.publish import export_lock
 from eva.upload.config import SftpConfig
@@ -184,8 +184,14 @@ def _unfinished_staging(
 ) -> tuple[str | None, bool]:
     """The staging dir the previous, unfinished upload to this server and target left behind, and
     whether it holds files of this very export job (so that ``--resume`` may reuse them)."""
-    mark_interrupted(export_root / UPLOAD_JOB)  # a killed uploader left "running" behind
     previous = read_upload_record(export_root)
+    if previous is not None and previous.state in ("queued", "running"):
+        # We hold the export lock, so no uploader of this export is alive: a killed one left
+        # "running" behind. (eva.jobs.mark_interrupted would rewrite the record through the base
+        # Job class and drop the upload fields, staging_path included.)
+        previous.fail(f"interrupted: process {previous.pid} ended before the upload finished")
+        previous.resumable = True
+        write_job(export_root / UPLOAD_JOB, previous)
     if previous is None or previous.state == "completed" or not previous.staging_path:
         return None, False
     if previous.remote != config.describe() or previous.target_path != target:
