@@ -273,7 +273,7 @@ def parse_collection(
         raise bl.fail("warn_seconds", "expected a list of positive numbers (seconds of lag)")
     backlog = BacklogConfig(
         warn_seconds=tuple(sorted(float(w) for w in warn)),
-        max_memory_mb=bl.number("max_memory_mb", 2048.0, minimum=1.0),
+        max_memory_mb=bl.number("max_memory_mb", 2048.0, minimum=0.001),
         ring_seconds=bl.number("ring_seconds", 1.0, minimum=0.01),
     )
     unknown = set(bl.table) - {"warn_seconds", "max_memory_mb", "ring_seconds"}

@@ -565,6 +565,10 @@ class _EpisodeConsumer:
                     self.finish()
                     return
                 if not moved and not emitted:
+                    if s.limit is not None and self.past_the_end():
+                        # No further row can be aligned: the rest lies beyond the episode's end.
+                        self.drain_discard()
+                        continue
                     time.sleep(IDLE_SLEEP_S)
         except BaseException as e:
             if self.episode is not None:
@@ -579,6 +583,16 @@ class _EpisodeConsumer:
             raise
         finally:
             self.rec._active = None
+
+    def past_the_end(self) -> bool:
+        """After STOP: a fully drained stream ends before the next grid row (grid end reached)."""
+        if self.grid_start is None:
+            return False
+        drained = [n for n in self.last_t if self.remaining(n) == 0]
+        if not drained:
+            return False
+        g_next = self.grid_start + self.next_row / self.fps
+        return min(self.last_t[n] for n in drained) < g_next
 
     def wait_end_and_discard(self) -> None:
         while self.s.limit is None:

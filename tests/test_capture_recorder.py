@@ -1,0 +1,434 @@
+"""Recorder lifecycle and automatic quality codes, on real rings, a real writer and real MP4s."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from eva.capture.recorder import Recorder, RecorderError
+from eva.capture.save_worker import FAILED, SAVED
+from eva.capture.sources import SimulatedRig
+from eva.config import CollectionConfig, config_from_dict
+from eva.dataset import layout
+from eva.dataset.reader import DatasetReader
+from eva.dataset.validate import validate_dataset
+
+FRONT = "observation.images.front"
+WRIST = "observation.images.wrist"
+STATE = "observation.state"
+H, W = 48, 64
+FPS = 10
+
+
+def make_config(tmp_path: Path, **overrides: Any) -> CollectionConfig:
+    table: dict[str, Any] = {
+        "log_dir": str(tmp_path / "logs"),
+        "fps": FPS,
+        "tasks": {"demo": ["wave", "point"], "other set": ["stack"]},
+        "cameras": [
+            {"key": FRONT, "width": W, "height": H},
+            {"key": WRIST, "width": W, "height": H},
+        ],
+        "vectors": [{"name": STATE, "dim": 3, "discrete": [2]}],
+        "encoder": {"preset": "ultrafast", "gop": 10},
+        "min_episode_frames": 5,
+        "stream_start_timeout_s": 0.5,
+        "frozen_camera_s": 0.5,
+        "clock_jump_s": 0.5,
+    }
+    table.update(overrides)
+    return config_from_dict({"collection": table}).collection
+
+
+def frame(i: int, cam: int = 0) -> np.ndarray:
+    """A distinct image per sample (so no camera looks frozen)."""
+    img = np.empty((H, W, 3), np.uint8)
+    img[...] = (i * 7 + cam * 50) % 256
+    img[0, 0, 0] = i % 251
+    return img
+
+
+def timeline(
+    t0: float,
+    t1: float,
+    *,
+    cameras: dict[str, int] | None = None,
+    vector_hz: float = 50.0,
+    vectors: bool = True,
+) -> Iterator[tuple[float, str, str, int]]:
+    """(t, kind, stream, sample number) in time order; cameras at FPS with a per-camera phase."""
+    cams = cameras if cameras is not None else {FRONT: 0, WRIST: 1}
+    events = []
+    for key, c in cams.items():
+        n = int(round((t1 - t0) * FPS))
+        events += [(t0 + i / FPS + 0.003 * c, "image", key, i) for i in range(n + 1)]
+    if vectors:
+        n = int(round((t1 - t0) * vector_hz))
+        events += [(t0 + i / vector_hz, "vector", STATE, i) for i in range(n + 1)]
+    return iter(sorted(events))
+
+
+def push_timeline(
+    rec: Recorder, events: Iterator[tuple[float, str, str, int]], **mods: Any
+) -> None:
+    image_fn: Callable[[str, int, float], Any] = mods.get(
+        "image_fn", lambda key, i, t: frame(i, 0 if key == FRONT else 1)
+    )
+    vector_fn: Callable[[int, float], Any] = mods.get(
+        "vector_fn", lambda i, t: np.array([np.sin(t), t, float(int(t) % 2)])
+    )
+    for t, kind, stream, i in events:
+        if kind == "image":
+            data = image_fn(stream, i, t)
+            if data is not None:
+                rec.push_image(stream, t, data)
+        else:
+            data = vector_fn(i, t)
+            if data is not None:
+                rec.push_vector(stream, t, data)
+
+
+def record(rec: Recorder, events: Iterator[Any] | None = None, **mods: Any) -> dict[str, Any]:
+    """One STOPped episode; returns its job dict plus the episodes.jsonl row (if written)."""
+    root = rec.start()
+    push_timeline(rec, events if events is not None else timeline(0.0, 2.0), **mods)
+    job = rec.stop()
+    assert job.wait(60)
+    out = job.as_dict()
+    if job.episode_index is not None:
+        out["row"] = DatasetReader(root).episode(job.episode_index)
+    return out
+
+
+def codes(result: dict[str, Any]) -> list[str]:
+    return [i["code"] for i in result["row"]["quality_issues"]]
+
+
+def detail(result: dict[str, Any], code: str) -> str:
+    return next(i["detail"] for i in result["row"]["quality_issues"] if i["code"] == code)
+
+
+@pytest.fixture
+def rec(tmp_path: Path) -> Iterator[Recorder]:
+    recorder = Recorder(make_config(tmp_path), durable=False)
+    yield recorder
+    recorder.close(timeout=60)
+
+
+# ---- lifecycle ----
+
+
+def test_clean_episode_is_green_and_complete(rec: Recorder) -> None:
+    result = record(rec)
+    assert result["state"] == SAVED and result["episode_index"] == 0
+    row = result["row"]
+    assert row["quality"] == "green" and row["quality_issues"] == []
+    assert row["length"] == result["frames"] == 20  # grid 0.003 .. 2.0 s at 10 fps
+    assert row["duration_seconds"] >= 0 and row["started_at"] <= row["ended_at"]
+    align = row["alignment"]
+    assert align["fps"] == FPS and align["grid_start"] == pytest.approx(0.003)
+    assert align["cameras"][FRONT]["skew_violations"] == 0
+    root = rec.dataset_dir()
+    reader = DatasetReader(root)
+    table = reader.read_table(0)
+    assert table.num_rows == 20
+    assert reader.count_frames(0, FRONT) == 20 and reader.count_frames(0, WRIST) == 20
+    # capture_time is the chosen FRONT image's time; timestamp is the even grid.
+    capture = table.column("capture_time").to_numpy()
+    assert np.allclose(capture, 0.0 + np.arange(20) / FPS, atol=1e-9)
+    assert np.allclose(table.column("timestamp").to_numpy(), np.arange(20) / FPS)
+    # The gripper dim (2) is held, the others interpolated at grid instants.
+    state = reader.read_vector(0, STATE)
+    grid = 0.003 + np.arange(20) / FPS
+    assert np.allclose(state[:, 1], grid, atol=1e-6)
+    assert np.array_equal(state[:, 2], (grid.astype(int) % 2).astype(np.float32))
+    # The decoded images are the ones pushed, nearest-first.
+    batch = next(reader.iter_frames(0, FRONT, batch_size=20))
+    assert abs(int(batch[5].mean()) - int(frame(5).mean())) <= 3
+    assert validate_dataset(root) == []
+    for path in (root.parent / "export", root.parent / "accepted", root.parent / "rejected"):
+        assert not path.exists()
+
+
+def test_zero_frame_episode_writes_nothing_and_uses_no_index(rec: Recorder) -> None:
+    root = rec.start()
+    job = rec.stop()
+    assert job.wait(30) and job.state == SAVED and job.episode_index is None and job.frames == 0
+    assert (root / layout.EPISODES).read_text() == ""
+    assert not (root / "data").exists() or not any((root / "data").rglob("*.parquet"))
+    assert record(rec)["episode_index"] == 0
+
+
+def test_cancel_discards_samples_and_temp_files(rec: Recorder) -> None:
+    root = rec.start()
+    push_timeline(rec, timeline(0.0, 1.5))
+    rec.cancel()
+    assert rec.wait_idle(30)
+    assert (root / layout.EPISODES).read_text() == ""
+    assert not [p for p in (root / layout.WORK_DIR).iterdir() if p.is_dir()]
+    assert rec.jobs == []
+    assert all(v == 0 for v in rec.status()["backlog"].values())
+    # The next episode starts clean: index 0, only its own samples.
+    result = record(rec, timeline(10.0, 12.0))
+    assert result["episode_index"] == 0 and result["row"]["quality"] == "green"
+    assert result["row"]["alignment"]["grid_start"] == pytest.approx(10.003)
+
+
+def test_relaunch_appends_and_consecutive_stops_keep_order(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path)
+    with Recorder(cfg, durable=False) as first:
+        assert record(first)["episode_index"] == 0
+    with Recorder(cfg, durable=False) as second:
+        jobs = []
+        for k in range(2):  # START the next one while the previous may still be saving
+            second.start(task="point")
+            push_timeline(second, timeline(5.0 * k, 5.0 * k + 1.0))
+            jobs.append(second.stop())
+        assert second.wait_idle(60)
+        assert [j.episode_index for j in jobs] == [1, 2]
+    reader = DatasetReader(cfg.dataset_dir("demo"))
+    assert [e["episode_index"] for e in reader.episodes] == [0, 1, 2]
+    assert reader.tasks == {0: "wave", 1: "point"}
+    assert validate_dataset(cfg.dataset_dir("demo")) == []
+
+
+def test_crash_leftovers_are_reported_and_removed(tmp_path: Path, caplog) -> None:
+    cfg = make_config(tmp_path)
+    with Recorder(cfg, durable=False) as rec:
+        record(rec)
+    root = cfg.dataset_dir("demo")
+    # What a crash mid-episode / mid-save leaves: an episode work dir and a saving marker.
+    crashed = root / layout.WORK_DIR / "ep-crashed"
+    crashed.mkdir()
+    (crashed / "00.mp4").write_bytes(b"\x00" * 100)
+    (root / layout.WORK_DIR / "saving-000001.lock").write_text("")
+    with (
+        caplog.at_level(logging.WARNING, logger="eva.capture"),
+        Recorder(cfg, durable=False) as rec,
+    ):
+        result = record(rec)
+        assert any("ep-crashed" in m for m in rec.recovered)
+        assert any("saving-000001.lock" in m for m in rec.recovered)
+    assert "interrupted capture session" in caplog.text
+    assert result["episode_index"] == 1
+    assert not crashed.exists()
+    assert validate_dataset(root) == []
+
+
+def test_lifecycle_errors(rec: Recorder, tmp_path: Path) -> None:
+    with pytest.raises(RecorderError, match="no episode"):
+        rec.stop()
+    with pytest.raises(RecorderError, match="no episode"):
+        rec.cancel()
+    rec.start()
+    with pytest.raises(RecorderError, match="already recording"):
+        rec.start()
+    rec.cancel()
+    assert rec.push_image(FRONT, 0.0, frame(0)) is False  # not recording: ignored
+    with pytest.raises(Exception, match="escape"):
+        rec.start("../../x")
+
+
+def test_other_dataset_name_is_sanitised(rec: Recorder, tmp_path: Path) -> None:
+    root = rec.start("other set")
+    push_timeline(rec, timeline(0.0, 1.0))
+    job = rec.stop()
+    assert job.wait(30) and job.state == SAVED
+    assert root == tmp_path / "logs" / "other_set" / "raw"
+    assert DatasetReader(root).episode(0)["tasks"] == ["stack"]
+
+
+def test_sim_rig_session(rec: Recorder) -> None:
+    cfg = rec.config
+    rig = SimulatedRig.from_config(cfg, vector_hz=100, duration_s=1.5, seed=3)
+    rec.start()
+    for s in rig.samples():
+        (rec.push_image if s.kind == "image" else rec.push_vector)(s.stream, s.t, s.data)
+    job = rec.stop()
+    assert job.wait(30) and job.state == SAVED and job.quality == "green"
+    assert 13 <= job.frames <= 15
+
+
+# ---- backlog ----
+
+
+def test_backlog_warning_names_stream_size_and_lag(tmp_path: Path, caplog) -> None:
+    cfg = make_config(tmp_path, backlog={"warn_seconds": [0.3, 0.6]})
+    with (
+        caplog.at_level(logging.WARNING, logger="eva.capture"),
+        Recorder(cfg, durable=False, consumer_throttle_s=0.2) as slow,
+    ):
+        result = record(slow, timeline(0.0, 3.0))
+    assert result["row"]["quality"] == "green"  # slow is fine while memory lasts
+    warnings = [r.getMessage() for r in caplog.records if "capture backlog" in r.getMessage()]
+    assert warnings, caplog.text
+    assert any(FRONT in w and "samples waiting" in w and "s behind" in w for w in warnings)
+    assert result["row"]["capture_backlog"]["high_water"][FRONT] > 3
+
+
+def test_backlog_hard_limit_counts_and_flags_red(tmp_path: Path) -> None:
+    # 0.1 MB over two cameras: a few 9 KB frames each, then pushes are refused and counted.
+    cfg = make_config(tmp_path, backlog={"max_memory_mb": 0.1, "ring_seconds": 0.2})
+    with Recorder(cfg, durable=False, consumer_throttle_s=0.3) as slow:
+        slow.start()
+        refused = 0
+        for t, kind, stream, i in timeline(0.0, 3.0):
+            if kind == "image":
+                refused += not slow.push_image(stream, t, frame(i))
+            else:
+                slow.push_vector(stream, t, np.array([0.0, t, 0.0]))
+        job = slow.stop()
+        assert job.wait(60)
+        row = DatasetReader(cfg.dataset_dir("demo")).episode(job.episode_index)
+        assert slow.status()["dropped"] == refused > 0
+    assert row["quality"] == "red"
+    issue = next(i for i in row["quality_issues"] if i["code"] == "capture_backlog_overflow")
+    assert "refused" in issue["detail"] and "hard memory limit" in issue["detail"]
+    assert sum(row["capture_backlog"]["refused"].values()) == refused
+
+
+# ---- each automatic quality code from a crafted input ----
+
+
+def test_episode_too_short(rec: Recorder) -> None:
+    result = record(rec, timeline(0.0, 0.3))
+    assert codes(result) == ["episode_too_short"] and "min_episode_frames=5" in detail(
+        result, "episode_too_short"
+    )
+
+
+def test_non_monotonic_timestamp(rec: Recorder) -> None:
+    events = list(timeline(0.0, 2.0))
+    # One FRONT image arrives with a time earlier than the previous FRONT image.
+    events.append((1.05, "image", FRONT, 99))
+    events.sort(key=lambda e: 1.25 if (e[2] == FRONT and e[3] == 99) else e[0])
+    result = record(rec, iter(events))
+    assert "non_monotonic_timestamp" in codes(result)
+    assert FRONT in detail(result, "non_monotonic_timestamp")
+    assert result["row"]["length"] == 20  # the bad sample is left out, the rest aligns
+
+
+def test_invalid_image_shape_and_vector_dim(rec: Recorder) -> None:
+    def image_fn(key: str, i: int, t: float) -> np.ndarray:
+        return np.zeros((10, 10, 3), np.uint8) if (key == WRIST and i == 4) else frame(i)
+
+    def vector_fn(i: int, t: float) -> np.ndarray:
+        return np.zeros(2) if i == 7 else np.array([0.0, t, 0.0])
+
+    result = record(rec, image_fn=image_fn, vector_fn=vector_fn)
+    assert {"invalid_image_shape", "invalid_vector_dim"} <= set(codes(result))
+    assert WRIST in detail(result, "invalid_image_shape")
+    assert "(10, 10, 3)" in detail(result, "invalid_image_shape")
+    assert STATE in detail(result, "invalid_vector_dim")
+
+
+def test_non_finite_value(rec: Recorder) -> None:
+    result = record(rec, vector_fn=lambda i, t: np.array([np.nan if i == 30 else 0.0, t, 0.0]))
+    assert codes(result) == ["non_finite_value"]
+    assert "dims [0]" in detail(result, "non_finite_value") and "sample 30" in detail(
+        result, "non_finite_value"
+    )
+    state = DatasetReader(rec.dataset_dir()).read_vector(0, STATE)
+    assert np.isfinite(state).all()
+
+
+def test_missing_camera_stream_and_missing_column(rec: Recorder) -> None:
+    result = record(rec, timeline(0.0, 2.0, cameras={FRONT: 0}, vectors=False))
+    assert set(codes(result)) == {"missing_camera_stream", "missing_configured_column"}
+    assert WRIST in detail(result, "missing_camera_stream")
+    assert STATE in detail(result, "missing_configured_column")
+    assert result["row"]["length"] >= 15
+    reader = DatasetReader(rec.dataset_dir())
+    assert reader.count_frames(0, WRIST) == result["row"]["length"]
+
+
+def test_unexpected_image_stream(rec: Recorder) -> None:
+    def image_fn(key: str, i: int, t: float) -> np.ndarray:
+        if i == 3:
+            rec.push_image("observation.images.ghost", t, frame(i))
+        return frame(i)
+
+    result = record(rec, image_fn=image_fn)
+    assert codes(result) == ["unexpected_image_stream"]
+    assert "observation.images.ghost" in detail(result, "unexpected_image_stream")
+
+
+def test_image_skew_exceeded(rec: Recorder) -> None:
+    # WRIST misses 0.3 s of images (below the 0.5 s clock-jump limit): nearest images are far.
+    events = [e for e in timeline(0.0, 2.0) if not (e[2] == WRIST and 0.75 < e[0] < 1.05)]
+    result = record(rec, iter(events))
+    assert codes(result) == ["image_skew_exceeded"]
+    text = detail(result, "image_skew_exceeded")
+    assert WRIST in text and "frame 8" in text
+    assert result["row"]["alignment"]["cameras"][WRIST]["skew_violations"] == 3
+
+
+def test_frozen_camera(rec: Recorder) -> None:
+    still = frame(0)
+
+    def image_fn(key: str, i: int, t: float) -> np.ndarray:
+        return still if (key == FRONT and 5 <= i <= 14) else frame(i, 0 if key == FRONT else 1)
+
+    result = record(rec, image_fn=image_fn)
+    assert codes(result) == ["frozen_camera"]
+    assert FRONT in detail(result, "frozen_camera") and "sample 5" in detail(
+        result, "frozen_camera"
+    )
+
+
+def test_source_clock_discontinuity(rec: Recorder) -> None:
+    events = [e for e in timeline(0.0, 2.0) if not (e[1] == "vector" and 0.6 < e[0] < 1.3)]
+    result = record(rec, iter(events))
+    assert codes(result) == ["source_clock_discontinuity"]
+    assert STATE in detail(result, "source_clock_discontinuity")
+
+
+def _wait_frames(rec: Recorder, n: int) -> None:
+    deadline = time.monotonic() + 30
+    while rec.status()["frames"] < n:
+        assert time.monotonic() < deadline, rec.status()
+        time.sleep(0.01)
+
+
+def test_missing_camera_and_frame_count_mismatch_from_late_streams(rec: Recorder) -> None:
+    root = rec.start()
+    # FRONT alone for 2 s: the grid starts without WRIST and STATE (start timeout 0.5 s).
+    push_timeline(rec, timeline(0.0, 2.0, cameras={FRONT: 0}, vectors=False))
+    _wait_frames(rec, 10)
+    # WRIST shows up late and keeps going; STATE delivers a single late sample and stops.
+    push_timeline(rec, timeline(2.1, 3.0, cameras={FRONT: 0, WRIST: 1}, vectors=False))
+    rec.push_vector(STATE, 1.5, np.array([0.0, 1.5, 0.0]))
+    job = rec.stop()
+    assert job.wait(30) and job.state == SAVED
+    row = DatasetReader(root).episode(job.episode_index)
+    found = {i["code"]: i["detail"] for i in row["quality_issues"]}
+    assert "missing_camera" in found and WRIST in found["missing_camera"]
+    assert "frames 0-" in found["missing_camera"]
+    assert "missing_configured_column" in found and STATE in found["missing_configured_column"]
+    assert "frame_count_mismatch" in found
+
+
+def test_backend_reference_rings_work_too(tmp_path: Path) -> None:
+    with Recorder(make_config(tmp_path), durable=False, native=False) as ref:
+        result = record(ref)
+    assert result["row"]["quality"] == "green" and result["row"]["length"] == 20
+
+
+def test_failed_save_is_reported(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path)
+    with Recorder(cfg, durable=False) as rec:
+        root = rec.start()
+        push_timeline(rec, timeline(0.0, 1.0))
+        # Make the commit fail: the data directory is a file.
+        (root / "data").write_text("not a directory")
+        job = rec.stop()
+        assert job.wait(30)
+        assert job.state == FAILED and job.error and job.episode_index is None
+        (root / "data").unlink()
+        assert record(rec)["episode_index"] == 0  # the recorder keeps working
