@@ -9,6 +9,8 @@ accepted subset is the whole dataset, then measures in this run:
   ``convert_dataset_v21_to_v30.convert_dataset`` on a copy of the same v2.1 dataset, run offline
   in the oracle venv in a subprocess; its time is measured inside that process around
   ``convert_dataset`` only (imports excluded). ``ratio`` = LeRobot / eva (> 1: eva is faster).
+* the v3 writer alone (``write_subset`` of the accepted subset, metadata prepared beforehand)
+  against the same LeRobot time: the like-for-like part of the comparison.
 * bytes written: the accepted v3 directory against LeRobot's converted directory (ratio = LeRobot
   bytes / eva bytes; eva also writes quantile stats and the kept jsonl metadata).
 * ``cp -r`` of the v2.1 source: the practical limit of any converter that must read and rewrite
@@ -32,9 +34,10 @@ from typing import Any
 
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.dataset.reader import DatasetReader
-from eva.export.pipeline import export_dataset
+from eva.export.pipeline import export_dataset, prepare
 from eva.export.registry import ExportOptions
 from eva.formats import lerobot_v3
+from eva.progress import Progress
 
 REPO = Path(__file__).resolve().parent.parent
 ORACLE_DIR = Path(os.environ.get("EVA_ORACLE_DIR", REPO.parent / "shared" / "oracle"))
@@ -92,6 +95,16 @@ def eva_export_seconds(source: Path, work: Path, **extra: Any) -> tuple[float, P
     result = export_dataset(src, "lerobot_v3", options=ExportOptions(extra=extra))
     seconds = time.perf_counter() - start
     return seconds, result.accepted_dir
+
+
+def writer_seconds(source: Path, work: Path) -> float:
+    """The v3 writer alone (``write_subset`` of the accepted subset): the part that corresponds to
+    LeRobot's converter, without eva's source validation, split and publication."""
+    shutil.rmtree(work, ignore_errors=True)
+    reader, _plan, metas = prepare(source)
+    start = time.perf_counter()
+    lerobot_v3.write_subset(reader, metas["accepted"], work, Progress(), ExportOptions())
+    return time.perf_counter() - start
 
 
 def lerobot_convert(source: Path, work: Path) -> tuple[float | None, int | None, str]:
@@ -152,6 +165,7 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
             raise RuntimeError(f"bench export does not verify: {problems[0]}")
         eva_bytes = dir_bytes(accepted)
         shards = len(list((accepted / "videos").rglob("*.mp4")))
+        write_s = min(writer_seconds(source, work / f"writer{i}") for i in range(repeats))
         lr_s, lr_bytes, lr_note = lerobot_convert(source, work / "lerobot")
         cp_s = min(cp_seconds(source, work / f"cp{i}") for i in range(max(repeats, 3)))
         verify_s, _ = eva_export_seconds(source, work / "verify", verify_decode=True)
@@ -165,6 +179,17 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
                 "s",
                 f"{size}; {lr_note}; eva end to end incl. validation and publication",
                 None if lr_s is None else lr_s / eva_s,
+            )
+        )
+        rows.append(
+            _row(
+                "v3 writer alone vs LeRobot convert_dataset_v21_to_v30",
+                write_s,
+                lr_s,
+                "s",
+                f"{size}; write_subset of the accepted subset (packet copy, parquet shards, "
+                "metadata, keyframe image histograms in a worker thread)",
+                None if lr_s is None else lr_s / write_s,
             )
         )
         rows.append(
