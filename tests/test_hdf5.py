@@ -12,11 +12,12 @@ import h5py
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from eva._native import load
 from eva.dataset.errors import DatasetError
 from eva.formats import hdf5
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 W, H = 64, 48
 
@@ -227,6 +228,7 @@ def test_table_columns_keep_dtypes(tmp_path: Path) -> None:
         (1, None, False, 4),
         (4, None, True, 8),
         (3, "gzip:1", True, 2),
+        (1, "gzip", False, 5),
         (5, "lzf", False, 32),
     ],
 )
@@ -267,6 +269,9 @@ def test_pixels_equal_pyav_decode(
             assert dataset.compression == name
             np.testing.assert_array_equal(dataset[()], expected)
             np.testing.assert_array_equal(dataset[7], expected[7])  # random access
+            if name == "gzip":  # our zlib chunks are what HDF5's deflate filter reads
+                assert dataset.id.get_chunk_info(0).filter_mask == 0
+                assert dataset.id.get_storage_size() < dataset.nbytes
     loaded = hdf5.read_episode(path, load_images=True)
     assert loaded.file is None and isinstance(loaded.images["cam/odd.size"], np.ndarray)
     uses_native = native_convert and native_h5chunk is not None

@@ -12,6 +12,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader

@@ -32,8 +32,11 @@ single frame then reads and decompresses the whole chunk.
 
 Compression (``hdf5_compression``: ``none`` | ``gzip[:level]`` | ``lzf``, default none): raw
 chunks are written directly and run at disk/page-cache speed; gzip and lzf shrink files but cost
-roughly 50-60 MB/s per core, an order of magnitude slower than decoding. Compressed image datasets
-are written one whole-chunk block at a time through the normal (filtered) write path.
+roughly 50-60 MB/s per core, an order of magnitude slower than decoding. gzip chunks are
+compressed here with zlib on every core (HDF5's deflate filter stores exactly a zlib stream) and
+written as already-filtered direct chunks; lzf datasets are written one whole-chunk block at a time
+through HDF5's own filter pipeline. Compression applies to image and column arrays (not to scalar
+or metadata items). Frames come from lossy H.264, so compression only trades CPU for disk.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import zlib
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -464,6 +469,7 @@ class EpisodeWriter:
     buffers: BatchBuffers = field(default_factory=BatchBuffers)
     converter: FrameConverter | None = None
     stats: ImageWriteStats = field(default_factory=ImageWriteStats)
+    _compress_pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.converter is None:
@@ -649,17 +655,44 @@ class EpisodeWriter:
     def _flush(self, dataset: h5py.Dataset, batch: np.ndarray, start: int, count: int) -> None:
         """Write batch[:count] at frame ``start``: whole chunks only (``start`` is chunk-aligned)."""
         fpc = self.options.frames_per_chunk
-        if self.options.compression is not None:
-            # Filtered datasets go through HDF5's pipeline, still one whole-chunk block per call.
+        compression = self.options.compression
+        if compression not in (None, "gzip"):
+            # lzf has no Python-side compressor: HDF5's filter pipeline, one whole-chunk block.
             dataset[start : start + count] = batch[:count]
             return
         padded = -(-count // fpc) * fpc
         if padded > count:
             # The last chunk of the episode: HDF5 stores edge chunks whole, so pad it.
             batch[count:padded] = 0
+        blocks = [batch[offset : offset + fpc] for offset in range(0, padded, fpc)]
+        if compression == "gzip":
+            # HDF5's deflate filter stores a zlib stream: compress the chunks ourselves on every
+            # core (zlib releases the GIL) and write the results as already-filtered chunks.
+            level = self.options.compression_level
+            level = 4 if level is None else level
+            blocks = list(self._pool().map(lambda block: zlib.compress(block, level), blocks))
         dataset_id = dataset.id
-        for offset in range(0, padded, fpc):
-            dataset_id.write_direct_chunk((start + offset, 0, 0, 0), batch[offset : offset + fpc])
+        for offset, block in zip(range(0, padded, fpc), blocks, strict=True):
+            dataset_id.write_direct_chunk((start + offset, 0, 0, 0), block)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._compress_pool is None:
+            self._compress_pool = ThreadPoolExecutor(
+                max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="eva-hdf5-gzip"
+            )
+        return self._compress_pool
+
+    def close(self) -> None:
+        """Stop the compression threads (if any were started)."""
+        if self._compress_pool is not None:
+            self._compress_pool.shutdown()
+            self._compress_pool = None
+
+    def __enter__(self) -> EpisodeWriter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 # ---- subset export ------------------------------------------------------------------------------
@@ -693,14 +726,29 @@ def export_info(source_info: Mapping[str, Any]) -> dict[str, Any]:
 def write_subset(reader: Any, meta: Any, staging_dir: Path, progress: Any, options: Any) -> None:
     """Write one quality subset (``SubsetMeta``) of the source ``reader`` as HDF5 episode files
     plus the common metadata into ``staging_dir``."""
-    from eva.dataset.subset import rewrite_index_columns, write_common_meta
+    from eva.dataset.subset import write_common_meta
 
     staging_dir = Path(staging_dir)
     opts = Hdf5Options.from_export_options(options)
     info = export_info(meta.info)
     chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
     fps = meta.info.get("fps", getattr(reader, "fps", None))
-    writer = EpisodeWriter(opts)
+    with EpisodeWriter(opts) as writer:
+        _write_episodes(writer, reader, meta, staging_dir, progress, chunks_size, fps)
+    write_common_meta(staging_dir, meta, info)
+
+
+def _write_episodes(
+    writer: EpisodeWriter,
+    reader: Any,
+    meta: Any,
+    staging_dir: Path,
+    progress: Any,
+    chunks_size: int,
+    fps: Any,
+) -> None:
+    from eva.dataset.subset import rewrite_index_columns
+
     for new, src in enumerate(meta.source_episode_indices):
         label = f"{meta.subset} episode {new} (source episode {src})"
         table = reader.read_table(src)
@@ -720,7 +768,6 @@ def write_subset(reader: Any, meta: Any, staging_dir: Path, progress: Any, optio
             label=label,
         )
         progress(episodes=1, files=1, bytes=size, current=f"{meta.subset}/{rel}")
-    write_common_meta(staging_dir, meta, info)
 
 
 # ---- reading ------------------------------------------------------------------------------------
