@@ -87,6 +87,8 @@ def test_success_path_tree_is_identical(
     assert job.result.remote_path == str(remote_dir / "pick") == job.result.target_path
     assert tree_bytes(remote_dir / "pick") == tree_bytes(accepted)
     assert staging_leftovers(remote_dir) == []
+    # The staging dir was created like any directory (server umask), not private to the uploader.
+    assert (remote_dir / "pick").stat().st_mode & 0o777 == remote_dir.stat().st_mode & 0o777
     record = json.loads((export_root(source, "hdf5") / UPLOAD_JOB).read_text())
     assert record["state"] == "completed"
     assert record["kind"] == "upload"

@@ -599,7 +599,7 @@ def upload_tree(
         if staging is None:
             staging = staging_path_for(config.remote_dir, dataset_name, secrets.token_hex(8))
             try:
-                control.mkdir(staging, mode=0o700)
+                control.mkdir(staging)  # server umask: the published dir keeps it
             except OSError as e:
                 raise UploadError(f"cannot create staging directory {staging}: {e}") from None
         if on_staging is not None:
