@@ -29,14 +29,24 @@ timestamp. Any mismatch raises ``DatasetError`` naming episode and camera; the p
 discards the staging directory, so nothing is published.
 
 Quantiles (``stats.json`` and the per-episode ``stats/<feature>/q..`` columns): vector features are
-exact (numpy ``linear`` quantiles over every row; their float32 values are collected for that).
-Image features come from an exact 256-bin histogram of the frames that are decoded: by default the
-keyframes, which the packet copy decodes on the way (every GOP-th frame, ~1/30 of the frames, at
-least one per episode; no seek, no second read). That is a systematic sample like LeRobot's own
-(it samples frames evenly too): the quantiles are exact for the sampled frames, and their
-deviation from the all-frames value is a sampling error, not a worst-case bound. With
-``verify_decode`` every frame is decoded anyway and the image quantiles are exact (equal to numpy's
-``np.quantile`` on all pixels within 1e-12).
+exact (numpy ``linear`` quantiles over every row; the numeric columns are collected in their own
+dtype for that, about 150 bytes per row for two 14-dim float32 vectors plus the bookkeeping
+columns). Image features come from an exact 256-bin histogram of the frames that are decoded: by
+default the keyframes, whose packets the copy keeps on the way and a worker thread decodes (every
+GOP-th frame, ~1/30 of the frames, at least one per episode; no seek, no second read; decoding,
+conversion and the histogram kernel release the GIL, so it overlaps the copy). That is a
+systematic sample like LeRobot's own (it samples frames evenly too): the quantiles are exact for
+the sampled frames, and their deviation from the all-frames value is a sampling error, not a
+worst-case bound. With ``verify_decode`` every frame is decoded anyway and the image quantiles are
+exact (equal to numpy's ``np.quantile`` on all pixels within 1e-12).
+
+Options (``ExportOptions.extra``; CLI ``eva export --format v3``): ``data_files_size_in_mb``
+(100, ``--data-file-size-mb``), ``video_files_size_in_mb`` (200, LeRobot 0.4.4's default,
+``--video-file-size-mb``), ``chunks_size`` (1000), ``verify_decode`` (``--verify-decode``).
+
+An empty subset is a complete dataset with zero-row, schema-only Parquet files (no row group).
+LeRobot 0.4.4 itself cannot open a zero-episode dataset (HF datasets refuses an empty split), so
+``make compat`` checks empty subsets with ``eva verify``.
 """
 
 from __future__ import annotations
