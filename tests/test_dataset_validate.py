@@ -257,3 +257,13 @@ def test_cli_info(raw: Path, tmp_path: Path) -> None:
     broken = runner.invoke(main, ["info", str(raw)])
     assert broken.exit_code == 1 and "info.json" in broken.output
     assert runner.invoke(main, ["info", str(tmp_path / "missing")]).exit_code == 2
+
+
+def test_hostile_video_key_is_reported_not_followed(raw: Path) -> None:
+    info = json.loads((raw / layout.INFO).read_text())
+    info["features"]["../../etc"] = dict(info["features"][FRONT])
+    atomic.atomic_write_json(raw / layout.INFO, info)
+    problems = validate_dataset(raw)
+    codes = [p.code for p in problems]
+    assert "unsafe_path" in codes
+    assert all("etc" not in (p.path or "") or p.code == "unsafe_path" for p in problems)

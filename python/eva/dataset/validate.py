@@ -110,6 +110,7 @@ def validate_dataset(
         episodes_stats = {}
 
     assert episodes is not None
+    video_keys = _safe_video_keys(reader, out)
     seen: set[int] = set()
     total_frames = 0
     for done, row in enumerate(episodes, 1):
@@ -141,7 +142,7 @@ def validate_dataset(
                     episodes_path,
                     ep,
                 )
-        _check_episode(reader, ep, length, tasks, episodes_stats.get(ep), decode, out)
+        _check_episode(reader, ep, length, tasks, episodes_stats.get(ep), video_keys, decode, out)
         if on_episode is not None:
             on_episode(done, len(episodes))
 
@@ -155,6 +156,23 @@ def validate_dataset(
                 info_path,
             )
     return out.problems
+
+
+def _safe_video_keys(reader: DatasetReader, out: _Collector) -> list[str]:
+    """Video feature keys usable as path components; the others are reported, not followed."""
+    keys = []
+    info_path = reader.root / layout.INFO
+    for key, feature in reader.features.items():
+        if not isinstance(feature, dict):
+            out.add("invalid_info", f"{info_path}: feature {key!r} is not an object", info_path)
+            continue
+        if feature.get("dtype") != "video":
+            continue
+        try:
+            keys.append(layout.check_video_key(key))
+        except layout.UnsafeNameError as e:
+            out.add("unsafe_path", f"{info_path}: video feature: {e}", info_path)
+    return keys
 
 
 def _has(out: _Collector, code: str) -> bool:
@@ -183,6 +201,7 @@ def _check_episode(
     length: int | None,
     tasks: dict[int, str] | None,
     stats: dict[str, Any] | None,
+    video_keys: list[str],
     decode: bool,
     out: _Collector,
 ) -> None:
@@ -214,7 +233,7 @@ def _check_episode(
         if rows == 0 and length != 0:
             out.add("empty_episode", f"{data_path}: episode {ep} has no rows", data_path, ep)
 
-    for key in reader.video_keys:
+    for key in video_keys:
         try:
             video_path = reader.video_path(ep, key)
         except DatasetError as e:
@@ -250,7 +269,7 @@ def _check_episode(
     # Every feature needs stats: from the per-episode stats, or computable from the table.
     stats = stats or {}
     for feature, spec in reader.features.items():
-        if feature in stats:
+        if feature in stats or not isinstance(spec, dict):
             continue
         if spec.get("dtype") not in ("video",) and feature in columns:
             continue
