@@ -229,8 +229,13 @@ class DatasetReader:
         return self._resolve_template("data_path", layout.DATA_PATH, episode_index)
 
     def video_path(self, episode_index: int, key: str) -> Path:
-        if key not in self.video_keys:
+        feature = self.features.get(key)
+        if not isinstance(feature, dict) or feature.get("dtype") != "video":
             raise DatasetError(f"{self.root / layout.INFO}: no video feature {key!r}")
+        try:
+            layout.check_video_key(key)
+        except layout.UnsafeNameError as e:
+            raise DatasetError(f"{self.root / layout.INFO}: feature {e}") from None
         return self._resolve_template("video_path", layout.VIDEO_PATH, episode_index, video_key=key)
 
     # ---- data ----------------------------------------------------------------------------
