@@ -10,6 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from eva.capture.synthetic import SyntheticScene, joint_actions, joint_states
 from eva.dataset import atomic, layout
@@ -594,3 +596,38 @@ def test_bad_options_are_refused_before_anything_is_written(tmp_path: Path) -> N
         VideoOptions(codec="mjpeg")
     with pytest.raises(ValueError, match="pix_fmt"):
         VideoOptions(pix_fmt="yuv444p")
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=11), min_size=0, max_size=4))
+def test_batching_does_not_change_the_output(tmp_path_factory, cuts: list[int]) -> None:
+    """Frames fed in any batch split give the same table, stats and decoded pixels."""
+    n = 12
+    scene = SyntheticScene(16, 32, seed=9)
+    images = scene.frames(0, n)
+    state = joint_states(0, n, dim=3, seed=4)
+    bounds = [0, *sorted(set(cuts)), n]
+    outputs = []
+    for split in ([0, n], bounds):
+        root = tmp_path_factory.mktemp("batched") / "raw"
+        with _open(root, cameras=[CameraSpec(FRONT, 16, 32)]) as writer:
+            ep = writer.begin_episode("t")
+            for a, b in zip(split[:-1], split[1:], strict=True):
+                ep.add_frames(
+                    images={FRONT: images[a:b]},
+                    vectors={"observation.state": state[a:b], "action": state[a:b] * 2},
+                    capture_time=np.arange(a, b) / 30.0,
+                )
+            ep.commit()
+        reader = DatasetReader(root)
+        frames = np.concatenate([f.copy() for f in reader.iter_frames(0, FRONT, batch_size=5)])
+        outputs.append((reader.read_table(0), reader.episodes_stats[0], frames))
+    (table_a, stats_a, frames_a), (table_b, stats_b, frames_b) = outputs
+    assert table_a.equals(table_b)
+    assert np.array_equal(frames_a, frames_b)
+    assert stats_a.keys() == stats_b.keys()
+    for feature in stats_a:
+        for key in ("min", "max", "mean", "std", "count"):
+            np.testing.assert_allclose(stats_a[feature][key], stats_b[feature][key], rtol=1e-12)
