@@ -475,26 +475,37 @@ def cleanup_command(dataset: Path, fmt: str | None) -> None:
 # [upload commands: upload]
 
 
-def _upload_source_dir(dataset: str, collection: dict[str, Any]) -> Any:
-    """DATASET is the raw source directory, or a dataset name under ``collection.log_dir``."""
+def _upload_source_dir(dataset: str, collection: dict[str, Any], config_path: str) -> Any:
+    """DATASET is the raw source directory, or a dataset name resolved like COLLECT does:
+    ``<log_dir>/<sanitised name>/raw`` (empty log_dir -> eva.config's derived work directory).
+    Only ``log_dir`` is read, so uploading does not depend on the capture settings."""
     from pathlib import Path
 
-    from eva.dataset.layout import UnsafeNameError, check_component
+    from eva.config import default_log_dir
+    from eva.dataset.layout import UnsafeNameError, is_within, sanitize_dataset_name
 
     path = Path(dataset).expanduser()
     if path.is_dir() or "/" in dataset:
         return path
-    log_dir = collection.get("log_dir")
-    if not isinstance(log_dir, str) or not log_dir:
-        fail(f"{dataset}: not a directory, and collection.log_dir is not set to find it by name")
+    log_dir_text = collection.get("log_dir", "")
+    if not isinstance(log_dir_text, str):
+        fail(f"{config_path}: collection.log_dir must be a string")
+    if log_dir_text.strip():
+        log_dir = Path(log_dir_text).expanduser()
+        if not log_dir.is_absolute():
+            log_dir = Path(config_path).resolve().parent / log_dir
+    else:
+        log_dir = default_log_dir()
     try:
-        check_component(dataset, "dataset name")
+        source = log_dir / sanitize_dataset_name(dataset) / "raw"
     except UnsafeNameError as e:
         fail(str(e))
-    return Path(log_dir).expanduser() / dataset / "raw"
+    if not is_within(source, log_dir):
+        fail(f"dataset name {dataset!r} would escape the log directory")
+    return source
 
 
-def _human_bytes(n: float) -> str:
+def _upload_bytes_text(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -512,9 +523,9 @@ def _upload_progress_line(progress: dict[str, Any], elapsed: float, width: int =
     if len(current) > 40:
         current = "..." + current[-37:]
     return (
-        f"[{bar}] {fraction * 100:5.1f}%  {_human_bytes(done)}/{_human_bytes(total)}  "
+        f"[{bar}] {fraction * 100:5.1f}%  {_upload_bytes_text(done)}/{_upload_bytes_text(total)}  "
         f"files {progress.get('files') or 0}/{totals.get('files') or 0}  "
-        f"{_human_bytes(rate)}/s  {current}"
+        f"{_upload_bytes_text(rate)}/s  {current}"
     )
 
 
@@ -583,7 +594,7 @@ def upload_command(
         return
     if sftp_config is not None and known_hosts:
         sftp_config = dataclasses.replace(sftp_config, known_hosts=Path(known_hosts).resolve())
-    source = _upload_source_dir(dataset, collection)
+    source = _upload_source_dir(dataset, collection, config_path)
     try:
         job = start_upload(
             source,
@@ -634,7 +645,7 @@ def upload_command(
         f", {job.result.skipped_files} already staged files skipped" if job.result.resumed else ""
     )
     click.echo(
-        f"uploaded {job.result.files} files ({_human_bytes(job.result.bytes)}) to "
+        f"uploaded {job.result.files} files ({_upload_bytes_text(job.result.bytes)}) to "
         f"{sftp_config.host if sftp_config else ''}:{job.result.remote_path}{note}{skipped}"
     )
 
