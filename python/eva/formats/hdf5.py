@@ -70,6 +70,8 @@ KINDS = ("array", "string", "bytes", "none", "msgpack")
 ITEM_NAME = "item_{:06d}"
 DEFAULT_FRAMES_PER_CHUNK = 1
 DEFAULT_BATCH_FRAMES = 32
+# Upper bound of one batch buffer (two are in use per camera being written).
+MAX_BATCH_BYTES = 32 << 20
 # dtype kinds HDF5 stores natively as an ``array`` item (bool, signed, unsigned, float).
 _ARRAY_DTYPE_KINDS = "biuf"
 
@@ -114,9 +116,13 @@ class Hdf5Options:
         if self.batch_frames < 1:
             raise DatasetError(f"hdf5 batch size must be >= 1, got {self.batch_frames}")
 
-    @property
-    def chunks_per_batch(self) -> int:
-        return max(1, -(-self.batch_frames // self.frames_per_chunk))
+    def batch_length(self, frame_bytes: int) -> int:
+        """Frames per batch buffer: whole chunks, ``batch_frames`` rounded up, but at most
+        ``MAX_BATCH_BYTES`` (large frames get fewer frames per batch; never less than a chunk)."""
+        fpc = self.frames_per_chunk
+        chunks = max(1, -(-self.batch_frames // fpc))
+        chunks_fitting = MAX_BATCH_BYTES // max(1, frame_bytes * fpc)
+        return max(1, min(chunks, chunks_fitting)) * fpc
 
     @classmethod
     def from_export_options(cls, options: Any) -> Hdf5Options:
@@ -568,7 +574,7 @@ class EpisodeWriter:
                 compression=opts.compression,
                 compression_opts=opts.compression_level,
             )
-            buffers = self.buffers.get(opts.chunks_per_batch * fpc, *shape)
+            buffers = self.buffers.get(opts.batch_length(shape[0] * shape[1] * 3), *shape)
             converter.start_video(first, buffers[0], 0)
             for index in range(1, len(buffers)):
                 free.put(index)
