@@ -100,6 +100,7 @@ class UploadJob:
         self.result: UploadResult | None = None
         self.error: str | None = None
         self._cancel = threading.Event()
+        self._done = threading.Event()
         self._lock = lock
         self._thread = threading.Thread(target=self._run, name="eva-upload-job", daemon=True)
 
@@ -115,9 +116,11 @@ class UploadJob:
         return self
 
     def wait(self, timeout: float | None = None) -> bool:
-        """True once the job has finished (completed or failed)."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        """True once the job has finished (completed or failed) and its record is written.
+
+        An Event rather than ``Thread.join``: a KeyboardInterrupt inside ``join`` can leave the
+        thread's state lock so that a later ``join`` returns before the thread has ended."""
+        return self._done.wait(timeout)
 
     def cancel(self) -> None:
         """Stop sending; the staged files stay on the server for ``--resume``."""
@@ -177,6 +180,7 @@ class UploadJob:
                 write_job(self.record_path, self.record)
             finally:
                 self._lock.close()
+                self._done.set()
 
 
 def _unfinished_staging(
