@@ -632,7 +632,7 @@ def upload_command(
     record = job.snapshot()
     if job.result is None:
         message = f"upload failed: {job.error}"
-        if record.get("resumable"):
+        if record.get("resumable") and "--resume" not in message:
             message += " (rerun with --resume to continue)"
         refuse(message)
         return
