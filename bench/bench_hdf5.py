@@ -12,6 +12,8 @@ Rows (times are the best of ``repeats`` runs measured in this run; ratio = basel
 * export vs decode without pixel conversion (the decoder alone);
 * native yuv->rgb conversion vs PyAV's own conversion inside the exporter;
 * gzip:1 export vs uncompressed (the price of compression);
+* export to disk (temp dir, synced) vs a plain write + sync of the same pixel bytes (the disk
+  limit: on a slow disk both are bound by it);
 * peak RSS (subprocess, ``resource.getrusage``) of a one-episode export against episode length:
   flat when memory is bounded by the batch, not by the episode.
 """
@@ -272,7 +274,14 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
             export_run(hdf5.Hdf5Options(compression="gzip", compression_level=1), 1), repeats
         )
         plain_one_s, _ = _measure(export_run(hdf5.Hdf5Options(), 1), repeats)
-        disk_s, _ = _measure(export_run(hdf5.Hdf5Options(), few, disk), repeats)
+
+        def synced_export() -> None:
+            # Written, synced, then deleted: the run pays its own writeback (so does raw_write).
+            out = Path(tempfile.mkdtemp(dir=disk))
+            export_episodes(out, videos, few, frames, hdf5.Hdf5Options())
+            os.sync()
+            shutil.rmtree(out)
+
         frame_bytes = width * height * 3
         block = np.full((frames, height, width, 3), 7, dtype=np.uint8)
 
@@ -282,9 +291,13 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
                 for cam in range(len(CAMERAS)):
                     path = disk / f"raw-{ep}-{cam}.bin"
                     block.tofile(path)
+            os.sync()
             for path in disk.glob("raw-*.bin"):
                 path.unlink()
 
+        os.sync()
+        disk_s, _ = _measure(synced_export, repeats)
+        os.sync()
         raw_write_s, _ = _measure(raw_write, repeats)
 
         where = f"output on {_output_root()}"

@@ -393,6 +393,7 @@ class FrameConverter:
         self.native_frames = 0
         self.pyav_frames = 0
         self._luts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._luts_for: tuple[str, int, int] | None = None
 
     def start_video(self, first_frame: av.VideoFrame, batch: np.ndarray, slot: int) -> None:
         """Decide the path for a new video from its first frame (a self-check against PyAV)."""
@@ -402,6 +403,7 @@ class FrameConverter:
             self._native_convert(first_frame, luts, batch, slot)
             if np.array_equal(batch[slot], first_frame.to_ndarray(format="rgb24")):
                 self._luts = luts
+                self._luts_for = ("yuv420p", first_frame.colorspace, first_frame.color_range)
                 self.native_frames += 1
                 return
         self.convert(first_frame, batch, slot)
@@ -428,7 +430,9 @@ class FrameConverter:
         )
 
     def convert(self, frame: av.VideoFrame, batch: np.ndarray, slot: int) -> None:
-        if self._luts is not None:
+        # The tables hold for the calibrated pixel format and colour description only.
+        described = (frame.format.name, frame.colorspace, frame.color_range)
+        if self._luts is not None and described == self._luts_for:
             self._native_convert(frame, self._luts, batch, slot)
             self.native_frames += 1
         else:
