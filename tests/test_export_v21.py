@@ -418,3 +418,26 @@ def test_failed_rerun_keeps_the_published_pair(source: Path) -> None:
         p for p in first.export_root.parent.iterdir() if p.name.startswith(".eva-") and p.is_dir()
     ]
     assert hidden == []
+
+
+def test_lerobot_written_source(tmp_path: Path, lerobot_fixture_dir: Path) -> None:
+    """A dataset LeRobot 0.3.3 wrote itself (AV1, no quality fields, no stats.json) splits too."""
+    source = tmp_path / "lerobot-run"
+    shutil.copytree(lerobot_fixture_dir, source)
+    runner = CliRunner()
+    assert (
+        runner.invoke(main, ["qc", str(source), "1", "--fail", "--note", "wrong bin"]).exit_code
+        == 0
+    )
+    result = export_dataset(source, "lerobot_v21")
+    assert result.accepted_dir == tmp_path / "lerobot-run_export" / "lerobot_v21" / "accepted"
+    assert (result.plan.accepted, result.plan.rejected) == ([0], [1])
+    rejected = result.rejected_dir
+    assert read_jsonl(rejected / layout.TASKS) == [{"task_index": 0, "task": "place it in the bin"}]
+    table = pq.read_table(rejected / "data/chunk-000/episode_000000.parquet")
+    assert table.column("index").to_pylist() == list(range(31))
+    assert set(table.column("task_index").to_pylist()) == {0}
+    assert read_jsonl(rejected / layout.EPISODES)[0]["qc_note"] == "wrong bin"
+    for subset_dir in (result.accepted_dir, rejected):
+        r = runner.invoke(main, ["verify", str(subset_dir)])
+        assert r.exit_code == 0, r.output
