@@ -153,3 +153,16 @@ def test_bad_camera_aborts_and_publishes_nothing(raw: Path, tmp_path: Path, defe
     assert leftovers == []
     job = json.loads((root / "job.json").read_text())
     assert job["state"] == "failed" and "observation.images.wrist" in job["error"]
+
+
+def test_no_cameras_and_an_empty_subset(tmp_path: Path) -> None:
+    raw = write_synthetic_dataset(tmp_path / "d" / "raw", episodes=2, frames=8, cameras=0)
+    result = export_dataset(raw, "hdf5")
+    assert hdf5.verify(result.accepted_dir) == []
+    assert hdf5.verify(result.rejected_dir) == []  # complete, valid and empty
+    info = json.loads((result.rejected_dir / "meta" / "info.json").read_text())
+    assert info["total_episodes"] == 0 and info["embedded_images"] is True
+    assert not (result.rejected_dir / "data").exists()
+    with hdf5.read_episode(result.accepted_dir / "data/chunk-000/episode_000001.hdf5") as episode:
+        assert episode.images == {}
+        np.testing.assert_array_equal(episode.columns["index"], np.arange(8, 16))
