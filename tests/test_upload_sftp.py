@@ -320,11 +320,16 @@ def test_resume_after_interruption(
     assert staging.is_dir() and staging.parent == remote_root
     assert not (remote_root / "pick").exists()
     staged = {p.name: p for p in staging.rglob("*.bin") if p.is_file()}
-    assert len(staged) >= 3
-    # A staged file damaged on the server (same size) must be sent again, not trusted.
-    damaged_name = "episode_000000.bin"
-    damaged = staged[damaged_name]
-    damaged.write_bytes(bytes(damaged.stat().st_size))
+    # One worker, cancelled as the third file completed: exactly the three largest are staged.
+    assert sorted(staged) == ["episode_000000.bin", "episode_000001.bin", "episode_000002.bin"]
+    local = accepted / "data" / "chunk-000"
+    # Damaged on the server with the same size: must be sent again, not trusted.
+    staged["episode_000000.bin"].write_bytes(bytes(700_000))
+    # Cut off mid-way with an intact prefix: continued from byte 250_000.
+    staged["episode_000001.bin"].write_bytes((local / "episode_000001.bin").read_bytes()[:250_000])
+    # A partial file whose prefix does not match: sent again from the start.
+    (staging / "data" / "chunk-000" / "episode_000003.bin").write_bytes(b"x" * 100_000)
+    # episode_000002.bin is intact: skipped.
 
     job = start_upload(source, "hdf5", config, options=UploadOptions(), resume=True)
     run(job)
@@ -332,9 +337,11 @@ def test_resume_after_interruption(
     assert job.result.resumed
     assert job.result.staging_path == str(staging)
     assert job.result.remote_path == str(remote_root / "pick")
-    assert 2 <= job.result.skipped_files < len(scan_local_tree(accepted).files)
+    assert job.result.skipped_files == 1
+    assert job.result.skipped_bytes == 500_000 + 250_000
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
     assert staging_leftovers(remote_root) == []
+    assert job.progress.bytes == scan_local_tree(accepted).total_bytes
     final = read_upload_record(export_root(source, "hdf5"))
     assert final is not None and final.state == "completed" and final.resumed
 

@@ -13,7 +13,8 @@ sent, and two uploads of the same export cannot run at once. The gate runs again
 Resume: the staging directory name is random, and it is recorded in the job record before the
 first file is written. ``--resume`` reuses it when the previous upload job of this export did not
 complete, was for the same export job, server and target, and its staging directory still exists;
-staged files whose size and SHA-256 (read back from the server) match are skipped.
+staged files whose size and SHA-256 (read back from the server) match are skipped, and a file
+that was cut off mid-way continues from its end when the staged prefix hashes equal.
 """
 
 from __future__ import annotations

@@ -19,9 +19,10 @@ How an upload goes (contracts §7):
    Only SFTP requests are used: SFTP-only accounts (``ForceCommand internal-sftp``) work.
 5. On any error the staging directory is removed (over a fresh connection if the old ones died),
    nothing is published and an existing target is untouched. A cancel (``UploadInterrupted``)
-   keeps the staging directory so that ``resume_staging`` can continue it later: a staged file
-   whose size matches is read back and its SHA-256 compared with the local file; equal files
-   are skipped, everything else is sent again.
+   keeps the staging directory so that ``resume_staging`` can continue it later: every staged
+   file is read back and its SHA-256 compared with the same bytes of the local file. A complete
+   match is skipped, a matching prefix (a file cut off mid-way) is continued from its end,
+   anything else is sent again from the start.
 """
 
 from __future__ import annotations
@@ -411,14 +412,6 @@ class _WriteAcks:
             self.error = msg.get_text() or f"SFTP status {code}"
 
 
-def sha256_local(path: Path, buffer_size: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(buffer_size):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def sha256_remote(sftp: paramiko.SFTPClient, path: str, size: int) -> str:
     digest = hashlib.sha256()
     with sftp.open(path, "rb") as f:
@@ -463,16 +456,21 @@ def _send_file(
     remote: str,
     shared: _Shared,
     options: UploadOptions,
+    start: int = 0,
 ) -> None:
+    """Send ``local`` to ``remote`` from byte ``start`` on (0: create/truncate; >0: continue a
+    verified prefix already on the server)."""
     buffer = bytearray(options.request_size)
     view = memoryview(buffer)
     acks = _WriteAcks()
-    sent = 0
+    sent = start
     try:
         local_file = open(local.path, "rb")  # noqa: SIM115 - closed below
+        local_file.seek(start)
     except OSError as e:
         raise UploadError(f"{local.path}: cannot read ({e.strerror})") from None
-    with local_file, sftp.open(remote, "wb") as remote_file:
+    # "r+b" keeps the verified prefix (no O_TRUNC); "wb" creates or truncates.
+    with local_file, sftp.open(remote, "r+b" if start else "wb") as remote_file:
         while True:
             if shared.stopping():
                 return
@@ -503,11 +501,28 @@ def _send_file(
     shared.report(files=1)
 
 
-def _already_staged(sftp: paramiko.SFTPClient, local: LocalFile, remote: str) -> bool:
+def sha256_local_prefix(path: Path, length: int, buffer_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        remaining = length
+        while remaining > 0 and (chunk := f.read(min(buffer_size, remaining))):
+            digest.update(chunk)
+            remaining -= len(chunk)
+    return digest.hexdigest()
+
+
+def staged_prefix(sftp: paramiko.SFTPClient, local: LocalFile, remote: str) -> int:
+    """How many leading bytes of ``local`` the staged ``remote`` file already holds, verified by
+    reading them back and comparing SHA-256: ``local.size`` (complete), a partial length, or 0."""
     attrs = remote_lstat(sftp, remote)
-    if attrs is None or not stat.S_ISREG(attrs.st_mode or 0) or attrs.st_size != local.size:
-        return False
-    return sha256_remote(sftp, remote, local.size) == sha256_local(local.path)
+    if attrs is None or not stat.S_ISREG(attrs.st_mode or 0):
+        return 0
+    size = attrs.st_size or 0
+    if size <= 0 or size > local.size:
+        return 0
+    if sha256_remote(sftp, remote, size) != sha256_local_prefix(local.path, size):
+        return 0
+    return size
 
 
 def _worker(
@@ -526,13 +541,17 @@ def _worker(
                 return
             remote = posixpath.join(staging, local.rel)
             shared.report(current=local.rel)
-            if resume and _already_staged(sftp, local, remote):
+            start = staged_prefix(sftp, local, remote) if resume else 0
+            if start:
                 with shared.lock:
-                    shared.skipped_files += 1
-                    shared.skipped_bytes += local.size
-                shared.report(files=1, nbytes=local.size)
+                    shared.skipped_bytes += start
+                    if start == local.size:
+                        shared.skipped_files += 1
+                shared.report(nbytes=start)
+            if start == local.size and local.size > 0:
+                shared.report(files=1)
                 continue
-            _send_file(sftp, local, remote, shared, options)
+            _send_file(sftp, local, remote, shared, options, start)
     except UploadError as e:
         shared.fail(e)
     except (OSError, paramiko.SSHException, EOFError) as e:
