@@ -70,8 +70,8 @@ def export_lock(root: Path, description: str) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
             raise ExportBusy(
-                f"{path}: another export of {description} is already running (pid {holder}); "
-                "wait for it to finish"
+                f"{path}: another export (or an upload) of {description} is already running "
+                f"(pid {holder}); wait for it to finish"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
