@@ -382,10 +382,11 @@ def export_command(
         if json_lines:
             emit_json({"event": "failed", "error": str(e)})
         fail(str(e))
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 - any writer failure: one line, job.json has it too
+        message = f"export failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         if json_lines:
-            emit_json({"event": "failed", "error": str(e)})
-        fail(f"export failed: {e}")
+            emit_json({"event": "failed", "error": message})
+        fail(message)
     summary = {
         "event": "completed",
         "job_id": result.job.job_id,
