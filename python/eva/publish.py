@@ -151,7 +151,8 @@ def publish_pair(
     parent = root.parent
     if not root.exists():
         os.rename(staging, root)
-        fsync_dir(parent)
+        with contextlib.suppress(OSError):
+            fsync_dir(parent)
         return
     if exchange:
         try:
@@ -160,7 +161,9 @@ def publish_pair(
             if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
                 raise
         else:
-            fsync_dir(parent)
+            # Published. Nothing after this point may fail the export: the new pair is visible.
+            with contextlib.suppress(OSError):
+                fsync_dir(parent)
             _remove_tree(staging)  # now holds the old pair
             return
     backup = backup_dir(root, export_id)
@@ -174,7 +177,8 @@ def publish_pair(
             os.rename(backup, root)
         fsync_dir(parent)
         raise
-    fsync_dir(parent)
+    with contextlib.suppress(OSError):
+        fsync_dir(parent)
     _remove_tree(backup)
 
 
