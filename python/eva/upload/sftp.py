@@ -730,25 +730,3 @@ def _remove_staging(
         except Exception as e:
             error = _describe_failure(e)
     return error
-
-
-def remove_staging(config: SftpConfig, staging: str, options: UploadOptions | None = None) -> bool:
-    """Delete a leftover staging directory (e.g. of an abandoned resumable upload)."""
-    if (
-        STAGING_MARK not in posixpath.basename(staging)
-        or posixpath.dirname(staging) != config.remote_dir
-    ):
-        raise UploadError(f"{staging} is not an eva staging directory under {config.remote_dir}")
-    options = options or UploadOptions()
-    connector = Connector(config, options)
-    transport = connector.open_transport()
-    try:
-        sftp = paramiko.SFTPClient.from_transport(transport)
-        if sftp is None:
-            raise UploadError(f"{config.describe()}: the server refused the SFTP subsystem")
-        if remote_lstat(sftp, staging) is None:
-            return False
-        remove_remote_tree(sftp, staging)
-        return True
-    finally:
-        transport.close()
