@@ -146,7 +146,7 @@ for ds in multi shards allgood; do
 done
 for ds in multi shards allgood shards_chunks; do
   for subset in accepted rejected; do
-    check_subset lerobot_read_v30.py "$WORK/$ds/export/lerobot_v3/$subset" --backend all
+    check_subset lerobot_read_v30.py "$WORK/$ds/export/lerobot_v3/$subset" --backend all --strict-timestamps
   done
 done
 check_subset lerobot_read_v30.py "$WORK/shards/export/lerobot_v3/accepted" --backend pyav --all-frames
