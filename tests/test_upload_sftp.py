@@ -329,7 +329,10 @@ def test_resume_after_interruption(
     staged["episode_000001.bin"].write_bytes((local / "episode_000001.bin").read_bytes()[:250_000])
     # A partial file whose prefix does not match: sent again from the start.
     (staging / "data" / "chunk-000" / "episode_000003.bin").write_bytes(b"x" * 100_000)
-    # episode_000002.bin is intact: skipped.
+    # episode_000002.bin is intact: skipped. Entries the local tree lacks are never published.
+    (staging / "stray.txt").write_text("not ours")
+    (staging / "meta" / "junk").mkdir()
+    (staging / "meta" / "junk" / "x").write_text("x")
 
     job = start_upload(source, "hdf5", config, options=UploadOptions(), resume=True)
     run(job)

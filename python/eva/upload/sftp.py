@@ -369,6 +369,22 @@ def remove_remote_tree(sftp: paramiko.SFTPClient, path: str) -> None:
     sftp.rmdir(path)
 
 
+def _prune_staging(
+    sftp: paramiko.SFTPClient, staging: str, rel: str, dirs: set[str], files: set[str]
+) -> None:
+    """Remove staged entries that are not in the local tree (or have the wrong type)."""
+    for attrs in sftp.listdir_attr(posixpath.join(staging, rel) if rel else staging):
+        child_rel = f"{rel}/{attrs.filename}" if rel else attrs.filename
+        path = posixpath.join(staging, child_rel)
+        is_dir = stat.S_ISDIR(attrs.st_mode or 0)
+        if is_dir and child_rel in dirs:
+            _prune_staging(sftp, staging, child_rel, dirs, files)
+        elif is_dir:
+            remove_remote_tree(sftp, path)
+        elif child_rel not in files or not stat.S_ISREG(attrs.st_mode or 0):
+            sftp.remove(path)
+
+
 def staging_path_for(remote_dir: str, dataset_name: str, token: str) -> str:
     return posixpath.join(remote_dir, f".{dataset_name}{STAGING_MARK}{token}")
 
@@ -624,14 +640,13 @@ def upload_tree(
         if on_staging is not None:
             on_staging(staging)
 
+        if resumed:
+            # Only what the local tree holds may be published: drop anything else staged.
+            _prune_staging(control, staging, "", set(tree.dirs), {f.rel for f in tree.files})
         for rel in tree.dirs:
             path = posixpath.join(staging, rel)
-            if resumed:
-                attrs = remote_lstat(control, path)
-                if attrs is not None and stat.S_ISDIR(attrs.st_mode or 0):
-                    continue
-                if attrs is not None:
-                    control.remove(path)
+            if resumed and remote_lstat(control, path) is not None:
+                continue  # pruning left only directories at directory paths
             control.mkdir(path)
 
         shared = _Shared(progress, cancel)
