@@ -148,3 +148,10 @@ def test_cli_qc_and_list(tmp_path: Path) -> None:
     assert r.exit_code == 2
     r = runner.invoke(main, ["qc", str(root), "9", "--fail"])
     assert r.exit_code == 1 and "episode 9 does not exist" in r.output
+
+
+def test_cli_qc_pass_and_fail_exclude_each_other(tmp_path: Path) -> None:
+    root = _dataset(tmp_path, ROWS)
+    r = CliRunner().invoke(main, ["qc", str(root), "0", "--pass", "--fail"])
+    assert r.exit_code == 2 and "exclude" in r.output
+    assert read_jsonl(root / layout.EPISODES) == ROWS

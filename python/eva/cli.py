@@ -161,15 +161,16 @@ def _qc_list_line(entry: dict[str, Any]) -> str:
 @main.command("qc")
 @click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("episode", type=int, required=False)
-@click.option("--pass", "verdict", flag_value="pass", help="Accept the episode (overrides red).")
-@click.option("--fail", "verdict", flag_value="fail", help="Reject the episode.")
+@click.option("--pass", "pass_", is_flag=True, help="Accept the episode (overrides red).")
+@click.option("--fail", "fail_", is_flag=True, help="Reject the episode.")
 @click.option("--note", default=None, help="Replace the operator note (alone: note-only update).")
 @click.option("--list", "list_", is_flag=True, help="Show every episode's review and subset.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def qc_command(
     dataset: Path,
     episode: int | None,
-    verdict: str | None,
+    pass_: bool,
+    fail_: bool,
     note: str | None,
     list_: bool,
     as_json: bool,
@@ -185,6 +186,9 @@ def qc_command(
     from eva.dataset.errors import DatasetError
     from eva.quality.verdicts import read_episode_rows, review_episode, review_table
 
+    if pass_ and fail_:
+        fail("qc: --pass and --fail exclude each other", EXIT_USAGE)
+    verdict = "pass" if pass_ else "fail" if fail_ else None
     try:
         if list_:
             if episode is not None or verdict or note is not None:
