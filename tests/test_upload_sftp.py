@@ -560,3 +560,46 @@ def test_resume_after_the_uploader_was_killed(
     assert job.result.skipped_files >= 2
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
     assert staging_leftovers(remote_root) == []
+
+
+def test_cli_progress_bar_on_a_terminal(
+    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+) -> None:
+    import pty
+    import subprocess
+    import sys
+
+    log_dir = tmp_path / "logs"
+    source, accepted = make_export(log_dir, file_sizes=(2_000_000, 1_000_000, 10))
+    config = write_config(tmp_path / "eva.toml", sshd_server, remote_root, log_dir)
+    controller, terminal = pty.openpty()
+    command = [sys.executable, "-m", "eva.cli", "upload", str(source), "--format", "hdf5"]
+    command += ["--config", str(config), "--known-hosts", str(known_hosts)]
+    process = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal
+    )
+    os.close(terminal)
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # read while it runs: a full terminal buffer would block the CLI
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the terminal side is closed and drained
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    stdout, _ = process.communicate(timeout=120)
+    reader.join(30)
+    os.close(controller)
+    shown = b"".join(chunks)
+    assert process.returncode == 0, shown.decode(errors="replace")
+    last_frame = shown.decode().replace("\r\n", "\n").split("\r")[-1]  # the tty adds \r
+    assert "[" + "#" * 28 + "] 100.0%" in last_frame
+    assert "files 5/5" in last_frame  # 3 episodes + info.json + quality_split.json
+    assert stdout.decode().startswith("uploaded 5 files (3.0 MB) to 127.0.0.1:")
+    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
