@@ -149,12 +149,12 @@ def test_empty_episode(synthetic_dataset: Callable[..., Path]) -> None:
     # No cameras, so the only thing wrong is the empty episode (an MP4 cannot hold 0 frames).
     root = synthetic_dataset("novideo", episodes=2, frames=[3, 4], cameras=0, state_dim=2)
     rows = atomic.read_jsonl(root / layout.EPISODES)
-    rows[0]["length"] = 0
+    rows[1]["length"] = 0
     atomic.atomic_write_jsonl(root / layout.EPISODES, rows)
-    _rewrite_table(root, 0, lambda t: t.slice(0, 0))
-    _edit_info(root, total_frames=4)
+    _rewrite_table(root, 1, lambda t: t.slice(0, 0))
+    _edit_info(root, total_frames=3)
     problems = validate_dataset(root)
-    assert [(p.code, p.episode) for p in problems] == [("empty_episode", 0)]
+    assert [(p.code, p.episode) for p in problems] == [("empty_episode", 1)]
 
 
 def test_frame_count_mismatch(raw: Path) -> None:
@@ -183,6 +183,34 @@ def test_wrong_episode_index_values(raw: Path) -> None:
         raw, 1, lambda t: _set_column(t, "episode_index", np.zeros(t.num_rows, np.int64))
     )
     assert _codes(raw) == ["wrong_episode_index"]
+
+
+def test_bad_frame_index(raw: Path) -> None:
+    _rewrite_table(raw, 0, lambda t: _set_column(t, "frame_index", np.arange(1, 7, dtype=np.int64)))
+    problems = validate_dataset(raw)
+    assert [(p.code, p.episode) for p in problems] == [("bad_frame_index", 0)]
+
+
+def test_timestamp_off_grid(raw: Path) -> None:
+    late = (np.arange(8) / 30 + np.where(np.arange(8) == 5, 0.002, 0)).astype(np.float32)
+    _rewrite_table(raw, 1, lambda t: _set_column(t, "timestamp", late))
+    problems = validate_dataset(raw)
+    assert [(p.code, p.episode) for p in problems] == [("timestamp_off_grid", 1)]
+    assert "0.002" in problems[0].message
+
+
+def test_index_not_contiguous_within_episode(raw: Path) -> None:
+    gap = np.array([6, 7, 8, 10, 11, 12, 13, 14], dtype=np.int64)
+    _rewrite_table(raw, 1, lambda t: _set_column(t, "index", gap))
+    problems = validate_dataset(raw)
+    assert [(p.code, p.episode) for p in problems] == [("index_not_contiguous", 1)]
+
+
+def test_index_not_contiguous_across_episodes(raw: Path) -> None:
+    _rewrite_table(raw, 1, lambda t: _set_column(t, "index", np.arange(8, dtype=np.int64)))
+    problems = validate_dataset(raw)
+    assert [(p.code, p.episode) for p in problems] == [("index_not_contiguous", 1)]
+    assert "starts at 0, expected 6" in problems[0].message
 
 
 def test_totals_mismatch(raw: Path) -> None:

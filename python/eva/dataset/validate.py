@@ -9,8 +9,9 @@ the walk early, since nothing else can be interpreted without them.
 Codes: missing_info, invalid_info, missing_episodes, invalid_episodes, bad_codebase_version,
 bad_dataset_format, invalid_tasks, duplicate_episode_index, invalid_episode_row, empty_episode,
 missing_parquet, unreadable_parquet, missing_column, wrong_episode_index, unknown_task_index,
-length_mismatch, missing_video, unreadable_video, frame_count_mismatch, missing_stats,
-invalid_episodes_stats, totals_mismatch, unsafe_path.
+bad_frame_index, index_not_contiguous, timestamp_off_grid, length_mismatch, missing_video,
+unreadable_video, frame_count_mismatch, missing_stats, invalid_episodes_stats, totals_mismatch,
+unsafe_path.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -31,6 +33,8 @@ from eva.dataset.reader import DatasetReader
 __all__ = ["Problem", "validate_dataset", "REQUIRED_COLUMNS"]
 
 REQUIRED_COLUMNS = ("episode_index", "index")
+# LeRobot's default tolerance for timestamp vs frame_index / fps.
+TIMESTAMP_TOLERANCE_S = 1e-4
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ def validate_dataset(
     video_keys = _safe_video_keys(reader, out)
     seen: set[int] = set()
     total_frames = 0
+    numbering: list[tuple[int, int | None, int | None]] = []
     for done, row in enumerate(episodes, 1):
         ep = row["episode_index"]
         if ep in seen:
@@ -142,10 +147,14 @@ def validate_dataset(
                     episodes_path,
                     ep,
                 )
-        _check_episode(reader, ep, length, tasks, episodes_stats.get(ep), video_keys, decode, out)
+        rows, first_index = _check_episode(
+            reader, ep, length, tasks, episodes_stats.get(ep), video_keys, decode, out
+        )
+        numbering.append((ep, rows, first_index))
         if on_episode is not None:
             on_episode(done, len(episodes))
 
+    _check_global_index(reader, numbering, out)
     info = reader.info
     expected = {"total_episodes": len(seen), "total_frames": total_frames}
     for key, value in expected.items():
@@ -173,6 +182,26 @@ def _safe_video_keys(reader: DatasetReader, out: _Collector) -> list[str]:
         except layout.UnsafeNameError as e:
             out.add("unsafe_path", f"{info_path}: video feature: {e}", info_path)
     return keys
+
+
+def _check_global_index(
+    reader: DatasetReader, numbering: list[tuple[int, int | None, int | None]], out: _Collector
+) -> None:
+    """``index`` is global and contiguous: episode k starts where episodes < k end."""
+    expected = 0
+    for ep, rows, first_index in sorted(numbering):
+        if rows is None:
+            return  # a missing table makes every later start unknowable; reported already
+        if first_index is not None and first_index != expected:
+            path = reader.data_path(ep)
+            out.add(
+                "index_not_contiguous",
+                f"{path}: episode {ep}: column index starts at {first_index}, expected {expected} "
+                "(global index over the episodes before it)",
+                path,
+                ep,
+            )
+        expected += rows
 
 
 def _has(out: _Collector, code: str) -> bool:
@@ -204,13 +233,15 @@ def _check_episode(
     video_keys: list[str],
     decode: bool,
     out: _Collector,
-) -> None:
+) -> tuple[int | None, int | None]:
+    """Checks of one episode; returns (parquet rows, first global index) where known."""
     try:
         data_path = reader.data_path(ep)
     except DatasetError as e:
         out.add("unsafe_path", str(e), None, ep)
-        return
+        return None, None
     rows: int | None = None
+    first_index: int | None = None
     columns: set[str] = set()
     if not data_path.exists():
         out.add("missing_parquet", f"{data_path}: episode {ep} parquet missing", data_path, ep)
@@ -222,7 +253,7 @@ def _check_episode(
         except (pa.ArrowInvalid, OSError) as e:
             out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
     if rows is not None:
-        _check_table(reader, data_path, ep, rows, columns, tasks, out)
+        first_index = _check_table(reader, data_path, ep, rows, columns, tasks, out)
         if length is not None and rows != length:
             out.add(
                 "length_mismatch",
@@ -282,6 +313,7 @@ def _check_episode(
             where,
             ep,
         )
+    return rows, first_index
 
 
 def _check_table(
@@ -292,7 +324,8 @@ def _check_table(
     columns: set[str],
     tasks: dict[int, str] | None,
     out: _Collector,
-) -> None:
+) -> int | None:
+    """Column checks of one episode table; returns its first global ``index`` (if readable)."""
     for column in REQUIRED_COLUMNS:
         if column not in columns:
             out.add(
@@ -301,14 +334,19 @@ def _check_table(
                 data_path,
                 ep,
             )
-    wanted = [c for c in ("episode_index", "task_index") if c in columns]
+    wanted = [
+        c
+        for c in ("episode_index", "task_index", "index", "frame_index", "timestamp")
+        if c in columns
+    ]
     if not wanted or rows == 0:
-        return
+        return None
     try:
         table = pq.read_table(data_path, columns=wanted)
     except (pa.ArrowInvalid, OSError) as e:
         out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
-        return
+        return None
+    first_index = _check_row_numbering(reader, data_path, ep, table, out)
     if "episode_index" in wanted:
         values = pc.unique(table.column("episode_index")).to_pylist()
         if values != [ep]:
@@ -331,3 +369,60 @@ def _check_table(
                 data_path,
                 ep,
             )
+    return first_index
+
+
+def _numeric(table: pa.Table, name: str) -> np.ndarray | None:
+    column = table.column(name)
+    if column.null_count or not (
+        pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+    ):
+        return None
+    return column.to_numpy()
+
+
+def _check_row_numbering(
+    reader: DatasetReader, data_path: Path, ep: int, table: pa.Table, out: _Collector
+) -> int | None:
+    """frame_index 0..n-1, index contiguous, timestamp on the fps grid (what LeRobot checks)."""
+    n = table.num_rows
+    grid = np.arange(n)
+    first_index = None
+    names = table.column_names
+    if "frame_index" in names:
+        frame_index = _numeric(table, "frame_index")
+        if frame_index is None or not np.array_equal(frame_index, grid):
+            out.add(
+                "bad_frame_index",
+                f"{data_path}: episode {ep}: column frame_index is not 0..{n - 1}",
+                data_path,
+                ep,
+            )
+    if "index" in names:
+        index = _numeric(table, "index")
+        if index is None or not np.array_equal(index, index[0] + grid):
+            out.add(
+                "index_not_contiguous",
+                f"{data_path}: episode {ep}: column index does not count up by 1",
+                data_path,
+                ep,
+            )
+        else:
+            first_index = int(index[0])
+    if "timestamp" in names:
+        timestamp = _numeric(table, "timestamp")
+        expected = grid / reader.fps
+        worst = (
+            float(np.max(np.abs(timestamp.astype(np.float64) - expected)))
+            if timestamp is not None
+            else float("inf")
+        )
+        if not worst <= TIMESTAMP_TOLERANCE_S:
+            out.add(
+                "timestamp_off_grid",
+                f"{data_path}: episode {ep}: column timestamp is off frame_index/fps by up to "
+                f"{worst:.4g} s (tolerance {TIMESTAMP_TOLERANCE_S} s)",
+                data_path,
+                ep,
+            )
+    return first_index
