@@ -631,3 +631,18 @@ def test_batching_does_not_change_the_output(tmp_path_factory, cuts: list[int]) 
     for feature in stats_a:
         for key in ("min", "max", "mean", "std", "count"):
             np.testing.assert_allclose(stats_a[feature][key], stats_b[feature][key], rtol=1e-12)
+
+
+def test_synthetic_dataset_appends_and_keeps_capture_time_monotonic(synthetic_dataset) -> None:
+    root = synthetic_dataset(episodes=1, frames=9, tasks=["first"])
+    synthetic_dataset(episodes=2, frames=[4, 5], tasks=["second"])  # same name: appends
+    reader = DatasetReader(root)
+    assert reader.episode_indices == [0, 1, 2]
+    assert reader.tasks == {0: "first", 1: "second"}
+    for ep in reader.episode_indices:
+        capture = reader.read_vector(ep, "capture_time")
+        assert np.all(np.diff(capture) > 0)
+    with pytest.raises(DatasetError, match="episode 7"):
+        reader.read_table(7)
+    with pytest.raises(DatasetError, match="episode 0"):
+        reader.read_table(0, columns=["no_such_column"])
