@@ -11,6 +11,8 @@ accepted subset is the whole dataset, then measures in this run:
   ``convert_dataset`` only (imports excluded). ``ratio`` = LeRobot / eva (> 1: eva is faster).
 * the v3 writer alone (``write_subset`` of the accepted subset, metadata prepared beforehand)
   against the same LeRobot time: the like-for-like part of the comparison.
+* the writer with ``image_quantiles="none"`` (no keyframe decoding), like LeRobot's converter,
+  which computes no quantiles at all.
 * bytes written: the accepted v3 directory against LeRobot's converted directory (ratio = LeRobot
   bytes / eva bytes; eva also writes quantile stats and the kept jsonl metadata).
 * ``cp -r`` of the v2.1 source: the practical limit of any converter that must read and rewrite
@@ -97,13 +99,13 @@ def eva_export_seconds(source: Path, work: Path, **extra: Any) -> tuple[float, P
     return seconds, result.accepted_dir
 
 
-def writer_seconds(source: Path, work: Path) -> float:
+def writer_seconds(source: Path, work: Path, **extra: Any) -> float:
     """The v3 writer alone (``write_subset`` of the accepted subset): the part that corresponds to
     LeRobot's converter, without eva's source validation, split and publication."""
     shutil.rmtree(work, ignore_errors=True)
     reader, _plan, metas = prepare(source)
     start = time.perf_counter()
-    lerobot_v3.write_subset(reader, metas["accepted"], work, Progress(), ExportOptions())
+    lerobot_v3.write_subset(reader, metas["accepted"], work, Progress(), ExportOptions(extra=extra))
     return time.perf_counter() - start
 
 
@@ -166,6 +168,10 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
         eva_bytes = dir_bytes(accepted)
         shards = len(list((accepted / "videos").rglob("*.mp4")))
         write_s = min(writer_seconds(source, work / f"writer{i}") for i in range(repeats))
+        bare_s = min(
+            writer_seconds(source, work / f"bare{i}", image_quantiles="none")
+            for i in range(repeats)
+        )
         lr_s, lr_bytes, lr_note = lerobot_convert(source, work / "lerobot")
         cp_s = min(cp_seconds(source, work / f"cp{i}") for i in range(max(repeats, 3)))
         verify_s, _ = eva_export_seconds(source, work / "verify", verify_decode=True)
@@ -190,6 +196,17 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
                 f"{size}; write_subset of the accepted subset (packet copy, parquet shards, "
                 "metadata, keyframe image histograms in a worker thread)",
                 None if lr_s is None else lr_s / write_s,
+            )
+        )
+        rows.append(
+            _row(
+                "v3 writer without image quantiles vs LeRobot converter",
+                bare_s,
+                lr_s,
+                "s",
+                f"{size}; image_quantiles=none: what LeRobot's converter does (it computes no "
+                "quantiles); the keyframe sample costs the difference to the row above",
+                None if lr_s is None else lr_s / bare_s,
             )
         )
         rows.append(

@@ -397,3 +397,13 @@ def test_lerobot_written_av1_fixture_exports(tmp_path: Path) -> None:
         for t, (_, img) in enumerate(src):
             ts = round(row[f"videos/{key}/from_timestamp"] + t / reader.fps, 4)
             np.testing.assert_array_equal(by_time[ts], img)
+
+
+def test_image_quantiles_can_be_skipped(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    export(source, dest, image_quantiles="none")
+    stats = json.loads((dest / "meta/stats.json").read_text())
+    assert "q50" not in stats[CAMS[0]] and "mean" in stats[CAMS[0]]
+    assert "q50" in stats["observation.state"]
+    with pytest.raises(DatasetError, match="image_quantiles"):
+        export(source, tmp_path / "bad", image_quantiles="some")

@@ -42,7 +42,9 @@ exact (equal to numpy's ``np.quantile`` on all pixels within 1e-12).
 
 Options (``ExportOptions.extra``; CLI ``eva export --format v3``): ``data_files_size_in_mb``
 (100, ``--data-file-size-mb``), ``video_files_size_in_mb`` (200, LeRobot 0.4.4's default,
-``--video-file-size-mb``), ``chunks_size`` (1000), ``verify_decode`` (``--verify-decode``).
+``--video-file-size-mb``), ``chunks_size`` (1000), ``verify_decode`` (``--verify-decode``),
+``image_quantiles`` ("keyframes", or "none" to skip the keyframe sample: image features then get
+no quantiles unless ``verify_decode`` decodes every frame anyway).
 
 An empty subset is a complete dataset with zero-row, schema-only Parquet files (no row group).
 LeRobot 0.4.4 itself cannot open a zero-episode dataset (HF datasets refuses an empty split), so
@@ -106,6 +108,9 @@ class V3Settings:
     data_files_size_in_mb: float = DEFAULT_DATA_FILES_SIZE_IN_MB
     video_files_size_in_mb: float = DEFAULT_VIDEO_FILES_SIZE_IN_MB
     verify_decode: bool = False
+    # "keyframes" (default) or "none": without a sample, image features get no quantiles
+    # (LeRobot normalises images by mean/std or not at all; quantiles matter for state/action).
+    image_quantiles: str = "keyframes"
 
     @classmethod
     def from_options(cls, options: Any) -> V3Settings:
@@ -119,7 +124,12 @@ class V3Settings:
                 extra.get("video_files_size_in_mb", DEFAULT_VIDEO_FILES_SIZE_IN_MB)
             ),
             verify_decode=bool(extra.get("verify_decode", False)),
+            image_quantiles=str(extra.get("image_quantiles", "keyframes")),
         )
+        if settings.image_quantiles not in ("keyframes", "none"):
+            raise DatasetError(
+                f"lerobot_v3: image_quantiles {settings.image_quantiles!r}: use keyframes or none"
+            )
         if settings.chunks_size < 1:
             raise DatasetError(f"lerobot_v3: chunks_size must be >= 1, got {settings.chunks_size}")
         if settings.data_files_size_in_mb <= 0 or settings.video_files_size_in_mb <= 0:
@@ -707,7 +717,8 @@ def _append_video(
             cam.writer = VideoShardWriter(cam.path())
         # Without verify_decode the keyframes copied on the way are the quantile sample (decoded
         # in the worker thread); with it the whole shard is decoded at close instead.
-        keyframes: list[bytes] | None = None if settings.verify_decode else []
+        sample = not settings.verify_decode and settings.image_quantiles == "keyframes"
+        keyframes: list[bytes] | None = [] if sample else None
         try:
             appended = cam.writer.append(video, keyframes)
         except VideoConcatError as e:
