@@ -603,3 +603,29 @@ def test_cli_progress_bar_on_a_terminal(
     assert "files 5/5" in last_frame  # 3 episodes + info.json + quality_split.json
     assert stdout.decode().startswith("uploaded 5 files (3.0 MB) to 127.0.0.1:")
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+
+
+def test_known_hosts_with_markers_comments_and_garbage(
+    sshd_server: SshdServer, remote_root: Path, tmp_path: Path
+) -> None:
+    """Lines paramiko cannot parse are skipped like OpenSSH does; @revoked is honoured."""
+    source, accepted = make_export(tmp_path / "logs")
+    known_hosts = tmp_path / "known_hosts"
+    host_line = sshd_server.host_public_key_line
+    key_fields = host_line.split(" ", 1)[1]
+    known_hosts.write_text(
+        "# operator's file\n\n"
+        f"@cert-authority *.example.org {key_fields}"
+        "not a host key line\n"
+        "other.example.org ssh-ed25519 AAAA-broken-base64\n" + host_line
+    )
+    config = sftp_config(sshd_server, remote_root, known_hosts)
+    job = start_upload(source, "hdf5", config)
+    run(job)
+    assert job.result is not None, job.error
+    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+
+    known_hosts.write_text(f"@revoked * {key_fields}" + host_line)
+    job = start_upload(source, "hdf5", config, options=UploadOptions(accept_new_host_key=True))
+    run(job)
+    assert job.state == "failed" and "@revoked" in (job.error or "")

@@ -43,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import paramiko
+from paramiko.hostkeys import HostKeyEntry
 from paramiko.sftp import CMD_STATUS, CMD_WRITE, SFTP_OK, int64
 
 from eva.dataset.atomic import atomic_write_bytes
@@ -196,15 +197,40 @@ class Connector:
         self.pinned_key: paramiko.PKey | None = None
         self.new_key_to_record: paramiko.PKey | None = None
         self.host_key_recorded = False
+        self.revoked_keys: list[paramiko.PKey] = []
 
     def _known_keys(self) -> dict[str, paramiko.PKey]:
+        """This host's keys from known_hosts (by key type); also collects ``@revoked`` keys.
+
+        Read line by line, like OpenSSH: a line paramiko cannot parse (a ``@cert-authority``
+        entry, an unknown key type, garbage) is skipped instead of making the file unusable."""
         path = self.config.known_hosts
         host_keys = paramiko.HostKeys()
-        if path.exists():
+        self.revoked_keys = []
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            raise HostKeyError(f"{path}: cannot read known_hosts ({e.strerror})") from None
+        for lineno, raw_line in enumerate(text.splitlines(), 1):
+            line = raw_line.strip()
+            if not line or line.startswith("#"):
+                continue
+            marker = None
+            if line.startswith("@"):
+                marker, _, line = line.partition(" ")
             try:
-                host_keys.load(str(path))
-            except (OSError, paramiko.SSHException) as e:
-                raise HostKeyError(f"{path}: cannot read known_hosts ({e})") from None
+                entry = HostKeyEntry.from_line(line.strip(), lineno)
+            except Exception:  # InvalidHostKey, unknown key types, bad base64
+                continue
+            if entry is None or entry.key is None:
+                continue
+            if marker == "@revoked":
+                self.revoked_keys.append(entry.key)
+            elif marker is None:
+                for name in entry.hostnames:
+                    host_keys.add(name, entry.key.get_name(), entry.key)
         entry = host_keys.lookup(self.host_name)
         return dict(entry) if entry else {}
 
@@ -213,6 +239,11 @@ class Connector:
             if key != self.pinned_key:
                 raise HostKeyError(f"{self.host_name}: host key changed between connections")
             return
+        if any(key == revoked for revoked in self.revoked_keys):
+            raise HostKeyError(
+                f"{self.host_name}: host key {_fingerprint(key)} is marked @revoked in "
+                f"{self.config.known_hosts}; refusing to connect"
+            )
         expected = known.get(key.get_name())
         if expected is not None:
             if key != expected:
