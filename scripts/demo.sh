@@ -6,9 +6,10 @@ DEMO="${1:-demo-data}"
 EVA=".venv/bin/eva"
 rm -rf "$DEMO"
 mkdir -p "$DEMO"
+DEMO="$(cd "$DEMO" && pwd)"
 cat > "$DEMO/collect.toml" <<TOML
 [collection]
-log_dir = "$(pwd)/$DEMO/logs"
+log_dir = "$DEMO/logs"
 fps = 30
 min_episode_frames = 10
 
