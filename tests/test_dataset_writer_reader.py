@@ -314,6 +314,7 @@ def test_crash_during_metadata_write_keeps_old_file(
 def test_crash_before_commit_point_leaves_dataset_unchanged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The episodes.jsonl append dies half-way (disk full): nothing of the episode is visible."""
     root = tmp_path / "raw"
     scene = SyntheticScene(48, 64)
     with _open(root) as writer:
@@ -321,31 +322,89 @@ def test_crash_before_commit_point_leaves_dataset_unchanged(
         _add(ep, 0, 3, scene)
         ep.commit()
     meta_before = {p.name: p.read_bytes() for p in (root / "meta").iterdir()}
-    real_replace = os.replace
+    rows_before = DatasetReader(root).episodes
+    real_write_all = atomic._write_all
 
-    def crash_on_episodes(src, dst, *args, **kwargs):
-        if Path(dst).name == "episodes.jsonl":
-            raise OSError("simulated crash")
-        return real_replace(src, dst, *args, **kwargs)
+    def torn_write(fd: int, data: bytes) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("episodes.jsonl"):
+            real_write_all(fd, data[: len(data) // 2])
+            raise OSError(28, "simulated: no space left on device")
+        real_write_all(fd, data)
 
     with _open(root) as writer:
         ep = writer.begin_episode("new task")
         _add(ep, 0, 4, scene)
-        monkeypatch.setattr(os, "replace", crash_on_episodes)
-        with pytest.raises(OSError):
+        monkeypatch.setattr(atomic, "_write_all", torn_write)
+        with pytest.raises(OSError, match="no space"):
             ep.commit()
-        monkeypatch.setattr(os, "replace", real_replace)
+        monkeypatch.setattr(atomic, "_write_all", real_write_all)
         assert not (root / "data/chunk-000/episode_000001.parquet").exists()
         assert not (root / f"videos/chunk-000/{FRONT}/episode_000001.mp4").exists()
-        assert (root / layout.EPISODES).read_bytes() == meta_before["episodes.jsonl"]
-        assert (root / layout.INFO).read_bytes() == meta_before["info.json"]
-        # The same writer carries on and reuses index 1.
+        # A torn fragment is on disk, but no reader sees a row for it...
+        torn = (root / layout.EPISODES).read_bytes()
+        assert torn.startswith(meta_before["episodes.jsonl"]) and not torn.endswith(b"\n")
+        assert DatasetReader(root).episodes == rows_before
+        # ...the rows appended before the commit point were taken back...
+        for name in ("episodes_stats.jsonl", "tasks.jsonl", "info.json", "stats.json"):
+            assert (root / "meta" / name).read_bytes() == meta_before[name], name
+        # ...and the same writer carries on, reusing index 1 (the fragment is dropped first).
         ep = writer.begin_episode("a")
         _add(ep, 0, 2, scene)
         assert ep.commit() == 1
     reader = DatasetReader(root)
     assert reader.episode_indices == [0, 1]
+    assert reader.tasks == {0: "a"}
     assert sorted(reader.episodes_stats) == [0, 1]
+    assert len(atomic.read_jsonl(root / layout.EPISODES)) == 2
+    assert (root / layout.EPISODES).read_bytes().count(b"\n") == 2
+
+
+def test_killed_mid_append_is_repaired_on_reopen(tmp_path: Path) -> None:
+    """SIGKILL half-way through writing the episodes.jsonl row (a real process death)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from eva.dataset.validate import validate_dataset
+
+    root = tmp_path / "raw"
+    with _open(root) as writer:
+        ep = writer.begin_episode("a")
+        _add(ep, 0, 3, SyntheticScene(48, 64))
+        ep.commit()
+    episodes_before = (root / layout.EPISODES).read_bytes()
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        import numpy as np
+        from eva.dataset import atomic
+        from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
+        real = atomic._write_all
+        def torn(fd, data):
+            if os.readlink(f"/proc/self/fd/{{fd}}").endswith("episodes.jsonl"):
+                real(fd, data[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+            real(fd, data)
+        atomic._write_all = torn
+        w = DatasetWriter.create_or_open({str(root)!r}, fps=30,
+            cameras=[CameraSpec({FRONT!r}, 48, 64)],
+            vectors=[VectorSpec("observation.state", 3), VectorSpec("action", 3)])
+        ep = w.begin_episode("b")
+        ep.add_frames(images={{{FRONT!r}: np.zeros((2, 48, 64, 3), np.uint8)}},
+                      vectors={{"observation.state": np.zeros((2, 3)), "action": np.zeros((2, 3))}})
+        ep.commit()
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr.decode()
+    assert (root / layout.EPISODES).read_bytes() != episodes_before  # torn fragment on disk
+    reader = DatasetReader(root)
+    assert reader.episode_indices == [0]  # readers ignore it
+    assert validate_dataset(root) == []
+    with _open(root) as writer:  # reopening drops the fragment and the orphan stats row
+        assert writer.next_episode_index == 1
+    assert (root / layout.EPISODES).read_bytes() == episodes_before
+    assert sorted(DatasetReader(root).episodes_stats) == [0]
 
 
 def test_killed_writer_process_leaves_old_metadata_intact(tmp_path: Path) -> None:
@@ -495,7 +554,7 @@ def test_commit_holds_saving_marker_and_meta_lock_for_eva_qc(
 
     root = tmp_path / "raw"
     seen: dict[str, bool] = {}
-    real_append = atomic.atomic_append_jsonl
+    real_append = atomic.append_jsonl_inplace
 
     def spying_append(path, rows, **kwargs):
         if Path(path).name == "episodes.jsonl":
@@ -506,7 +565,7 @@ def test_commit_holds_saving_marker_and_meta_lock_for_eva_qc(
     with _open(root) as writer:
         ep = writer.begin_episode("a")
         _add(ep, 0, 2, SyntheticScene(48, 64))
-        monkeypatch.setattr(atomic, "atomic_append_jsonl", spying_append)
+        monkeypatch.setattr(atomic, "append_jsonl_inplace", spying_append)
         assert ep.commit() == 0
     assert seen == {"saving": True, "meta": True}
     assert not verdicts.saving_marker(root, 0).exists()  # unlinked after the append

@@ -11,12 +11,14 @@ batch; vector rows are buffered, they are small) and becomes visible at ``commit
 1. parquet written under a temporary name, then renamed into ``data/chunk-XXX/``;
 2. MP4s renamed into ``videos/chunk-XXX/<key>/``;
 3. ``tasks.jsonl`` (if the task is new), ``episodes_stats.jsonl``, ``episodes.jsonl`` (the commit
-   point: an episode exists once its row is there), ``stats.json``, ``info.json``, each replaced
-   atomically through ``eva.dataset.atomic``.
+   point: an episode exists once its row is there): one complete line appended in place, O(1)
+   (``atomic.append_jsonl_inplace``; readers ignore an unterminated fragment);
+4. ``stats.json`` and ``info.json`` replaced atomically (temp file + rename) from memory.
 
-A crash before step 3's episodes row leaves only orphan files under the index that the next commit
-reuses (and overwrites); ``create_or_open`` also repairs metadata written after the commit point
-(totals, stats) from ``episodes.jsonl``. One writer per dataset at a time (an flock on
+A crash before the episodes row leaves only orphan files under the index that the next commit
+reuses (and overwrites) and possibly a torn jsonl fragment; ``create_or_open`` drops such
+fragments, de-duplicates per-episode stats and repairs what follows the commit point (totals,
+stats) from ``episodes.jsonl``. A commit that fails in-process takes its appended rows back. One writer per dataset at a time (an flock on
 ``.eva-work/writer.lock``); commits from several threads of that writer are serialised.
 """
 
@@ -196,6 +198,13 @@ def _jsonable(value: Any, where: str) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     raise DatasetError(f"episode field {where}: {type(value).__name__} is not JSON data")
+
+
+def _size_mark(path: Path) -> tuple[Path, int]:
+    try:
+        return path, path.stat().st_size
+    except FileNotFoundError:
+        return path, 0
 
 
 def _finite_row_stats(values: np.ndarray) -> dict[str, Any] | None:
@@ -386,6 +395,11 @@ class DatasetWriter:
         self.chunks_size = int(info.get("chunks_size") or chunks_size)
         self._has_capture_time = CAPTURE_TIME in features
 
+        # A writer that died mid-append may have left a torn last line: drop it (O(1), tail only).
+        for rel in (layout.TASKS, layout.EPISODES_STATS):
+            atomic.heal_jsonl_tail(self.root / rel, durable=self.durable)
+        with _flocked(self.work_root / META_LOCK):
+            atomic.heal_jsonl_tail(self.root / layout.EPISODES, durable=self.durable)
         tasks = self._read_jsonl(layout.TASKS)
         self._tasks = {}
         for row in tasks:
@@ -606,6 +620,7 @@ class DatasetWriter:
             data_path = self._data_path(ep)
             tmp = data_path.with_name(atomic.TMP_PREFIX + data_path.name)
             moved: list[Path] = []
+            rollback: list[tuple[Path, int]] = []
             # `eva qc` refuses a verdict for episode ep while this marker is locked.
             with _flocked(self.work_root / saving_marker_name(ep), unlink=True):
                 try:
@@ -625,12 +640,14 @@ class DatasetWriter:
                         for d in {p.parent for p in moved}:
                             atomic.fsync_dir(d)
                     if new_task:
-                        atomic.atomic_append_jsonl(
+                        rollback.append(_size_mark(self.root / layout.TASKS))
+                        atomic.append_jsonl_inplace(
                             self.root / layout.TASKS,
                             [{"task_index": task_index, "task": task}],
                             durable=self.durable,
                         )
-                    atomic.atomic_append_jsonl(
+                    rollback.append(_size_mark(self.root / layout.EPISODES_STATS))
+                    atomic.append_jsonl_inplace(
                         self.root / layout.EPISODES_STATS,
                         [{"episode_index": ep, "stats": ep_stats}],
                         durable=self.durable,
@@ -638,7 +655,7 @@ class DatasetWriter:
                     # Commit point: from here on the episode exists. The meta lock keeps a
                     # concurrent `eva qc` rewrite of episodes.jsonl from losing this row.
                     with _flocked(self.work_root / META_LOCK):
-                        atomic.atomic_append_jsonl(
+                        atomic.append_jsonl_inplace(
                             self.root / layout.EPISODES, [row], durable=self.durable
                         )
                 except BaseException:
@@ -647,9 +664,11 @@ class DatasetWriter:
                             p.unlink()
                     with contextlib.suppress(OSError):
                         tmp.unlink()
-                    if new_task:
-                        # tasks.jsonl may hold the new task now; keep memory in line with the file.
-                        self._tasks[task] = task_index
+                    # Take back the rows appended before the commit point (nobody else writes
+                    # these two files); a torn episodes.jsonl fragment is healed by the next append.
+                    for path, size in reversed(rollback):
+                        with contextlib.suppress(OSError):
+                            os.truncate(path, size)
                     raise
 
             if new_task:
