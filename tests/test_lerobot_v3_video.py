@@ -19,7 +19,9 @@ from eva.formats._v3_video import (
 FPS = 30
 
 
-def encode_h264(path: Path, frames: np.ndarray, fps: int = FPS, gop: int = 10) -> None:
+def encode_h264(
+    path: Path, frames: np.ndarray, fps: int = FPS, gop: int = 10, bframes: int = 0
+) -> None:
     """Like the raw writer: libx264, yuv420p, fixed GOP, no scene-cut keyframes, no B-frames."""
     n, h, w, _ = frames.shape
     with av.open(str(path), "w") as container:
@@ -29,7 +31,7 @@ def encode_h264(path: Path, frames: np.ndarray, fps: int = FPS, gop: int = 10) -
             "g": str(gop),
             "keyint_min": str(gop),
             "sc_threshold": "0",
-            "bf": "0",
+            "bf": str(bframes),
             "preset": "ultrafast",
         }
         for i in range(n):
@@ -148,3 +150,30 @@ def test_unreadable_source_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(VideoConcatError, match="bad.mp4"):
         writer.append(bad)
     writer.abort()
+
+
+def test_streams_with_b_frames_concatenate_with_exact_lookups(tmp_path: Path) -> None:
+    """Not what the raw writer produces, but LeRobot-written H.264 has B-frames: the shifted
+    negative first dts keeps decode order monotonic and every frame is at from_timestamp + t."""
+    sources = []
+    for seed, n in enumerate((16, 11, 20)):
+        p = tmp_path / f"b{seed}.mp4"
+        encode_h264(p, synthetic_frames(n, seed), bframes=2)
+        sources.append((p, n))
+    with av.open(str(sources[0][0])) as container:
+        packets = [pk for pk in container.demux(video=0) if pk.size]
+        assert any(pk.pts != pk.dts for pk in packets)  # really reordered
+    shard = tmp_path / "shard.mp4"
+    writer = VideoShardWriter(shard)
+    placed = [writer.append(p) for p, _ in sources]
+    writer.close()
+    by_time = {round(t, 4): img for t, img in decode_all(shard)}
+    assert len(by_time) == sum(n for _, n in sources)
+    previous_end = 0.0
+    for (source, n), ep in zip(sources, placed, strict=True):
+        assert ep.packets == n
+        assert ep.from_timestamp == pytest.approx(previous_end, abs=1e-9)
+        assert ep.to_timestamp == pytest.approx(ep.from_timestamp + n / FPS, abs=1e-9)
+        previous_end = ep.to_timestamp
+        for t, (_, img) in enumerate(decode_all(source)):
+            np.testing.assert_array_equal(by_time[round(ep.from_timestamp + t / FPS, 4)], img)

@@ -4,7 +4,9 @@ LeRobot v3.0 stores each camera's episodes back to back in one MP4 stream per sh
 episode's frame ``t`` at ``from_timestamp + t / fps`` inside that shard. The raw v2.1 videos are
 H.264 with a fixed GOP and no B-frames (contracts §1), so every episode starts on a keyframe and
 episodes can be appended without decoding: each compressed packet is copied as is and only its
-pts/dts are shifted by the duration already in the shard. That is what LeRobot's own converter
+pts/dts are shifted by the duration already in the shard (streams with B-frames work too, as long
+as every episode has the same reorder delay; otherwise decode timestamps would go backwards, which
+is refused). That is what LeRobot's own converter
 does (through FFmpeg's concat demuxer); here the shift is explicit so that the episode's start
 (``from_timestamp``) is known exactly, in the stream's own time base.
 
@@ -237,6 +239,7 @@ class VideoShardWriter:
         assert self._container is not None and self._stream is not None
         shift: int | None = None
         end = self._next_start
+        first_pts: int | None = None
         packets = 0
         payload = 0
         for packet in src.demux(in_stream):
@@ -248,21 +251,25 @@ class VideoShardWriter:
                         f"{source}: first packet is not a keyframe, the episode cannot be "
                         "appended without re-encoding"
                     )
-                # Episodes start on a keyframe whose pts is the episode's t = 0 (no B-frames:
-                # the first packet in decode order is also first in presentation order).
-                shift = self._next_start - int(packet.pts if packet.pts is not None else packet.dts)
+                # The episode's t = 0 (its first keyframe's pts) lands right at the shard's end.
+                # With B-frames the demuxer reports that frame at pts 0 with a negative dts (the
+                # reorder delay); the previous episode's last dts is lower still, so decode order
+                # stays monotonic (checked below).
+                start_ts = packet.pts if packet.pts is not None else packet.dts
+                shift = self._next_start - int(start_ts)
             pts = None if packet.pts is None else int(packet.pts) + shift
             dts = None if packet.dts is None else int(packet.dts) + shift
             if dts is not None and self._last_dts is not None and dts <= self._last_dts:
                 raise VideoConcatError(
                     f"{source}: decode timestamps go backwards after shifting ({dts} <= "
-                    f"{self._last_dts}); B-frame or edit-list streams need re-encoding"
+                    f"{self._last_dts}); the stream's timestamps are not monotonic"
                 )
             if keyframes is not None and packet.is_keyframe:
                 keyframes.append(bytes(packet))  # muxing takes the packet's buffer
             duration = int(packet.duration or 0)
             if pts is not None:
                 end = max(end, pts + max(duration, 1))
+                first_pts = pts if first_pts is None else min(first_pts, pts)
             packet.pts, packet.dts = pts, dts
             packet.stream = self._stream
             payload += packet.size
@@ -273,7 +280,7 @@ class VideoShardWriter:
         if packets == 0:
             raise VideoConcatError(f"{source}: no video packets")
         assert self.params is not None
-        start = self._next_start
+        start = self._next_start if first_pts is None else first_pts
         self._next_start = end
         self.episodes += 1
         self.payload_bytes += payload
