@@ -428,18 +428,14 @@ def test_pack_frame_rejects_bad_input(native: object | None) -> None:
         pack(np.zeros((4, 4, 3), dtype=np.uint8), batch, 2)
 
 
-def _random_luts(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _random_tables(seed: int) -> hdf5.YuvTables:
     rng = np.random.default_rng(seed)
-    return (
+    return hdf5.YuvTables(
         rng.integers(0, 256, 65536, dtype=np.uint8),
-        rng.integers(0, 256, 1 << 24, dtype=np.uint8),
         rng.integers(0, 256, 65536, dtype=np.uint8),
+        rng.integers(0, 256, (7, 256), dtype=np.uint8),
+        rng.integers(0, 9, 65536, dtype=np.uint16),  # 7 and 8 are out of range: clamped to 6
     )
-
-
-@pytest.fixture(scope="module")
-def random_luts() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return _random_luts(5)
 
 
 @pytest.mark.kernels
@@ -448,31 +444,41 @@ def random_luts() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ("width", "height", "pad"), [(8, 6, 0), (7, 5, 3), (1, 1, 0), (66, 50, 62)]
 )
 def test_yuv_kernel_matches_reference(
-    native: object | None,
-    width: int,
-    height: int,
-    pad: int,
-    random_luts: tuple[np.ndarray, np.ndarray, np.ndarray],
+    native: object | None, width: int, height: int, pad: int
 ) -> None:
+    tables = _random_tables(width)
     rng = np.random.default_rng(width)
     cw, ch = (width + 1) // 2, (height + 1) // 2
     y = rng.integers(0, 256, (height, width + pad), dtype=np.uint8)
     u = rng.integers(0, 256, (ch, cw + pad), dtype=np.uint8)
     v = rng.integers(0, 256, (ch, cw + pad), dtype=np.uint8)
     batch = np.zeros((2, height, width, 3), dtype=np.uint8)
-    _kernel(native, "yuv420p_to_rgb24")(y, u, v, width, height, *random_luts, batch, 1)
-    lut_r, lut_g, lut_b = random_luts
+    _kernel(native, "yuv420p_to_rgb24")(y, u, v, width, height, *tables, batch, 1)
     # Independent per-pixel definition.
     expected = np.zeros_like(batch)
     for row in range(height):
         for col in range(width):
             yy, uu, vv = int(y[row, col]), int(u[row // 2, col // 2]), int(v[row // 2, col // 2])
+            green_row = min(int(tables.g_index[uu * 256 + vv]), len(tables.g_rows) - 1)
             expected[1, row, col] = (
-                lut_r[vv * 256 + yy],
-                lut_g[(uu * 256 + vv) * 256 + yy],
-                lut_b[uu * 256 + yy],
+                tables.lut_r[vv * 256 + yy],
+                tables.g_rows[green_row, yy],
+                tables.lut_b[uu * 256 + yy],
             )
     np.testing.assert_array_equal(batch, expected)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("native", KERNELS)
+def test_yuv_kernel_rejects_bad_tables(native: object | None) -> None:
+    tables = _random_tables(1)
+    planes = [np.zeros((4, 4), dtype=np.uint8)] * 3
+    batch = np.zeros((1, 4, 4, 3), dtype=np.uint8)
+    convert = _kernel(native, "yuv420p_to_rgb24")
+    with pytest.raises(ValueError):
+        convert(*planes, 4, 4, *tables._replace(g_rows=np.zeros((3, 255), np.uint8)), batch, 0)
+    with pytest.raises(ValueError):
+        convert(*planes, 4, 4, *tables._replace(g_rows=np.zeros((0, 256), np.uint8)), batch, 0)
 
 
 @pytest.mark.kernels
@@ -489,6 +495,7 @@ def test_calibrated_conversion_equals_pyav(native: object | None, width: int, he
     )
     planes = [np.frombuffer(p, np.uint8).reshape(-1, p.line_size) for p in frame.planes]
     batch = np.zeros((1, height, width, 3), dtype=np.uint8)
-    luts = hdf5.calibrate_yuv420p_luts(frame.colorspace, frame.color_range)
-    _kernel(native, "yuv420p_to_rgb24")(*planes, width, height, *luts, batch, 0)
+    tables = hdf5.calibrate_yuv420p_luts(frame.colorspace, frame.color_range)
+    assert tables is not None and len(tables.g_rows) < 4096  # compact green table
+    _kernel(native, "yuv420p_to_rgb24")(*planes, width, height, *tables, batch, 0)
     np.testing.assert_array_equal(batch[0], frame.to_ndarray(format="rgb24"))

@@ -9,8 +9,9 @@ def yuv420p_to_rgb24(
     width: int,
     height: int,
     lut_r: npt.NDArray[np.uint8],
-    lut_g: npt.NDArray[np.uint8],
     lut_b: npt.NDArray[np.uint8],
+    g_rows: npt.NDArray[np.uint8],
+    g_index: npt.NDArray[np.uint16],
     batch: npt.NDArray[np.uint8],
     slot: int,
 ) -> None: ...

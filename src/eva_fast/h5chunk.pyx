@@ -6,7 +6,7 @@ Both functions write one decoded frame into slot ``slot`` of a preallocated batc
 run with the GIL released so decoder threads keep running.
 """
 
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint8_t, uint16_t
 
 
 cdef extern from "h5chunk.hpp" namespace "eva::h5chunk" nogil:
@@ -15,7 +15,8 @@ cdef extern from "h5chunk.hpp" namespace "eva::h5chunk" nogil:
     void c_yuv420p_to_rgb24 "eva::h5chunk::yuv420p_to_rgb24"(
         const uint8_t* y_plane, Py_ssize_t y_stride, const uint8_t* u_plane, Py_ssize_t u_stride,
         const uint8_t* v_plane, Py_ssize_t v_stride, size_t width, size_t height,
-        const uint8_t* lut_r, const uint8_t* lut_g, const uint8_t* lut_b, uint8_t* dst)
+        const uint8_t* lut_r, const uint8_t* lut_b, const uint8_t* g_rows, size_t g_row_count,
+        const uint16_t* g_index, uint8_t* dst)
 
 
 cdef inline void _check_slot(uint8_t[:, :, :, ::1] batch, Py_ssize_t slot, Py_ssize_t height,
@@ -47,11 +48,12 @@ def pack_frame(const uint8_t[:, :, :] frame, uint8_t[:, :, :, ::1] batch, Py_ssi
 
 def yuv420p_to_rgb24(const uint8_t[:, ::1] y_plane, const uint8_t[:, ::1] u_plane,
                      const uint8_t[:, ::1] v_plane, Py_ssize_t width, Py_ssize_t height,
-                     const uint8_t[::1] lut_r, const uint8_t[::1] lut_g,
-                     const uint8_t[::1] lut_b, uint8_t[:, :, :, ::1] batch, Py_ssize_t slot):
+                     const uint8_t[::1] lut_r, const uint8_t[::1] lut_b,
+                     const uint8_t[:, ::1] g_rows, const uint16_t[::1] g_index,
+                     uint8_t[:, :, :, ::1] batch, Py_ssize_t slot):
     """Convert one yuv420p frame (planes shaped (rows, line_size)) into ``batch[slot]`` as rgb24.
 
-    ``lut_r[v*256+y]``, ``lut_b[u*256+y]`` and ``lut_g[(u*256+v)*256+y]`` hold the conversion.
+    red ``lut_r[v*256+y]``, blue ``lut_b[u*256+y]``, green ``g_rows[g_index[u*256+v], y]``.
     """
     cdef Py_ssize_t chroma_w = (width + 1) // 2
     cdef Py_ssize_t chroma_h = (height + 1) // 2
@@ -62,13 +64,16 @@ def yuv420p_to_rgb24(const uint8_t[:, ::1] y_plane, const uint8_t[:, ::1] u_plan
     if (u_plane.shape[0] < chroma_h or u_plane.shape[1] < chroma_w
             or v_plane.shape[0] < chroma_h or v_plane.shape[1] < chroma_w):
         raise ValueError("chroma plane smaller than half the frame")
-    if lut_r.shape[0] != 65536 or lut_b.shape[0] != 65536 or lut_g.shape[0] != 16777216:
-        raise ValueError("lookup tables must hold 2**16 (r, b) and 2**24 (g) entries")
+    if lut_r.shape[0] != 65536 or lut_b.shape[0] != 65536 or g_index.shape[0] != 65536:
+        raise ValueError("lut_r, lut_b and g_index must hold 2**16 entries")
+    if g_rows.shape[0] < 1 or g_rows.shape[1] != 256:
+        raise ValueError("g_rows must be shaped (n >= 1, 256)")
     _check_slot(batch, slot, height, width)
     cdef Py_ssize_t ys = y_plane.strides[0]
     cdef Py_ssize_t us = u_plane.strides[0]
     cdef Py_ssize_t vs = v_plane.strides[0]
+    cdef size_t row_count = <size_t>g_rows.shape[0]
     with nogil:
         c_yuv420p_to_rgb24(&y_plane[0, 0], ys, &u_plane[0, 0], us, &v_plane[0, 0], vs,
-                           <size_t>width, <size_t>height, &lut_r[0], &lut_g[0], &lut_b[0],
-                           &batch[slot, 0, 0, 0])
+                           <size_t>width, <size_t>height, &lut_r[0], &lut_b[0], &g_rows[0, 0],
+                           row_count, &g_index[0], &batch[slot, 0, 0, 0])

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import av
 import h5py
@@ -315,12 +315,15 @@ def yuv420p_to_rgb24_reference(
     width: int,
     height: int,
     lut_r: np.ndarray,
-    lut_g: np.ndarray,
     lut_b: np.ndarray,
+    g_rows: np.ndarray,
+    g_index: np.ndarray,
     batch: np.ndarray,
     slot: int,
 ) -> None:
     """Reference of ``eva_fast.h5chunk.yuv420p_to_rgb24`` (nearest chroma, table lookups)."""
+    if g_rows.ndim != 2 or g_rows.shape[1] != 256 or len(g_rows) < 1:
+        raise ValueError("g_rows must be shaped (n >= 1, 256)")
     y = y_plane[:height, :width].astype(np.intp)
     rows = np.arange(height) // 2
     cols = np.arange(width) // 2
@@ -328,7 +331,8 @@ def yuv420p_to_rgb24_reference(
     v = v_plane[rows][:, cols].astype(np.intp)
     out = batch[slot]
     out[..., 0] = lut_r[v * 256 + y]
-    out[..., 1] = lut_g[(u * 256 + v) * 256 + y]
+    green_row = np.minimum(g_index[u * 256 + v].astype(np.intp), len(g_rows) - 1)
+    out[..., 1] = g_rows[green_row, y]
     out[..., 2] = lut_b[u * 256 + y]
 
 
@@ -336,31 +340,46 @@ pack_frame: Callable[[np.ndarray, np.ndarray, int], None] = (
     _native.pack_frame if _native is not None else pack_frame_reference
 )
 
-# Lookup tables per (colorspace, color_range) of the decoded frames, built once per process.
-_yuv_luts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+class YuvTables(NamedTuple):
+    """PyAV's yuv420p -> rgb24 conversion as tables (the arguments of ``yuv420p_to_rgb24``).
+
+    red ``lut_r[v*256+y]``, blue ``lut_b[u*256+y]``, green ``g_rows[g_index[u*256+v], y]``.
+    """
+
+    lut_r: np.ndarray
+    lut_b: np.ndarray
+    g_rows: np.ndarray
+    g_index: np.ndarray
 
 
-def calibrate_yuv420p_luts(
-    colorspace: int = 2, color_range: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Tabulate PyAV's yuv420p -> rgb24 conversion: (lut_r[v,y], lut_g[u,v,y], lut_b[u,y]), flat.
+# Tables per (colorspace, color_range) of the decoded frames, built once per process; None when
+# PyAV's conversion for that description is not a per-pixel function of this shape.
+_yuv_tables: dict[tuple[int, int], YuvTables | None] = {}
+
+
+def calibrate_yuv420p_luts(colorspace: int = 2, color_range: int = 0) -> YuvTables | None:
+    """Tabulate PyAV's yuv420p -> rgb24 conversion for frames with this colour description.
 
     One 128x512 frame per U value covers every (V, Y) pair: chroma sample (row V, column k)
-    covers the 2x2 luma block holding Y = 4k .. 4k+3. The conversion is per pixel (nearest chroma),
-    which the tests check against PyAV for several frame sizes.
+    covers the 2x2 luma block holding Y = 4k .. 4k+3. Red must depend on (V, Y) only and blue on
+    (U, Y) only (checked here); green keeps all three but has only a few hundred distinct rows
+    over Y, stored once each. Per-pixel (nearest chroma) behaviour at other frame sizes is checked
+    by the tests and by a first-frame comparison on every exported video.
     """
-    cached = _yuv_luts.get((colorspace, color_range))
-    if cached is not None:
-        return cached
+    key = (colorspace, color_range)
+    if key in _yuv_tables:
+        return _yuv_tables[key]
     k = np.arange(64, dtype=np.uint8)
     luma = np.empty((512, 128), dtype=np.uint8)
     for dy in (0, 1):
         for dx in (0, 1):
             luma[dy::2, dx::2] = (4 * k + 2 * dy + dx)[None, :]
     v_plane = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 64, axis=1)
-    lut_g = np.empty((256, 256, 256), dtype=np.uint8)
+    green = np.empty((256, 256, 256), dtype=np.uint8)
     lut_r = np.empty((256, 256), dtype=np.uint8)
     lut_b = np.empty((256, 256), dtype=np.uint8)
+    separable = True
     for u in range(256):
         u_plane = np.full((256, 64), u, dtype=np.uint8)
         frame = av.VideoFrame.from_ndarray(
@@ -372,13 +391,30 @@ def calibrate_yuv420p_luts(
         rgb = frame.to_ndarray(format="rgb24")
         # [2V+dy, 2k+dx, c] -> [V, k, dy, dx, c] -> [V, Y=4k+2dy+dx, c]
         by_vy = rgb.reshape(256, 2, 64, 2, 3).transpose(0, 2, 1, 3, 4).reshape(256, 256, 3)
-        lut_g[u] = by_vy[:, :, 1]
+        green[u] = by_vy[:, :, 1]
         lut_b[u] = by_vy[0, :, 2]
         if u == 0:
             lut_r[:] = by_vy[:, :, 0]
-    luts = (lut_r.reshape(-1), lut_g.reshape(-1), lut_b.reshape(-1))
-    _yuv_luts[(colorspace, color_range)] = luts
-    return luts
+        separable = (
+            separable
+            and np.array_equal(by_vy[:, :, 0], lut_r)
+            and bool((by_vy[:, :, 2] == lut_b[u][None, :]).all())
+        )
+    tables: YuvTables | None = None
+    if separable:
+        # Deduplicate the green rows by their bytes (a dict is ~30x faster than np.unique here).
+        flat = green.reshape(65536, 256)
+        g_index = np.empty(65536, dtype=np.uint16)
+        first_of_row: dict[bytes, int] = {}
+        distinct: list[int] = []
+        for uv in range(65536):
+            row_id = first_of_row.setdefault(flat[uv].tobytes(), len(distinct))
+            if row_id == len(distinct):
+                distinct.append(uv)
+            g_index[uv] = row_id
+        tables = YuvTables(lut_r.reshape(-1), lut_b.reshape(-1), flat[distinct].copy(), g_index)
+    _yuv_tables[key] = tables
+    return tables
 
 
 def _plane_array(plane: Any) -> np.ndarray:
@@ -392,7 +428,7 @@ class FrameConverter:
         self.use_native = native_convert and _native is not None
         self.native_frames = 0
         self.pyav_frames = 0
-        self._luts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._luts: YuvTables | None = None
         self._luts_for: tuple[str, int, int] | None = None
 
     def start_video(self, first_frame: av.VideoFrame, batch: np.ndarray, slot: int) -> None:
@@ -400,8 +436,11 @@ class FrameConverter:
         self._luts = None
         if self.use_native and first_frame.format.name == "yuv420p":
             luts = calibrate_yuv420p_luts(first_frame.colorspace, first_frame.color_range)
-            self._native_convert(first_frame, luts, batch, slot)
-            if np.array_equal(batch[slot], first_frame.to_ndarray(format="rgb24")):
+            if luts is not None:
+                self._native_convert(first_frame, luts, batch, slot)
+            if luts is not None and np.array_equal(
+                batch[slot], first_frame.to_ndarray(format="rgb24")
+            ):
                 self._luts = luts
                 self._luts_for = ("yuv420p", first_frame.colorspace, first_frame.color_range)
                 self.native_frames += 1
@@ -411,7 +450,7 @@ class FrameConverter:
     def _native_convert(
         self,
         frame: av.VideoFrame,
-        luts: tuple[np.ndarray, np.ndarray, np.ndarray],
+        luts: YuvTables,
         batch: np.ndarray,
         slot: int,
     ) -> None:
@@ -422,9 +461,7 @@ class FrameConverter:
             _plane_array(planes[2]),
             frame.width,
             frame.height,
-            luts[0],
-            luts[1],
-            luts[2],
+            *luts,
             batch,
             slot,
         )
