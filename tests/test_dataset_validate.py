@@ -295,3 +295,13 @@ def test_hostile_video_key_is_reported_not_followed(raw: Path) -> None:
     codes = [p.code for p in problems]
     assert codes.count("unsafe_path") == 1
     assert all("etc" not in (p.path or "") or p.code == "unsafe_path" for p in problems)
+
+
+def test_torn_jsonl_tail(raw: Path) -> None:
+    with open(raw / layout.EPISODES_STATS, "ab") as f:
+        f.write(b'{"episode_index": 2, "stats": {"act')
+    problems = validate_dataset(raw)
+    assert [p.code for p in problems] == ["torn_jsonl_tail"]
+    assert problems[0].path == str(raw / layout.EPISODES_STATS)
+    assert atomic.heal_jsonl_tail(raw / layout.EPISODES_STATS)
+    assert validate_dataset(raw) == []

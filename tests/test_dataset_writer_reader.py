@@ -399,12 +399,13 @@ def test_killed_mid_append_is_repaired_on_reopen(tmp_path: Path) -> None:
     assert proc.returncode == -9, proc.stderr.decode()
     assert (root / layout.EPISODES).read_bytes() != episodes_before  # torn fragment on disk
     reader = DatasetReader(root)
-    assert reader.episode_indices == [0]  # readers ignore it
-    assert validate_dataset(root) == []
+    assert reader.episode_indices == [0]  # readers ignore it, the validator reports it
+    assert [p.code for p in validate_dataset(root)] == ["torn_jsonl_tail"]
     with _open(root) as writer:  # reopening drops the fragment and the orphan stats row
         assert writer.next_episode_index == 1
     assert (root / layout.EPISODES).read_bytes() == episodes_before
     assert sorted(DatasetReader(root).episodes_stats) == [0]
+    assert validate_dataset(root) == []
 
 
 def test_killed_writer_process_leaves_old_metadata_intact(tmp_path: Path) -> None:

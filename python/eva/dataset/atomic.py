@@ -144,6 +144,25 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def has_torn_tail(path: Path) -> bool:
+    """True when the file ends in an unterminated fragment that is not a complete JSON row."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        _, tail = _unterminated_tail(fd)
+    finally:
+        os.close(fd)
+    if not tail.strip():
+        return bool(tail)
+    try:
+        json.loads(tail.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return True
+    return False
+
+
 def heal_jsonl_tail(path: Path, *, durable: bool = True) -> bool:
     """Drop a torn final fragment (or terminate a complete final row); True if changed."""
     try:

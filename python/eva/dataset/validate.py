@@ -11,7 +11,7 @@ bad_dataset_format, invalid_tasks, duplicate_episode_index, invalid_episode_row,
 missing_parquet, unreadable_parquet, missing_column, wrong_episode_index, unknown_task_index,
 bad_frame_index, index_not_contiguous, timestamp_off_grid, length_mismatch, missing_video,
 unreadable_video, frame_count_mismatch, missing_stats, invalid_episodes_stats, totals_mismatch,
-unsafe_path.
+torn_jsonl_tail, unsafe_path.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from eva.dataset import layout, video
+from eva.dataset import atomic, layout, video
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 
@@ -102,6 +102,15 @@ def validate_dataset(
     if out.problems and (episodes is None or not info_path.exists() or _has(out, "invalid_info")):
         return out.problems
 
+    for rel in (layout.EPISODES, layout.EPISODES_STATS, layout.TASKS):
+        path = root / rel
+        if atomic.has_torn_tail(path):
+            out.add(
+                "torn_jsonl_tail",
+                f"{path}: ends in a torn fragment of an interrupted append (eva ignores it; other "
+                "readers may not); opening the dataset with the eva writer repairs it",
+                path,
+            )
     try:
         tasks = reader.tasks
     except DatasetError as e:
