@@ -386,9 +386,14 @@ class DatasetWriter:
                 f"{path}: codebase_version {info.get('codebase_version')!r} is not "
                 f"{layout.CODEBASE_VERSION!r}"
             )
-        if int(info.get("fps", -1)) != self.fps:
-            raise DatasetError(f"{path}: fps {info.get('fps')} != requested {self.fps}")
-        features = info.get("features") or {}
+        fps = info.get("fps")
+        if not isinstance(fps, int | float) or fps != self.fps:
+            raise DatasetError(f"{path}: fps {fps!r} != requested {self.fps}")
+        features = info.get("features")
+        if not isinstance(features, dict) or not all(
+            isinstance(f, dict) for f in features.values()
+        ):
+            raise DatasetError(f"{path}: field features is not an object of feature objects")
         self._check_features(features, path)
         self.info = info
         self.features = features
