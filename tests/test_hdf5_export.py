@@ -13,6 +13,7 @@ import av
 import numpy as np
 import pytest
 
+from eva._native import load
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
@@ -166,3 +167,37 @@ def test_no_cameras_and_an_empty_subset(tmp_path: Path) -> None:
     with hdf5.read_episode(result.accepted_dir / "data/chunk-000/episode_000001.hdf5") as episode:
         assert episode.images == {}
         np.testing.assert_array_equal(episode.columns["index"], np.arange(8, 16))
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_v21_fixture"
+
+
+def test_lerobot_written_fixture_exports_with_identical_pixels(tmp_path: Path) -> None:
+    """A dataset written by LeRobot itself (AV1, limited-range yuv420p) exports losslessly."""
+    raw = tmp_path / "fixture" / "raw"
+    shutil.copytree(FIXTURE, raw)
+    result = export_dataset(raw, "hdf5")
+    assert hdf5.verify(result.accepted_dir) == [] and hdf5.verify(result.rejected_dir) == []
+    source = DatasetReader(raw)
+    marker = json.loads((result.accepted_dir / "meta" / "quality_split.json").read_text())
+    assert marker["source_episode_indices"]
+    for new, src in enumerate(marker["source_episode_indices"]):
+        path = result.accepted_dir / "data" / "chunk-000" / f"episode_{new:06d}.hdf5"
+        with hdf5.read_episode(path) as episode:
+            assert episode.columns["observation.state"].dtype == np.float32
+            for key in source.video_keys:
+                expected = pyav_decode(source.video_path(src, key))
+                np.testing.assert_array_equal(episode.images[key][()], expected)
+
+    # The native conversion is calibrated for this colour description too (not a silent fallback).
+    writer = hdf5.EpisodeWriter()
+    key = source.video_keys[0]
+    writer.write_episode(
+        tmp_path / "one.hdf5",
+        columns=source.read_table(0),
+        videos={key: source.video_path(0, key)},
+        metadata={},
+        label="fixture episode 0",
+    )
+    if load("h5chunk") is not None:
+        assert writer.stats.pyav_frames == 0 and writer.stats.native_frames == source.length(0)
