@@ -17,8 +17,9 @@ stored as ``item_NNNNNN`` sub-groups, each holding a dataset ``value`` and the a
 (maxshape (None, H, W, 3)), ``metadata`` the episodes.jsonl row plus ``fps``.
 
 Speed: the export should run at about the speed of decoding the source videos. Each camera is
-decoded with PyAV codec threading into a reused batch buffer whose chunk-sized slices are written
-with direct chunk writes (no per-frame resize or write, never a whole episode in memory). When the
+decoded with PyAV codec threading, in a decode thread, into one of two reused batch buffers while
+this thread writes the other one's chunk-sized slices with direct chunk writes (no per-frame resize
+or write, never a whole episode in memory: two batches of at most 32 MiB each). When the
 native core is built, yuv420p frames are converted to RGB by the ``h5chunk`` kernel straight into
 that buffer through lookup tables calibrated from PyAV's own conversion, so pixels are identical
 to ``frame.to_ndarray(format="rgb24")``; a self-check on each video's first frame falls back to
