@@ -7,6 +7,7 @@
 #      shards  : 6 episodes x 3 cameras, tiny shard limits and chunks_size 2 -> many data/video
 #                files across chunk folders, exported with --verify-decode
 #      allgood : 3 green episodes x 1 camera -> an empty rejected subset
+#    plus the committed LeRobot-written v2.1 fixture (AV1) exported to v3.
 # 3. lerobot_read_v21.py (LeRobot 0.3.3) reads every raw dir and v2.1 export; lerobot_read_v30.py
 #    --backend all (LeRobot 0.4.4, torchcodec and pyav, pixels compared) reads every v3 export.
 #    LeRobot cannot open a dataset with zero episodes (HF datasets refuses an empty split:
@@ -99,6 +100,11 @@ extra = {"chunks_size": 2, "data_files_size_in_mb": 1e-6, "video_files_size_in_m
 export_dataset(src, "lerobot_v3", options=ExportOptions(extra=extra))
 EOF
 
+# A v2.1 dataset written by LeRobot 0.3.3 itself (AV1 video, committed fixture) through eva to v3.
+mkdir -p "$WORK/lerobot_fixture"
+cp -r "$REPO/tests/fixtures/lerobot_v21_fixture" "$WORK/lerobot_fixture/raw"
+run_export lerobot_fixture v3
+
 # ---- 3. the real readers ----
 pass=0
 fail=0
@@ -144,7 +150,7 @@ for ds in multi shards allgood; do
     check_subset lerobot_read_v21.py "$WORK/$ds/export/lerobot_v21/$subset"
   done
 done
-for ds in multi shards allgood shards_chunks; do
+for ds in multi shards allgood shards_chunks lerobot_fixture; do
   for subset in accepted rejected; do
     check_subset lerobot_read_v30.py "$WORK/$ds/export/lerobot_v3/$subset" --backend all --strict-timestamps
   done
