@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -249,7 +250,12 @@ class _CameraShards:
     def collect(self) -> None:
         """Wait for the worker's keyframe histograms."""
         for ep, future in self.pending.items():
-            self.histograms[ep] = future.result()
+            try:
+                self.histograms[ep] = future.result()
+            except (av.error.FFmpegError, ValueError) as e:
+                raise DatasetError(
+                    f"episode {ep}, camera {self.key}: keyframes do not decode ({e})"
+                ) from None
         self.pending = {}
 
     def roll(self) -> None:
