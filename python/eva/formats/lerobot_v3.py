@@ -254,7 +254,7 @@ class _CameraShards:
                 self.histograms[ep] = future.result()
             except (av.error.FFmpegError, ValueError) as e:
                 raise DatasetError(
-                    f"episode {ep}, camera {self.key}: keyframes do not decode ({e})"
+                    f"subset episode {ep}, camera {self.key}: keyframes do not decode ({e})"
                 ) from None
         self.pending = {}
 
@@ -315,7 +315,7 @@ def _decode_shard(path: Path, key: str, placed: list[_Placed]) -> dict[int, np.n
     for ep in placed:
         if counts[ep.episode] != ep.frames or stray:
             raise DatasetError(
-                f"episode {ep.episode}, camera {key}: {counts[ep.episode]} frames decode from "
+                f"subset episode {ep.episode}, camera {key}: {counts[ep.episode]} frames decode from "
                 f"{path.name} in [{ep.from_timestamp:.4f}, {ep.to_timestamp:.4f}) s, the table "
                 f"has {ep.frames} rows"
             )
