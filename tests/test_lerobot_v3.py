@@ -407,3 +407,25 @@ def test_image_quantiles_can_be_skipped(source: Path, tmp_path: Path) -> None:
     assert "q50" in stats["observation.state"]
     with pytest.raises(DatasetError, match="image_quantiles"):
         export(source, tmp_path / "bad", image_quantiles="some")
+
+
+def test_verify_reports_wrong_locators(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    export(source, dest)
+    path = dest / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    column = f"videos/{CAMS[1]}/from_timestamp"
+    shifted = [t + (0.5 if i == 2 else 0.0) for i, t in enumerate(table.column(column).to_pylist())]
+    table = table.set_column(
+        table.schema.get_field_index(column), column, pa.array(shifted, pa.float64())
+    )
+    to_index = table.column("dataset_to_index").to_pylist()
+    to_index[1] += 1
+    table = table.set_column(
+        table.schema.get_field_index("dataset_to_index"),
+        "dataset_to_index",
+        pa.array(to_index, pa.int64()),
+    )
+    pq.write_table(table, path)
+    problems = lerobot_v3.verify(dest)
+    assert {(p.code, p.episode) for p in problems} >= {("timestamp_range", 2), ("row_range", 1)}
