@@ -145,6 +145,250 @@ def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
 
 # [capture commands: collect]
 
+
+def _collect_setup(config_path: Path, source: str, dataset: str | None, seed: int) -> tuple:
+    """Load the config, build the source (adapting the streams to a replayed dataset)."""
+    import dataclasses
+
+    from eva.capture.sources import ReplaySource, SimulatedRig
+    from eva.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config_path).collection
+    except ConfigError as e:
+        fail(str(e), EXIT_USAGE)
+    if dataset is not None and dataset not in cfg.tasks:
+        fail(f"dataset {dataset!r} is not in collection.tasks of {config_path}", EXIT_USAGE)
+    if source == "sim":
+        return cfg, SimulatedRig.from_config(cfg, realtime=True, seed=seed)
+    if source.startswith("replay:"):
+        path = Path(source[len("replay:") :]).expanduser()
+        try:
+            replay = ReplaySource(path, realtime=True, loop=True)
+            cameras, vectors = replay.stream_config()
+        except Exception as e:  # DatasetError / OSError: one line
+            fail(f"--source {source}: {e}".splitlines()[0], EXIT_USAGE)
+        discrete = {v.name: v.discrete for v in cfg.vectors}
+        vectors = [dataclasses.replace(v, discrete=discrete.get(v.name, ())) for v in vectors]
+        if (cfg.cameras, cfg.vectors, cfg.fps) != (tuple(cameras), tuple(vectors), replay.fps):
+            click.echo(
+                f"eva: note: recording the replayed dataset's streams ({len(cameras)} cameras, "
+                f"{len(vectors)} vectors, {replay.fps} fps) instead of the config's",
+                err=True,
+            )
+            cfg = dataclasses.replace(
+                cfg, cameras=tuple(cameras), vectors=tuple(vectors), fps=replay.fps
+            )
+        return cfg, replay
+    fail(f"--source {source!r}: use 'sim' or 'replay:PATH'", EXIT_USAGE)
+    raise AssertionError  # unreachable: fail() exits
+
+
+def _collect_status_line(status: dict[str, Any]) -> str:
+    state = "REC" if status["recording"] else "idle"
+    backlog = sum(status["backlog"].values())
+    fps = " ".join(
+        f"{key.rsplit('.', 1)[-1]}:{value:4.1f}" for key, value in status["camera_fps"].items()
+    )
+    return (
+        f"{state} {status['elapsed_s']:6.1f}s | frames {status['frames']:6d} | backlog "
+        f"{backlog} ({status['backlog_mb']:.1f} MB) | dropped {status['dropped']} | saves "
+        f"{status['save_queue']} queued, {status['saved']} saved, {status['failed']} failed | "
+        f"fps {fps}"
+    )
+
+
+def _collect_job_line(job: Any) -> str:
+    if job.state == "failed":
+        return f"episode save failed: {job.error}"
+    if job.episode_index is None:
+        return "zero-frame episode: nothing written"
+    issues = ", ".join(i["code"] for i in job.quality_issues)
+    return (
+        f"saved episode {job.episode_index}: {job.frames} frames, {job.quality}"
+        + (f" ({issues})" if issues else "")
+        + f" -> {job.dataset_dir}"
+    )
+
+
+@main.command("collect")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--episodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Scripted: record N episodes back to back, then exit.",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=0.0),
+    default=10.0,
+    show_default=True,
+    help="Scripted: length of each episode.",
+)
+@click.option(
+    "--source", default="sim", show_default=True, help="sim | replay:PATH (a v2.1 dataset)."
+)
+@click.option(
+    "--dataset", default=None, help="Dataset name from collection.tasks (default: first)."
+)
+@click.option("--task", default=None, help="Task prompt (default: the dataset's first prompt).")
+@click.option("--seed", type=int, default=0, help="Seed of the simulated rig.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Scripted: one JSON object per saved episode."
+)
+def collect_command(
+    config: Path,
+    episodes: int | None,
+    seconds: float,
+    source: str,
+    dataset: str | None,
+    task: str | None,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """Record episodes into <log_dir>/<dataset>/raw (LeRobot v2.1).
+
+    \b
+    Interactive (a terminal): s START, e STOP, c CANCEL, q quit; Ctrl-C cancels a running
+    episode and quits. Scripted: --episodes N --seconds S.
+    \b
+    Examples:
+      eva collect rig.toml
+      eva collect rig.toml --episodes 3 --seconds 20 --source sim
+      eva collect rig.toml --episodes 1 --seconds 5 --source replay:/data/eva/old/raw
+    """
+    import logging
+
+    from eva.capture.recorder import Recorder, RecorderError
+    from eva.capture.sources import SourcePump
+
+    cfg, rig = _collect_setup(config, source, dataset, seed)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("\neva: %(levelname)s: %(message)s"))
+    capture_log = logging.getLogger("eva.capture")
+    capture_log.addHandler(handler)
+    capture_log.setLevel(logging.INFO)
+    try:
+        recorder = Recorder(cfg, dataset)
+    except Exception as e:
+        fail(str(e).splitlines()[0])
+    pump = SourcePump(rig, recorder).start()
+    failed = False
+    try:
+        if episodes is not None:
+            failed = _collect_scripted(recorder, pump, episodes, seconds, dataset, task, as_json)
+        else:
+            _collect_interactive(recorder, pump, dataset, task)
+    except RecorderError as e:
+        pump.stop()
+        recorder.close()
+        fail(str(e))
+    except KeyboardInterrupt:
+        if recorder.recording:
+            recorder.cancel()
+            click.echo("\ninterrupted: episode cancelled", err=True)
+        pump.stop()
+        recorder.close()
+        sys.exit(130)
+    pump.stop()
+    recorder.close()
+    if pump.error is not None:
+        fail(f"source stopped: {pump.error}".splitlines()[0])
+    if failed or any(j.state == "failed" for j in recorder.jobs):
+        sys.exit(EXIT_INVALID)
+
+
+def _collect_scripted(
+    recorder: Any,
+    pump: Any,
+    episodes: int,
+    seconds: float,
+    dataset: str | None,
+    task: str | None,
+    as_json: bool,
+) -> bool:
+    import time
+
+    jobs = []
+    for _ in range(episodes):
+        recorder.start(dataset, task)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not pump.finished.is_set():
+            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+        jobs.append(recorder.stop())
+        if pump.finished.is_set():
+            break
+    recorder.wait_idle()
+    for job in jobs:
+        if as_json:
+            emit_json(job.as_dict())
+        else:
+            click.echo(_collect_job_line(job), err=job.state == "failed")
+    return any(j.state == "failed" for j in jobs)
+
+
+def _collect_interactive(recorder: Any, pump: Any, dataset: str | None, task: str | None) -> None:
+    import select
+    import termios
+    import time
+    import tty
+
+    from eva.capture.recorder import RecorderError
+
+    if not sys.stdin.isatty():
+        fail(
+            "interactive collect needs a terminal; script it with --episodes N --seconds S",
+            EXIT_USAGE,
+        )
+    name = dataset if dataset is not None else recorder.default_dataset
+    reported: set[int] = set()
+    fd = sys.stdin.fileno()
+    saved_mode = termios.tcgetattr(fd)
+    tty.setcbreak(fd)  # before the banner: keys typed right after it must not sit in a line buffer
+    try:
+        click.echo(
+            f"dataset {name} -> {recorder.dataset_dir(name)}\n"
+            f"task: {task or recorder.config.tasks[name][0]}\n"
+            "keys: s START  e STOP  c CANCEL  q quit  (Ctrl-C cancels and quits)",
+            err=True,
+        )
+        while True:
+            ready, _, _ = select.select([sys.stdin], [], [], 0.25)
+            key = sys.stdin.read(1).lower() if ready else ""
+            try:
+                if key == "s":
+                    recorder.start(dataset, task)
+                elif key == "e":
+                    recorder.stop()
+                elif key == "c":
+                    recorder.cancel()
+                    click.echo("\nepisode cancelled", err=True)
+                elif key == "q":
+                    if recorder.recording:
+                        click.echo("\nSTOP (e) or CANCEL (c) the episode before quitting", err=True)
+                    else:
+                        break
+            except RecorderError as e:
+                click.echo(f"\n{e}", err=True)
+            for job in recorder.jobs:
+                if job.finished and job.job_id not in reported:
+                    reported.add(job.job_id)
+                    click.echo("\n" + _collect_job_line(job), err=True)
+            click.echo("\r\033[K" + _collect_status_line(recorder.status()), nl=False, err=True)
+            if pump.finished.is_set():
+                click.echo("\nsource ended", err=True)
+                break
+            time.sleep(0)
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved_mode)
+        click.echo("", err=True)
+    recorder.wait_idle()
+    for job in recorder.jobs:
+        if job.job_id not in reported:
+            click.echo(_collect_job_line(job), err=True)
+
+
 # [quality and export commands: qc, export, verify, cleanup]
 
 
