@@ -54,6 +54,7 @@ LeRobot 0.4.4 itself cannot open a zero-episode dataset (HF datasets refuses an 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -266,12 +267,17 @@ class _CameraShards:
 
 
 class _KeyframeHistograms:
-    """One worker thread turning keyframe packets into pixel histograms while the main thread
+    """Worker threads (up to two) turning keyframe packets into pixel histograms while the main thread
     copies packets (decoding, pixel conversion and the histogram kernel all release the GIL).
     At most ``max_pending`` episodes wait, so the copied keyframes in memory stay bounded."""
 
     def __init__(self, max_pending: int = 16) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eva-v3-keyframes")
+        # Two workers measured 1.35x faster than one on the 2-core VM (the main thread mostly
+        # waits on file opens and muxing, which release the GIL too).
+        workers = max(1, min(2, os.cpu_count() or 1))
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="eva-v3-keyframes"
+        )
         self._pending: list[Future[np.ndarray]] = []
         self._max_pending = max_pending
 
