@@ -194,7 +194,7 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
                 lr_s,
                 "s",
                 f"{size}; write_subset of the accepted subset (packet copy, parquet shards, "
-                "metadata, keyframe image histograms in a worker thread)",
+                "metadata, keyframe image histograms in worker threads)",
                 None if lr_s is None else lr_s / write_s,
             )
         )

@@ -32,7 +32,7 @@ Quantiles (``stats.json`` and the per-episode ``stats/<feature>/q..`` columns): 
 exact (numpy ``linear`` quantiles over every row; the numeric columns are collected in their own
 dtype for that, about 150 bytes per row for two 14-dim float32 vectors plus the bookkeeping
 columns). Image features come from an exact 256-bin histogram of the frames that are decoded: by
-default the keyframes, whose packets the copy keeps on the way and a worker thread decodes (every
+default the keyframes, whose packets the copy keeps on the way and worker threads decode (every
 GOP-th frame, ~1/30 of the frames, at least one per episode; no seek, no second read; decoding,
 conversion and the histogram kernel release the GIL, so it overlaps the copy). That is a
 systematic sample like LeRobot's own (it samples frames evenly too): the quantiles are exact for
@@ -222,7 +222,7 @@ class _CameraShards:
     placed: list[_Placed] = field(default_factory=list)
     # output episode -> (3, 256) histogram of its decoded frames (keyframes, or all frames)
     histograms: dict[int, np.ndarray] = field(default_factory=dict)
-    # output episode -> keyframe histogram still being computed by the worker thread
+    # output episode -> keyframe histogram still being computed by the worker threads
     pending: dict[int, Future[np.ndarray]] = field(default_factory=dict)
 
     def path(self) -> Path:
@@ -726,7 +726,7 @@ def _append_video(
         if cam.writer is None:
             cam.writer = VideoShardWriter(cam.path())
         # Without verify_decode the keyframes copied on the way are the quantile sample (decoded
-        # in the worker thread); with it the whole shard is decoded at close instead.
+        # in worker threads); with it the whole shard is decoded at close instead.
         sample = not settings.verify_decode and settings.image_quantiles == "keyframes"
         keyframes: list[bytes] | None = [] if sample else None
         try:
