@@ -545,6 +545,12 @@ def _check_hdf5_compression(value: str | None) -> str | None:
     help="lerobot_v3: video shard size limit (default 200).",
 )
 @click.option(
+    "--image-quantiles",
+    type=click.Choice(["keyframes", "none"]),
+    default=None,
+    help="lerobot_v3: image quantiles from the decoded keyframes (default) or none (faster).",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="JSON progress lines (default when not a terminal)."
 )
 def export_command(
@@ -558,6 +564,7 @@ def export_command(
     verify_decode: bool,
     data_file_size_mb: float | None,
     video_file_size_mb: float | None,
+    image_quantiles: str | None,
     as_json: bool,
 ) -> None:
     """Split DATASET into accepted/rejected and export both as FMT, published as a pair.
@@ -620,6 +627,7 @@ def export_command(
                         ("verify_decode", verify_decode or None),
                         ("data_files_size_in_mb", data_file_size_mb),
                         ("video_files_size_in_mb", video_file_size_mb),
+                        ("image_quantiles", image_quantiles),
                     )
                     if v is not None
                 },
