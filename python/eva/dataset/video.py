@@ -20,6 +20,7 @@ from typing import Any
 import av
 import numpy as np
 
+from eva.dataset import mp4box
 from eva.dataset.errors import DatasetError
 
 SUPPORTED_CODECS = ("libx264", "libsvtav1")
@@ -197,24 +198,41 @@ def probe(path: Path) -> dict[str, Any]:
             "height": ctx.height,
             "pix_fmt": ctx.pix_fmt,
             "fps": float(rate) if rate else None,
-            "frames": _count_stream_frames(container, stream),
+            "frames": count_frames(path),
         }
 
 
 def _count_stream_frames(
-    container: av.container.InputContainer, stream: av.video.stream.VideoStream
+    container: av.container.InputContainer, stream: av.video.stream.VideoStream, path: Path
 ) -> int:
-    if stream.frames > 0:
-        return int(stream.frames)
-    # No frame count in the header (e.g. some muxers): count packets without decoding.
-    return sum(1 for packet in container.demux(stream) if packet.size > 0)
+    """Frames FFmpeg will output, by demuxing (no decoding): the packets that carry data and are
+    not flagged discard. The header's ``stream.frames`` is not used: it is the raw sample count,
+    which counts samples an edit list hides (see ``mp4box``) and is 0 for fragmented files."""
+    try:
+        return sum(
+            1 for packet in container.demux(stream) if packet.size > 0 and not packet.is_discard
+        )
+    except av.error.FFmpegError as e:
+        raise DatasetError(f"{path}: demux failed ({e})") from None
 
 
 def count_frames(path: Path) -> int:
-    """Frame count from the container (the MP4 sample table), without decoding."""
+    """Frames the video decodes to, without decoding.
+
+    From the MP4 sample table read with ``mp4box`` (tens of microseconds) when that is certainly
+    the decoded count; otherwise (fragmented MP4, edit lists that may hide frames, several video
+    tracks, not an MP4 at all...) by demuxing with PyAV. A file cut short or unreadable raises a
+    one-line ``DatasetError`` naming it.
+    """
     path = Path(path)
+    try:
+        return mp4box.count_video_samples(path)
+    except mp4box.Mp4Truncated as e:
+        raise DatasetError(str(e)) from None
+    except (mp4box.Mp4Unsupported, OSError):
+        pass  # FFmpeg decides, and words its own errors (missing file, not a video...)
     with _open_input(path) as container:
-        return _count_stream_frames(container, _video_stream(container, path))
+        return _count_stream_frames(container, _video_stream(container, path), path)
 
 
 def count_decoded_frames(path: Path) -> int:
