@@ -326,3 +326,42 @@ def test_verify_detects_bad_sequences_and_timestamps(
     assert "frame 4" in problems[0].message and "observation.images.cam1" in problems[0].message
     # Shifted sequences also break the (i+1)*period rule and the lookup of frame 0.
     assert found[2:] == [("timestamps", 1), ("bad_frame", 1)]
+
+
+def test_lerobot_written_source_exports_and_matches_its_videos(
+    tmp_path: Path, lerobot_fixture_dir: Path
+) -> None:
+    import shutil
+
+    source = tmp_path / "raw"
+    shutil.copytree(lerobot_fixture_dir, source)
+    result = export_dataset(source, "mcap")
+    assert mcap_format.verify(result.accepted_dir) == []
+    from eva.dataset.reader import DatasetReader
+
+    src = DatasetReader(source)
+    path = result.accepted_dir / "data" / "chunk-000" / "episode_000000.mcap"
+    with mcap_format.read_episode(path) as episode:
+        assert episode.video_keys == src.video_keys
+        for key in src.video_keys:
+            frames = decode_all(src.video_path(0, key))  # AV1, as LeRobot writes it
+            got = list(episode.iter_camera(key))
+            assert len(got) == len(frames) == len(episode)
+            for seq, _, frame in got:
+                np.testing.assert_array_equal(frame, frames[seq])
+
+
+def test_inline_image_columns_go_to_images() -> None:
+    rows = 2
+    table = episode_table(rows).append_column(
+        "observation.images.top",
+        pa.array(
+            [{"bytes": b"\x89PNG-0", "path": "a.png"}, {"bytes": b"\x89PNG-1", "path": None}],
+        ),
+    )
+    payload = msgpack.unpackb(
+        mcap_format.episode_payload(table, {"episode_index": 0}, FPS, ["observation.images.top"])
+    )
+    assert payload["images"] == {"observation.images.top": [b"\x89PNG-0", b"\x89PNG-1"]}
+    assert "observation.images.top" not in payload["columns"]
+    assert payload["metadata"] == {"episode_index": 0, "fps": FPS}
