@@ -317,7 +317,8 @@ def test_verify_detects_bad_sequences_and_timestamps(
     second = accepted / "data" / "chunk-000" / "episode_000001.mcap"
     _rewrite_with(first, lambda i, key, t: (i, t))  # an unchanged rewrite verifies clean
     assert mcap_format.verify(accepted) == []
-    keys = mcap_format.read_episode(first).video_keys
+    with mcap_format.read_episode(first) as episode:
+        keys = episode.video_keys
     _rewrite_with(first, lambda i, key, t: (i, t + (1 if key == keys[1] and i == 4 else 0)))
     _rewrite_with(second, lambda i, key, t: (i + 1, t))
     problems = mcap_format.verify(accepted)

@@ -176,6 +176,14 @@ def test_decode_refuses_a_payload_that_is_not_an_ndarray() -> None:
         codec.decode_ndarray(msgpack.packb({"a": 1}))
 
 
+def test_decode_refuses_data_that_is_not_whole_items() -> None:
+    payload = msgpack.packb(
+        {"__ndarray__": True, "data": b"\x00" * 7, "dtype": "<f4", "shape": [1]}
+    )
+    with pytest.raises(ValueError):
+        codec.decode_ndarray(payload)
+
+
 def test_packb_nested_values_round_trip() -> None:
     value = {
         "state": np.arange(6, dtype=np.float32).reshape(3, 2),

@@ -176,7 +176,8 @@ def decode_ndarray(data: Buffer) -> np.ndarray:
         if parsed is not None and parsed[4] == len(view):
             data_offset, data_len, dtype_str, shape, _ = parsed
             dtype = np.dtype(dtype_str)
-            if dtype.itemsize:
+            # A data length that is not whole items is left to the reference, which refuses it.
+            if dtype.itemsize and data_len % dtype.itemsize == 0:
                 count = data_len // dtype.itemsize
                 array = np.frombuffer(data, dtype=dtype, count=count, offset=data_offset)
                 return array.reshape(shape)
