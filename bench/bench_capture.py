@@ -4,8 +4,9 @@
 
 * ``push 640x480 frame p50/p99``: ``SnapshotRing.push`` of a 640x480x3 frame while a consumer
   thread drains the ring, against ``queue.Queue.put(frame.copy())`` (the usual handoff of a frame
-  the producer will reuse) drained the same way. Also with one busy pure-Python thread in the
-  process, the case where handoffs wait for the GIL.
+  the producer will reuse) drained the same way; the ring copies with the GIL released (the
+  default for frames) or kept. Also with one busy pure-Python thread in the process, the case
+  where a released GIL must be waited for.
 * ``push frames/s``: producer-side throughput of the same two.
 * ``push vector p50/p99``: a 14-dim float64 sample through ``Recorder.push_vector`` (lock, shape
   check, ring copy) against ``queue.Queue.put``.
@@ -64,8 +65,11 @@ class _Busy:
         self.thread.join()
 
 
-def measure_ring_push(n: int, busy: bool) -> dict[str, float]:
-    ring = make_ring((H, W, 3), np.uint8, block_slots=16, initial_blocks=4, max_bytes=1 << 30)
+def measure_ring_push(n: int, busy: bool, release_gil: bool = True) -> dict[str, float]:
+    ring = make_ring(
+        (H, W, 3), np.uint8, block_slots=16, initial_blocks=4, max_bytes=1 << 30,
+        release_gil_min_bytes=None if release_gil else 1 << 40,
+    )  # fmt: skip
     frame = np.random.default_rng(0).integers(0, 255, (H, W, 3), dtype=np.uint8)
     done = threading.Event()
     out = np.empty((8, H, W, 3), np.uint8)
@@ -238,30 +242,32 @@ def report(quick: bool = True) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     n = 600 if quick else 3000
     for busy in (False, True):
-        ring = measure_ring_push(n, busy)
         base = measure_queue_put(n, busy)
-        tag = " (busy Python thread)" if busy else ""
-        for stat in ("p50", "p99"):
+        tag = ", busy Python thread" if busy else ""
+        for release in (True, False):
+            ring = measure_ring_push(n, busy, release_gil=release)
+            how = "GIL released" if release else "GIL kept"
+            for stat in ("p50", "p99"):
+                rows.append(
+                    {
+                        "name": f"push 640x480 frame {stat} ({how}{tag})",
+                        "value": round(ring[stat], 1),
+                        "baseline": round(base[stat], 1),
+                        "ratio": round(base[stat] / ring[stat], 2) if ring[stat] else None,
+                        "unit": "us",
+                        "note": f"ring.push, {how} for the copy, vs queue.Queue.put(frame.copy())",
+                    }
+                )
             rows.append(
                 {
-                    "name": f"push 640x480 frame {stat}{tag}",
-                    "value": round(ring[stat], 1),
-                    "baseline": round(base[stat], 1),
-                    "ratio": round(base[stat] / ring[stat], 2) if ring[stat] else None,
-                    "unit": "us",
-                    "note": "ring.push (GIL released for the copy) vs queue.Queue.put(frame.copy())",
+                    "name": f"push 640x480 frames/s ({how}{tag})",
+                    "value": round(ring["rate"]),
+                    "baseline": round(base["rate"]),
+                    "ratio": round(ring["rate"] / base["rate"], 2),
+                    "unit": "frames/s",
+                    "note": "producer side, consumer thread draining",
                 }
             )
-        rows.append(
-            {
-                "name": f"push 640x480 frames/s{tag}",
-                "value": round(ring["rate"]),
-                "baseline": round(base["rate"]),
-                "ratio": round(ring["rate"] / base["rate"], 2),
-                "unit": "frames/s",
-                "note": "producer side, consumer thread draining",
-            }
-        )
     vec = measure_vector_push(2000 if quick else 20000)
     for stat in ("p50", "p99"):
         rows.append(

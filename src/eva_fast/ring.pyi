@@ -13,7 +13,9 @@ class SnapshotRing:
         block_slots: int = 64,
         initial_blocks: int = 2,
         max_bytes: int = 0,
+        release_gil_min_bytes: int | None = None,
     ) -> None: ...
+    release_gil: bool
     def push(self, t: float, sample: npt.ArrayLike) -> bool: ...
     def pop_batch(
         self, out: npt.NDArray, out_times: npt.NDArray[np.float64], max_n: int = -1

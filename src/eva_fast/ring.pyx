@@ -26,8 +26,9 @@ cdef extern from "ring.hpp" namespace "eva":
         size_t max_capacity() nogil
         size_t allocated_bytes() nogil
 
-# Copies smaller than this keep the GIL: releasing and re-taking it costs more than a 100-byte
-# memcpy and, with another busy Python thread, re-taking it can wait a whole switch interval.
+# Default for ``release_gil_min_bytes``: copies smaller than this keep the GIL. Releasing it costs
+# more than a 100-byte memcpy and, with another busy Python thread, re-taking it can wait a whole
+# switch interval (5 ms); bench/bench_capture.py measures both choices for frames.
 cdef Py_ssize_t NOGIL_MIN_BYTES = 65536
 
 
@@ -40,10 +41,10 @@ cdef class SnapshotRing:
     cdef readonly Py_ssize_t item_bytes
     cdef readonly Py_ssize_t block_slots
     cdef int typenum
-    cdef int release_gil
+    cdef readonly bint release_gil
 
     def __cinit__(self, shape, dtype, Py_ssize_t block_slots=64, Py_ssize_t initial_blocks=2,
-                  Py_ssize_t max_bytes=0):
+                  Py_ssize_t max_bytes=0, release_gil_min_bytes=None):
         self.ring = NULL
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
@@ -54,7 +55,8 @@ cdef class SnapshotRing:
             raise ValueError("ring block_slots and initial_blocks must be positive")
         self.block_slots = block_slots
         self.typenum = self.dtype.num
-        self.release_gil = self.item_bytes >= NOGIL_MIN_BYTES
+        threshold = NOGIL_MIN_BYTES if release_gil_min_bytes is None else release_gil_min_bytes
+        self.release_gil = self.item_bytes >= threshold
         self.ring = new CRing(self.item_bytes, block_slots, initial_blocks, max_bytes)
 
     def __dealloc__(self):

@@ -66,7 +66,9 @@ class ReferenceRing:
         block_slots: int = 64,
         initial_blocks: int = 2,
         max_bytes: int = 0,
+        release_gil_min_bytes: int | None = None,
     ) -> None:
+        self.release_gil = False  # the reference copies under the GIL (np.array)
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.item_bytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
@@ -177,17 +179,24 @@ def make_ring(
     block_slots: int = 64,
     initial_blocks: int = 2,
     max_bytes: int = 0,
+    release_gil_min_bytes: int | None = None,
     native: bool | None = None,
 ) -> Ring:
     """The native ring when available (``native=None``), else the reference.
 
     ``native=True`` demands the native ring (ImportError without it); ``False`` forces the
-    reference.
+    reference. ``release_gil_min_bytes``: samples at least this big are copied with the GIL
+    released (native ring; default 64 KiB, so frames yes, vectors no).
     """
     mod = load("ring") if native is not False else None
     if native is True and mod is None:
         raise ImportError("the native ring (eva_fast.ring) is not available")
     cls = mod.SnapshotRing if mod is not None else ReferenceRing
     return cls(
-        shape, dtype, block_slots=block_slots, initial_blocks=initial_blocks, max_bytes=max_bytes
+        shape,
+        dtype,
+        block_slots=block_slots,
+        initial_blocks=initial_blocks,
+        max_bytes=max_bytes,
+        release_gil_min_bytes=release_gil_min_bytes,
     )
