@@ -36,7 +36,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import struct
+import threading
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -595,6 +597,58 @@ def write_episode_file(
         raise
 
 
+class _CameraFeed:
+    """One camera's batch iterator, advanced by a helper thread on request.
+
+    ``request()`` lets the thread decode the next batch, ``result()`` waits for it (None at the
+    end; the iterator's exception is re-raised here). All cameras are requested before any result
+    is awaited, so their decodes (PyAV releases the GIL for decoding and the RGB conversion) run
+    in parallel. The thread touches the iterator only between request and result, and a yielded
+    batch (a view of the iterator's reused buffer) stays valid until the next request.
+    """
+
+    _END = object()
+
+    def __init__(self, iterator: Iterator[np.ndarray], name: str) -> None:
+        self._iterator = iterator
+        self._ready: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._go = threading.Semaphore(0)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._go.acquire()
+            if self._stop:
+                return
+            try:
+                batch = next(self._iterator, None)
+            except BaseException as error:  # handed to the consumer, raised there
+                self._ready.put(error)
+                return
+            self._ready.put(batch)
+            if batch is None:
+                return
+
+    def request(self) -> None:
+        self._go.release()
+
+    def result(self) -> np.ndarray | None:
+        item = self._ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop = True
+        self._go.release()
+        self._thread.join()
+        close = getattr(self._iterator, "close", None)
+        if close is not None:
+            close()  # generators: closes the video container now, not at garbage collection
+
+
 def _write_frames(
     writer: McapEpisodeWriter,
     frame_batches: Mapping[str, Iterator[np.ndarray]],
@@ -604,21 +658,41 @@ def _write_frames(
     label: str,
 ) -> None:
     keys = list(frame_batches)
-    iterators = {key: iter(frame_batches[key]) for key in keys}
+    if not keys:
+        return
+    feeds = {key: _CameraFeed(iter(frame_batches[key]), f"eva-mcap-decode-{key}") for key in keys}
+    try:
+        _write_frames_from(writer, feeds, channel_ids, rows, fps, label)
+    finally:
+        for feed in feeds.values():
+            feed.close()
+
+
+def _write_frames_from(
+    writer: McapEpisodeWriter,
+    feeds: Mapping[str, _CameraFeed],
+    channel_ids: Mapping[str, int],
+    rows: int,
+    fps: float,
+    label: str,
+) -> None:
+    keys = list(feeds)
     batches: dict[str, np.ndarray] = {}
     positions: dict[str, int] = {}
     sizes: dict[str, int] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     period = frame_period_ns(fps)
     frame_index = 0
-    while keys:
+    while True:
+        needed = [key for key in keys if key not in batches or positions[key] >= len(batches[key])]
+        for key in needed:
+            feeds[key].request()
         ended = []
-        for key in keys:
-            if key in batches and positions[key] < len(batches[key]):
-                continue
-            batch = next(iterators[key], None)
+        for key in needed:
+            batch = feeds[key].result()
             while batch is not None and len(batch) == 0:
-                batch = next(iterators[key], None)
+                feeds[key].request()
+                batch = feeds[key].result()
             if batch is None:
                 ended.append(key)
                 batches.pop(key, None)
