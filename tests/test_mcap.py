@@ -366,3 +366,13 @@ def test_inline_image_columns_go_to_images() -> None:
     assert payload["images"] == {"observation.images.top": [b"\x89PNG-0", b"\x89PNG-1"]}
     assert "observation.images.top" not in payload["columns"]
     assert payload["metadata"] == {"episode_index": 0, "fps": FPS}
+
+
+def test_unreadable_camera_video_aborts_and_leaves_no_file(
+    tmp_path: Path, two_cameras: dict[str, Path]
+) -> None:
+    two_cameras["cam_wrist"].write_bytes(b"not an mp4 at all" * 10)
+    path = tmp_path / "episode_000000.mcap"
+    with pytest.raises(DatasetError, match="wrist.mp4: cannot open video"):
+        write(path, two_cameras, 17)
+    assert not path.exists()
