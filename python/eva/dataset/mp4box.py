@@ -36,6 +36,7 @@ cut (a crash mid-copy) and decoding would yield fewer frames than the sample tab
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ MOOV_READ_LIMIT = 4 << 20
 # Run-length tables (stts, stsc) are read whole; more entries than this is not a file we write.
 TABLE_ENTRY_LIMIT = 1 << 20
 
+_INT32_MAX = (1 << 31) - 1
 _HEADER = struct.Struct(">I4s")
 _LARGESIZE = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
@@ -181,8 +183,8 @@ def _timescale_duration(reader: _Reader, box: _Box) -> tuple[int, int]:
         timescale, duration = struct.unpack(">IQ", _payload(reader, box, 32)[20:32])
     else:
         timescale, duration = _TWO_U32.unpack(_payload(reader, box, 20)[12:20])
-    if timescale == 0:
-        raise Mp4Unsupported(f"{reader.path}: {box.type.decode()} timescale 0")
+    if not 0 < timescale <= _INT32_MAX:  # FFmpeg reads it as a signed int and resets others to 1
+        raise Mp4Unsupported(f"{reader.path}: {box.type.decode()} timescale {timescale}")
     return timescale, duration
 
 
@@ -200,22 +202,112 @@ def _sample_times(reader: _Reader, stts: _Box) -> tuple[int, int]:
     count, entries = _table(reader, stts, 8)
     samples = duration = 0
     for run_samples, delta in struct.iter_unpack(">II", entries):
+        if delta > _INT32_MAX:  # FFmpeg's timestamps are signed: do not second-guess what it does
+            raise Mp4Unsupported(f"{reader.path}: stts sample delta {delta}")
         samples += run_samples
         duration += run_samples * delta
+    if duration >= 1 << 62:
+        raise Mp4Unsupported(f"{reader.path}: media duration {duration} overflows FFmpeg's clock")
     return samples, duration
 
 
-def _samples_in_chunks(reader: _Reader, stsc: _Box, chunk_count: int) -> int:
-    """Samples mapped to the ``chunk_count`` chunks by stsc's runs (first_chunk is 1-based)."""
+def _check_descriptions(reader: _Reader, stsd: _Box, dinf: _Box) -> int:
+    """Number of sample descriptions, each of whose data must be in this file: its data reference
+    must be a self-contained 'url ' entry (flag 1), what every muxer writes. Samples in another
+    file would not be read (FFmpeg does not follow external references by default)."""
+    _full_box_version(reader, stsd, (0,))
+    (description_count,) = _U32.unpack(_payload(reader, stsd, 8)[4:8])
+    descriptions = _children(reader, _Box(b"stsd", stsd.start, stsd.body + 8, stsd.end))
+    if description_count == 0 or len(descriptions) != description_count:
+        raise Mp4Unsupported(f"{reader.path}: stsd lists {description_count} descriptions")
+    dref = _need(reader, _children(reader, dinf), b"dref", "dinf")
+    _full_box_version(reader, dref, (0,))
+    references = _children(reader, _Box(b"dref", dref.start, dref.body + 8, dref.end))
+    for description in descriptions:
+        if description.end - description.body < 8:
+            raise Mp4Unsupported(f"{reader.path}: sample description too short")
+        (index,) = struct.unpack(">H", reader.read(description.body + 6, 2))
+        if not 1 <= index <= len(references):
+            raise Mp4Unsupported(f"{reader.path}: data reference {index} does not exist")
+        reference = references[index - 1]
+        flags = _payload(reader, reference, 4)
+        if reference.type != b"url " or flags != b"\x00\x00\x00\x01":
+            raise Mp4Unsupported(f"{reader.path}: samples stored outside the file")
+    return description_count
+
+
+def _chunk_runs(
+    reader: _Reader, stsc: _Box, chunk_count: int, description_count: int
+) -> list[tuple[int, int, int]]:
+    """stsc as (first chunk, end chunk, samples per chunk) runs: 0-based, end exclusive.
+
+    Every run must name an existing sample description: FFmpeg drops samples that do not."""
     count, entries = _table(reader, stsc, 12)
-    runs = [(first, per_chunk) for first, per_chunk, _ in struct.iter_unpack(">III", entries)]
-    total = 0
-    for i, (first, per_chunk) in enumerate(runs):
-        next_first = runs[i + 1][0] if i + 1 < count else chunk_count + 1
-        if not 1 <= first < next_first <= chunk_count + 1:
+    firsts = []
+    for first, per_chunk, description in struct.iter_unpack(">III", entries):
+        if not 1 <= description <= description_count:
+            raise Mp4Unsupported(f"{reader.path}: stsc names sample description {description}")
+        firsts.append((first - 1, per_chunk))
+    runs = []
+    for i, (first, per_chunk) in enumerate(firsts):
+        end = firsts[i + 1][0] if i + 1 < count else chunk_count
+        if not 0 <= first < end <= chunk_count:
             raise Mp4Unsupported(f"{reader.path}: stsc runs out of order or past the chunks")
-        total += (next_first - first) * per_chunk
-    return total
+        runs.append((first, end, per_chunk))
+    return runs
+
+
+def _sample_sizes(reader: _Reader, box: _Box, sample_count: int) -> tuple[int, ...] | int:
+    """Per-sample byte sizes from stsz/stz2, or the one size every sample has."""
+    if sample_count > TABLE_ENTRY_LIMIT:
+        raise Mp4Unsupported(f"{reader.path}: {sample_count} samples")
+    head = _payload(reader, box, 12)
+    if box.type == b"stsz":
+        (uniform,) = _U32.unpack(head[4:8])
+        if uniform:
+            return uniform
+        code, width = "I", 4
+    else:  # stz2: 4-bit fields are not something a video muxer writes
+        code, width = {8: ("B", 1), 16: ("H", 2), 32: ("I", 4)}.get(head[7], ("", 0))
+        if not width:
+            raise Mp4Unsupported(f"{reader.path}: stz2 field size {head[7]}")
+    if box.end - box.body < 12 + sample_count * width:
+        raise Mp4Unsupported(f"{reader.path}: {box.type.decode()} table too short")
+    return struct.unpack(f">{sample_count}{code}", reader.read(box.body + 12, sample_count * width))
+
+
+def _chunk_offsets(reader: _Reader, box: _Box) -> tuple[int, ...]:
+    width, code = (8, "Q") if box.type == b"co64" else (4, "I")
+    count, entries = _table(reader, box, width)
+    return struct.unpack(f">{count}{code}", entries)
+
+
+def _check_sample_data(
+    reader: _Reader,
+    offsets: tuple[int, ...],
+    runs: list[tuple[int, int, int]],
+    sizes: tuple[int, ...] | int,
+) -> None:
+    """Every sample has bytes, all inside the file. FFmpeg drops a sample it cannot read whole,
+    so a table damaged to point past the end (or a cut the box sizes do not show) would make the
+    sample count larger than the frames that come out."""
+    file_size = reader.file_size
+    if isinstance(sizes, int):
+        for first, end, per_chunk in runs:
+            extent = per_chunk * sizes
+            if max(offsets[first:end]) + extent > file_size:
+                raise Mp4Unsupported(f"{reader.path}: sample data past the end of the file")
+        return
+    if sizes and min(sizes) == 0:
+        raise Mp4Unsupported(f"{reader.path}: empty samples")
+    starts = list(itertools.accumulate(sizes, initial=0))
+    sample = 0
+    for first, end, per_chunk in runs:
+        for chunk in range(first, end):
+            chunk_bytes = starts[sample + per_chunk] - starts[sample]
+            if offsets[chunk] + chunk_bytes > file_size:
+                raise Mp4Unsupported(f"{reader.path}: sample data past the end of the file")
+            sample += per_chunk
 
 
 def _check_edit_list(
@@ -230,11 +322,10 @@ def _check_edit_list(
     version = _full_box_version(reader, elst, (0, 1))
     entry = _ELST_V1 if version == 1 else _ELST_V0
     count, entries = _table(reader, elst, entry.size)
-    if count != 1 or has_ctts:
-        raise Mp4Unsupported(
-            f"{reader.path}: edit list of {count} entries (FFmpeg's muxer writes 1)"
-            + (" and composition offsets (ctts)" if has_ctts else "")
-        )
+    if has_ctts:
+        raise Mp4Unsupported(f"{reader.path}: edit list with composition offsets (ctts)")
+    if count != 1:
+        raise Mp4Unsupported(f"{reader.path}: edit list of {count} entries")
     segment_duration, media_time, rate_integer, rate_fraction = entry.unpack(entries)
     covers_media = segment_duration * media_timescale >= media_duration * movie_timescale
     if media_time != 0 or (rate_integer, rate_fraction) != (1, 0) or not covers_media:
@@ -260,8 +351,14 @@ def _video_track(reader: _Reader, trak: _Box, movie_timescale: int) -> VideoTrac
         (track_id,) = _U32.unpack(_payload(reader, tkhd, offset + 4)[offset : offset + 4])
     timescale, duration = _timescale_duration(reader, _need(reader, mdia_boxes, b"mdhd", "mdia"))
     minf = _need(reader, mdia_boxes, b"minf", "mdia")
-    stbl = _need(reader, _children(reader, minf), b"stbl", "minf")
+    minf_boxes = _children(reader, minf)
+    stbl = _need(reader, minf_boxes, b"stbl", "minf")
     stbl_boxes = _children(reader, stbl)
+    description_count = _check_descriptions(
+        reader,
+        _need(reader, stbl_boxes, b"stsd", "stbl"),
+        _need(reader, minf_boxes, b"dinf", "minf"),
+    )
 
     sizes = [box for box in stbl_boxes if box.type in (b"stsz", b"stz2")]
     if len(sizes) != 1:
@@ -276,15 +373,17 @@ def _video_track(reader: _Reader, trak: _Box, movie_timescale: int) -> VideoTrac
     if len(offsets) != 1:
         raise Mp4Unsupported(f"{reader.path}: {len(offsets)} chunk offset boxes (stco/co64)")
     _full_box_version(reader, offsets[0], (0,))
-    (chunk_count,) = _U32.unpack(_payload(reader, offsets[0], 8)[4:8])
-    chunked_samples = _samples_in_chunks(
-        reader, _need(reader, stbl_boxes, b"stsc", "stbl"), chunk_count
+    chunk_offsets = _chunk_offsets(reader, offsets[0])
+    runs = _chunk_runs(
+        reader, _need(reader, stbl_boxes, b"stsc", "stbl"), len(chunk_offsets), description_count
     )
+    chunked_samples = sum((end - first) * per_chunk for first, end, per_chunk in runs)
     if not sample_count == timed_samples == chunked_samples:
         raise Mp4Unsupported(
             f"{reader.path}: sample table disagrees: stsz {sample_count}, stts {timed_samples}, "
             f"stsc/stco {chunked_samples} samples"
         )
+    _check_sample_data(reader, chunk_offsets, runs, _sample_sizes(reader, sizes[0], sample_count))
 
     edts = _only(reader, trak_boxes, b"edts", "trak")
     if edts is not None:
