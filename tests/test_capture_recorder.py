@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from eva.capture import align
 from eva.capture.recorder import Recorder, RecorderError
 from eva.capture.save_worker import FAILED, SAVED
 from eva.capture.sources import SimulatedRig
@@ -432,3 +433,30 @@ def test_failed_save_is_reported(tmp_path: Path) -> None:
         assert job.state == FAILED and job.error and job.episode_index is None
         (root / "data").unlink()
         assert record(rec)["episode_index"] == 0  # the recorder keeps working
+
+
+def test_streaming_alignment_equals_batch_alignment_of_all_samples(rec: Recorder) -> None:
+    """Rows aligned incrementally while recording == contracts §1 applied to the whole episode."""
+    cfg = rec.config
+    rig = SimulatedRig.from_config(cfg, vector_hz=97, duration_s=3.0, seed=11, jitter_s=0.01)
+    samples = list(rig.samples())
+    rec.start()
+    for s in samples:
+        (rec.push_image if s.kind == "image" else rec.push_vector)(s.stream, s.t, s.data)
+    job = rec.stop()
+    assert job.wait(30) and job.state == SAVED and job.quality == "green", job.quality_issues
+    times = {
+        name: np.array([s.t for s in samples if s.stream == name]) for name in (FRONT, WRIST, STATE)
+    }
+    start = max(t[0] for t in times.values())
+    end = min(t[-1] for t in times.values())
+    n = align.grid_length(start, end, FPS)
+    grid = align.grid_times(start, FPS, 0, n)
+    idx, _ = align.nearest_indices(times[FRONT], grid, cfg.skew_tolerance)
+    values = np.array([s.data for s in samples if s.stream == STATE])
+    expected_state = align.align_vector(times[STATE], values, grid, [2]).astype(np.float32)
+    reader = DatasetReader(rec.dataset_dir())
+    table = reader.read_table(0)
+    assert table.num_rows == n == job.frames
+    assert np.array_equal(table.column("capture_time").to_numpy(), times[FRONT][idx])
+    assert np.array_equal(reader.read_vector(0, STATE), expected_state)

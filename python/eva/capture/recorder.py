@@ -674,16 +674,31 @@ class _EpisodeConsumer:
                 while level < len(thresholds) and lag >= thresholds[level]:
                     level += 1
                 log.warning(
-                    "capture backlog: stream %s has %d samples waiting (%.1f MB), %.2f s behind",
+                    "capture backlog: stream %s has %d samples waiting (%.1f MB), %.2f s behind%s",
                     name,
                     backlog,
                     backlog * st.ring.item_bytes / 1e6,
                     lag,
+                    self.waiting_for(name),
                 )
                 self.warn_level[name] = level
             elif level and lag < thresholds[0] / 2:
                 log.info("capture backlog: stream %s caught up", name)
                 self.warn_level[name] = 0
+
+    def waiting_for(self, name: str) -> str:
+        """Names the stream that holds alignment back, when it is not ``name`` itself."""
+        if self.grid_start is None:
+            missing = sorted(set(self.streams) - set(self.first_t))
+            return f" (grid start waits for {', '.join(missing)})" if missing else ""
+        # A stream with nothing waiting in its ring and the oldest last sample is the one behind.
+        idle = {n: t for n, t in self.last_t.items() if len(self.streams[n].ring) == 0}
+        if not idle:
+            return ""
+        slowest = min(idle, key=idle.__getitem__)
+        if slowest == name:
+            return ""
+        return f" (alignment waits for {slowest}: last sample t={self.last_t[slowest]:.3f} s)"
 
     # -- grid --
 
