@@ -110,9 +110,10 @@ class Terminal:
         os.close(slave)
         self.output = b""
 
-    def read_until(self, text: bytes, timeout: float = 60) -> None:
+    def read_until(self, text: bytes, timeout: float = 60, start: int = 0) -> None:
+        """Read until ``text`` appears in the output after byte ``start``."""
         deadline = time.monotonic() + timeout
-        while text not in self.output:
+        while text not in self.output[start:]:
             assert time.monotonic() < deadline, (text, self.output.decode(errors="replace")[-800:])
             ready, _, _ = select.select([self.master], [], [], 0.1)
             if ready:
@@ -172,10 +173,18 @@ def test_interactive_keys_and_ctrl_c(config: Path, tmp_path: Path) -> None:
     assert validate_dataset(raw) == []
 
 
-def test_interactive_quit(config: Path) -> None:
+def test_interactive_quit(config: Path, tmp_path: Path) -> None:
     term = Terminal(config)
     term.read_until(b"keys: s START")
     term.read_until(b"idle")
+    term.send(b"t")  # next task prompt of the dataset: "point"
+    term.read_until(b"task: point")
+    mark = len(term.output)
+    term.send(b"d")  # a single dataset: stays "demo", the task goes back to its first prompt
+    term.read_until(b"task: wave", start=mark)
+    mark = len(term.output)
+    term.send(b"t")
+    term.read_until(b"task: point", start=mark)
     term.send(b"s")
     term.read_until(b"REC")
     term.send(b"q")
@@ -185,3 +194,5 @@ def test_interactive_quit(config: Path) -> None:
     term.read_until(b"saved episode")
     term.send(b"q")
     assert term.finish() == 0
+    episodes = DatasetReader(tmp_path / "logs" / "demo" / "raw").episodes
+    assert [e["tasks"] for e in episodes] == [["point"]]

@@ -341,24 +341,38 @@ def _collect_interactive(recorder: Any, pump: Any, dataset: str | None, task: st
             "interactive collect needs a terminal; script it with --episodes N --seconds S",
             EXIT_USAGE,
         )
+    datasets = list(recorder.config.tasks)
     name = dataset if dataset is not None else recorder.default_dataset
+    prompt = task or recorder.config.tasks[name][0]
     reported: set[int] = set()
     fd = sys.stdin.fileno()
     saved_mode = termios.tcgetattr(fd)
     tty.setcbreak(fd)  # before the banner: keys typed right after it must not sit in a line buffer
     try:
         click.echo(
-            f"dataset {name} -> {recorder.dataset_dir(name)}\n"
-            f"task: {task or recorder.config.tasks[name][0]}\n"
-            "keys: s START  e STOP  c CANCEL  q quit  (Ctrl-C cancels and quits)",
+            f"dataset {name} -> {recorder.dataset_dir(name)}\ntask: {prompt}\n"
+            "keys: s START  e STOP  c CANCEL  q quit  d next dataset  t next task  "
+            "(Ctrl-C cancels and quits)",
             err=True,
         )
         while True:
             ready, _, _ = select.select([sys.stdin], [], [], 0.25)
             key = sys.stdin.read(1).lower() if ready else ""
             try:
-                if key == "s":
-                    recorder.start(dataset, task)
+                if key in ("d", "t") and recorder.recording:
+                    click.echo("\nSTOP or CANCEL before changing the dataset or task", err=True)
+                elif key == "d":
+                    name = datasets[(datasets.index(name) + 1) % len(datasets)]
+                    prompt = recorder.config.tasks[name][0]
+                    click.echo(f"\ndataset {name} -> {recorder.dataset_dir(name)}", err=True)
+                    click.echo(f"task: {prompt}", err=True)
+                elif key == "t":
+                    prompts = recorder.config.tasks[name]
+                    position = prompts.index(prompt) if prompt in prompts else -1
+                    prompt = prompts[(position + 1) % len(prompts)]
+                    click.echo(f"\ntask: {prompt}", err=True)
+                elif key == "s":
+                    recorder.start(name, prompt)
                 elif key == "e":
                     recorder.stop()
                 elif key == "c":
