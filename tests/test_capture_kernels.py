@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from eva._native import load
 from eva.capture import align
 from eva.capture.ring import ReferenceRing, make_ring
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 pytestmark = pytest.mark.kernels
 
@@ -115,6 +117,40 @@ def test_ring_concurrent_producer_consumer_loses_nothing(native: bool) -> None:
     assert np.array_equal(values, np.arange(n))
     assert np.array_equal(np.concatenate(seen_times), np.arange(n) * 1e-3)
     assert ring.overflow_count == 0 and len(ring) == 0
+
+
+@ring_impls
+def test_ring_grows_and_reuses_blocks_under_a_slow_consumer(native: bool) -> None:
+    """Growth (new blocks linked in) and reuse race with the consumer: still nothing lost."""
+    n = 3000
+    ring = _ring(native, (3,), np.float64, block_slots=4, initial_blocks=1, max_bytes=1 << 22)
+    got: list[np.ndarray] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        out = np.zeros((5, 3))
+        times = np.zeros(5)
+        rounds = 0
+        while True:
+            finished = done.is_set()
+            k = ring.pop_batch(out, times)
+            got.append(times[:k].copy())
+            rounds += 1
+            if rounds % 50 == 0:
+                time.sleep(0.002)  # fall behind now and then: the producer must grow the ring
+            if not k and finished:
+                return
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    for i in range(n):
+        assert ring.push(float(i), np.full(3, i, np.float64))
+        if i % 500 == 0:
+            time.sleep(0.003)  # and catch up now and then: blocks are reused around the cycle
+    done.set()
+    consumer.join()
+    assert np.array_equal(np.concatenate(got), np.arange(n, dtype=np.float64))
+    assert ring.capacity > 4 and ring.overflow_count == 0
 
 
 def test_reference_ring_is_what_make_ring_gives_without_native(monkeypatch) -> None:

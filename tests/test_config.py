@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from eva.config import ConfigError, default_log_dir, load_config
 
 FULL = """
