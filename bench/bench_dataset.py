@@ -13,6 +13,8 @@
   against copy + rename (``atomic.atomic_append_jsonl``), whose cost grows with the file.
 * reader side: ``iter_frame_batches`` at 640x480 (decode, rgb24, copy into the reused buffer)
   against decoding alone (no pixel conversion).
+* ``count_frames`` (MP4 box parse, what the validator calls per camera per episode) against
+  opening the file with PyAV for its frame count.
 
 The 10/200-episode datasets are built cheaply: 2 frames of 16x16 per episode, no fsync.
 """
@@ -26,12 +28,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 
 from eva.capture.synthetic import SyntheticScene, joint_actions, joint_states
 from eva.dataset import atomic, layout
 from eva.dataset.stats import merge_stats
-from eva.dataset.video import VideoEncoder, count_decoded_frames, iter_frame_batches
+from eva.dataset.video import (
+    VideoEncoder,
+    VideoOptions,
+    count_decoded_frames,
+    count_frames,
+    iter_frame_batches,
+)
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
 
 CAMERA = "observation.images.front"
@@ -133,6 +142,42 @@ def decode_rows(tmp: Path, frames: int) -> list[dict[str, Any]]:
     ]
 
 
+def frame_count_rows(tmp: Path, frames: int) -> list[dict[str, Any]]:
+    """count_frames (MP4 box parse) vs opening the file with PyAV for ``stream.frames``."""
+    path = tmp / "count.mp4"
+    # Camera-sized frames: PyAV's open probes the stream (decodes its first frame), so its cost
+    # grows with the resolution; the box parse only reads the sample table.
+    scene = SyntheticScene(480, 640, seed=4, noise=2)
+    with VideoEncoder(path, 640, 480, 30, VideoOptions(preset="ultrafast")) as encoder:
+        for start in range(0, frames, 30):
+            encoder.write(scene.frames(start, min(30, frames - start)))
+
+    def pyav_count() -> int:
+        with av.open(str(path)) as container:
+            return int(container.streams.video[0].frames)
+
+    assert count_frames(path) == pyav_count() == frames
+    box_calls, pyav_calls = 200, 30
+    t_boxes = min(
+        _seconds(lambda: [count_frames(path) for _ in range(box_calls)]) for _ in range(5)
+    )
+    t_boxes /= box_calls
+    t_pyav = min(_seconds(lambda: [pyav_count() for _ in range(pyav_calls)]) for _ in range(3))
+    t_pyav /= pyav_calls
+    return [
+        {
+            "name": "dataset.count_frames per MP4, box parse vs PyAV open",
+            "value": t_boxes * 1e6,
+            "baseline": t_pyav * 1e6,
+            "ratio": t_pyav / t_boxes,
+            "unit": "us",
+            "note": f"{frames}-frame 640x480 H.264 file, page cache warm, best of 5 x "
+            f"{box_calls} / 3 x {pyav_calls} calls; the validator counts every camera of every "
+            "episode before each export",
+        }
+    ]
+
+
 def jsonl_append_rows(tmp: Path, root: Path, rows_in_file: int) -> list[dict[str, Any]]:
     """One per-episode stats row appended to a ``rows_in_file``-row episodes_stats.jsonl."""
     line = (root / layout.EPISODES_STATS).read_bytes().splitlines(keepends=True)[0]
@@ -210,6 +255,7 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
         )
         rows += jsonl_append_rows(tmp, large, 2000)
         rows += decode_rows(tmp, 60 if quick else 150)
+        rows += frame_count_rows(tmp, 150 if quick else 600)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return rows
