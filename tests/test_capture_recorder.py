@@ -460,3 +460,20 @@ def test_streaming_alignment_equals_batch_alignment_of_all_samples(rec: Recorder
     assert table.num_rows == n == job.frames
     assert np.array_equal(table.column("capture_time").to_numpy(), times[FRONT][idx])
     assert np.array_equal(reader.read_vector(0, STATE), expected_state)
+
+
+def test_streams_on_different_clocks_are_reported(tmp_path: Path, caplog) -> None:
+    # Cameras on a wall clock, the state on a monotonic clock: no common span, nothing to save.
+    # (A long start timeout: the grid start waits until every stream has shown up.)
+    events = list(timeline(1000.0, 1002.0, vectors=False))
+    events += list(timeline(5.0, 7.0, cameras={}, vector_hz=50.0))
+    cfg = make_config(tmp_path, stream_start_timeout_s=100.0)
+    with (
+        caplog.at_level(logging.WARNING, logger="eva.capture"),
+        Recorder(cfg, durable=False) as rec,
+    ):
+        result = record(rec, iter(sorted(events)))
+    assert result["state"] == SAVED and result["episode_index"] is None
+    found = {i["code"]: i["detail"] for i in result["quality_issues"]}
+    assert "source_clock_discontinuity" in found and STATE in found["source_clock_discontinuity"]
+    assert "aligned no frame" in caplog.text

@@ -52,6 +52,7 @@ from eva.capture.quality_checks import (
     MISSING_CAMERA,
     MISSING_CAMERA_STREAM,
     MISSING_CONFIGURED_COLUMN,
+    SOURCE_CLOCK_DISCONTINUITY,
     UNEXPECTED_IMAGE_STREAM,
     UNEXPECTED_VECTOR_STREAM,
     IssueLog,
@@ -813,6 +814,11 @@ class _EpisodeConsumer:
         s.job.frames = self.next_row
         s.job.quality = row["quality"]
         s.job.quality_issues = row["quality_issues"]
+        if self.next_row == 0 and self.first_t:
+            log.warning(
+                "capture: episode aligned no frame although samples arrived (%s); nothing saved",
+                "; ".join(i["detail"] for i in row["quality_issues"]) or "streams do not overlap",
+            )
         commit_episode(s.job, s.writer, self.episode, row)
         if s.job.state == FAILED:
             log.error("capture: saving episode failed: %s", s.job.error)
@@ -891,6 +897,17 @@ class _EpisodeConsumer:
                     f"stream {name}: {count} samples refused: the capture backlog reached its "
                     f"hard memory limit ({cfg.backlog.max_memory_mb:g} MB over all cameras)",
                 )
+        if self.grid_start is not None:
+            # A stream whose samples all end before the grid starts runs on another clock.
+            for name, last in self.last_t.items():
+                if last < self.grid_start - cfg.clock_jump_s:
+                    starter = max(self.first_t, key=self.first_t.__getitem__)
+                    issues.add(
+                        SOURCE_CLOCK_DISCONTINUITY,
+                        name,
+                        f"stream {name}: its samples end at t={last:.3f} s, before stream "
+                        f"{starter} starts at t={self.grid_start:.3f} s: are they on one clock?",
+                    )
         expected = None
         if self.grid_start is not None and self.last_t:
             expected = align.grid_length(self.grid_start, min(self.last_t.values()), self.fps)
