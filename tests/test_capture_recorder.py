@@ -209,6 +209,8 @@ def test_crash_leftovers_are_reported_and_removed(tmp_path: Path, caplog) -> Non
     crashed.mkdir()
     (crashed / "00.mp4").write_bytes(b"\x00" * 100)
     (root / layout.WORK_DIR / "saving-000001.lock").write_text("")
+    # A crash after the files moved into place but before the episodes.jsonl row: orphans.
+    (root / "data" / "chunk-000" / "episode_000001.parquet").write_bytes(b"torn")
     with (
         caplog.at_level(logging.WARNING, logger="eva.capture"),
         Recorder(cfg, durable=False) as rec,
