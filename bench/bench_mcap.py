@@ -8,6 +8,8 @@ at a frame size that keeps the run to a few minutes; ``python bench/bench_mcap.p
 Every pass goes over the same episodes and decodes the same MP4s in lockstep batches:
 
 * decode only: ``DatasetReader.iter_frames`` for every camera, nothing written (the limit);
+  every pass decodes the cameras of an episode in parallel helper threads, as the eva writer does
+  (one row compares that with decoding them one after another);
 * raw: decode + ``f.write`` of every frame's bytes (the floor for an uncompressed export);
 * eva: ``eva.formats.mcap.write_episode_file`` (frames encoded in place into the chunk buffer);
 * naive: per frame ``msgpack.packb`` of the frame dict with ``tobytes()``, then
@@ -64,16 +66,41 @@ def make_source(
     )
 
 
-def _lockstep(reader: DatasetReader, episode: int) -> Any:
-    """Yield lists of per-camera batches, decoded batch by batch (same sizes for every camera)."""
+def _lockstep(reader: DatasetReader, episode: int, parallel: bool = True) -> Any:
+    """Yield lists of per-camera batches (same sizes for every camera). ``parallel`` decodes the
+    cameras in helper threads exactly like the eva writer does, so the passes differ only in
+    what they do with the frames."""
     iterators = [reader.iter_frames(episode, key, BATCH) for key in reader.video_keys]
-    yield from zip(*iterators, strict=True)
+    if not parallel:
+        yield from zip(*iterators, strict=True)
+        return
+    feeds = [mcap_format._CameraFeed(it, f"bench-decode-{i}") for i, it in enumerate(iterators)]
+    try:
+        while True:
+            for feed in feeds:
+                feed.request()
+            batches = [feed.result() for feed in feeds]
+            if any(batch is None for batch in batches):
+                assert all(batch is None for batch in batches), "cameras of unequal length"
+                return
+            yield batches
+    finally:
+        for feed in feeds:
+            feed.close()
 
 
 def decode_only(reader: DatasetReader, out_dir: Path) -> int:
     frames = 0
     for episode in reader.episode_indices:
         for batches in _lockstep(reader, episode):
+            frames += sum(len(b) for b in batches)
+    return frames
+
+
+def decode_sequential(reader: DatasetReader, out_dir: Path) -> int:
+    frames = 0
+    for episode in reader.episode_indices:
+        for batches in _lockstep(reader, episode, parallel=False):
             frames += sum(len(b) for b in batches)
     return frames
 
@@ -267,6 +294,7 @@ def report(quick: bool = True, frame_size: tuple[int, int] | None = None) -> lis
         sizes: dict[str, list[int]] = {"none": [], "zstd": [], "lz4": []}
         t: dict[str, tuple[float, float, int]] = {
             "decode": _timed(lambda: decode_only(reader, out_dir)),
+            "decode_seq": _timed(lambda: decode_sequential(reader, out_dir)),
             "eva": _timed(lambda: eva_write(reader, out_dir, "none", sizes["none"])),
             "naive": _timed(lambda: naive_write(reader, out_dir, "none")),
             "raw": _timed(lambda: raw_write(reader, out_dir)),
@@ -318,6 +346,12 @@ def report(quick: bool = True, frame_size: tuple[int, int] | None = None) -> lis
             "eva",
             "raw",
             f"{size}; the same bytes written with f.write, no MCAP/MessagePack",
+        )
+        pair(
+            "decode-only: cameras in parallel threads vs one after another",
+            "decode",
+            "decode_seq",
+            f"{size}; the decode strategy of the eva writer and of every pass here",
         )
         pair("mcap export (zstd-1) vs decode-only pass", "eva_zstd", "decode", size_note)
         pair("mcap export (lz4) vs decode-only pass", "eva_lz4", "decode", size_note)
