@@ -220,6 +220,7 @@ def _edit(path: Path, segment_duration: int, media_time: int, rate: int = 1) -> 
         (334, 1024, 1, 8),  # starts 2 frames (2 x 512 ticks) in: FFmpeg drops them
         (334, 700, 1, 8),  # starts inside frame 1: frames presented before it are dropped
         (300, 0, 1, 9),  # ends at the last frame's start: it is dropped
+        (301, 0, 1, 10),  # ends just after the last frame's start: it is kept -> boxes answer
         (100, 0, 1, 3),
         (0, 0, 1, 0),
         (334, -1, 1, 0),  # an empty edit alone: nothing is presented
@@ -233,13 +234,46 @@ def test_edit_lists(
     track = mp4box.read_video_track(path)
     assert (track.timescale, track.sample_duration_total) == (15360, 5120)  # 512 ticks a frame
     _edit(path, segment_ms, media_time, rate)
-    hides_nothing = segment_ms * 15360 >= 5120 * 1000 and media_time == 0 and rate == 1
+    end_ticks = round(segment_ms * 15360 / 1000)
+    hides_nothing = end_ticks > 4608 and media_time == 0 and rate == 1  # last frame starts at 4608
     if hides_nothing:
         assert mp4box.count_video_samples(path) == 10
     else:
         with pytest.raises(mp4box.Mp4Unsupported, match="edit list"):
             mp4box.count_video_samples(path)
     assert_counts(path, decoded)
+
+
+def demuxed_frames(path: Path) -> int:
+    """FFmpeg's own view without decoding: packets with data that the edit list does not drop."""
+    with av.open(str(path), metadata_errors="replace") as container:
+        stream = container.streams.video[0]
+        return sum(1 for p in container.demux(stream) if p.size > 0 and not p.is_discard)
+
+
+@pytest.mark.parametrize("gop", [1, 4, 30])
+def test_edit_list_sweep_boxes_agree_with_ffmpeg_whenever_they_answer(
+    tmp_path: Path, gop: int
+) -> None:
+    """Every segment_duration around the media's end and a few media_times: whenever the parser
+    vouches for a count, FFmpeg demuxes exactly that many frames; the trivial entry is vouched."""
+    path = eva_video(tmp_path / "v.mp4", 9, VideoOptions(gop=gop))
+    original = path.read_bytes()
+    elst = find_box(original, b"elst")
+    vouched = []
+    for segment_ms in range(250, 320):
+        for media_time in (0, 1, 511, 512):
+            variant = bytearray(original)
+            struct.pack_into(">Ii", variant, elst + 16, segment_ms, media_time)
+            path.write_bytes(bytes(variant))
+            try:
+                boxes = mp4box.count_video_samples(path)
+            except mp4box.Mp4Unsupported:
+                continue
+            assert boxes == demuxed_frames(path) == 9, (segment_ms, media_time)
+            vouched.append((segment_ms, media_time))
+    # 9 frames of 512 ticks at 15360/s: the last starts at 4096 ticks = 266.67 ms
+    assert vouched == [(ms, 0) for ms in range(267, 320)]
 
 
 def test_size_zero_box_falls_back_to_pyav(tmp_path: Path) -> None:
@@ -303,6 +337,15 @@ def test_garbage_raises_naming_the_file(tmp_path: Path, content: bytes) -> None:
     assert str(path) in str(error.value) and "\n" not in str(error.value)
 
 
+def test_tags_in_a_broken_text_encoding_do_not_make_the_video_unreadable(tmp_path: Path) -> None:
+    path = eva_video(tmp_path / "v.mp4", 7)
+    data = bytearray(path.read_bytes())
+    encoder_tag = data.find(b"Lavf", find_box(bytes(data), b"udta"))
+    data[encoder_tag] = 0x80  # not UTF-8: PyAV's strict default raised UnicodeDecodeError
+    path.write_bytes(bytes(data))
+    assert_counts(path, 7)
+
+
 def test_missing_file_raises_naming_it(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="nope.mp4: cannot open video"):
         count_frames(tmp_path / "nope.mp4")
@@ -338,9 +381,7 @@ def test_corrupted_bytes_never_escape_as_other_errors(tmp_path: Path, data: st.D
     assert counted == boxes
     # When the boxes answer, FFmpeg's demuxer agrees (if it still opens the damaged file at all).
     try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            demuxed = sum(1 for p in container.demux(stream) if p.size > 0 and not p.is_discard)
+        demuxed = demuxed_frames(path)
     except (av.error.FFmpegError, IndexError):
         return
     assert demuxed == boxes

@@ -196,18 +196,29 @@ def _table(reader: _Reader, box: _Box, entry_size: int) -> tuple[int, bytes]:
     return count, reader.read(box.body + 8, count * entry_size)
 
 
-def _sample_times(reader: _Reader, stts: _Box) -> tuple[int, int]:
-    """(samples, total duration) from the stts run-length table."""
+class _Timing(NamedTuple):
+    samples: int
+    duration: int  # sum of all deltas
+    min_delta: int
+    last_delta: int
+
+
+def _sample_times(reader: _Reader, stts: _Box) -> _Timing:
+    """Sample count, total duration and delta extremes from the stts run-length table."""
     count, entries = _table(reader, stts, 8)
-    samples = duration = 0
+    samples = duration = last_delta = 0
+    min_delta = _INT32_MAX
     for run_samples, delta in struct.iter_unpack(">II", entries):
         if delta > _INT32_MAX:  # FFmpeg's timestamps are signed: do not second-guess what it does
             raise Mp4Unsupported(f"{reader.path}: stts sample delta {delta}")
-        samples += run_samples
-        duration += run_samples * delta
+        if run_samples:
+            samples += run_samples
+            duration += run_samples * delta
+            min_delta = min(min_delta, delta)
+            last_delta = delta
     if duration >= 1 << 62:
         raise Mp4Unsupported(f"{reader.path}: media duration {duration} overflows FFmpeg's clock")
-    return samples, duration
+    return _Timing(samples, duration, min_delta, last_delta)
 
 
 def _check_descriptions(reader: _Reader, stsd: _Box, dinf: _Box) -> int:
@@ -310,27 +321,52 @@ def _check_sample_data(
 def _check_edit_list(
     reader: _Reader,
     elst: _Box,
+    stbl_boxes: list[_Box],
     movie_timescale: int,
     media_timescale: int,
-    media_duration: int,
-    has_ctts: bool,
+    timing: _Timing,
 ) -> None:
-    """Raise Mp4Unsupported unless the edit list certainly hides no sample (module doc)."""
+    """Raise Mp4Unsupported unless FFmpeg's edit-list pass certainly keeps every sample.
+
+    FFmpeg (``mov_fix_index``) rescales the edit into media ticks
+    (``end = media_time + round(segment_duration * media_timescale / movie_timescale)``), starts
+    at the last keyframe whose decode time is <= ``media_time``, flags samples presented before
+    ``media_time`` or at/after ``end`` as discard, and stops adding samples after a keyframe that
+    reaches ``end``. Without composition offsets (no ctts, every delta > 0) presentation time ==
+    decode time and increases, so one entry with ``media_time`` 0 and rate 1 keeps every sample
+    exactly when sample 0 is a keyframe and the last sample starts before ``end``: no sample is
+    presented outside [0, end), the start is sample 0, and only the last sample can reach ``end``.
+    """
     version = _full_box_version(reader, elst, (0, 1))
     entry = _ELST_V1 if version == 1 else _ELST_V0
     count, entries = _table(reader, elst, entry.size)
-    if has_ctts:
+    if any(box.type == b"ctts" for box in stbl_boxes):
         raise Mp4Unsupported(f"{reader.path}: edit list with composition offsets (ctts)")
     if count != 1:
         raise Mp4Unsupported(f"{reader.path}: edit list of {count} entries")
     segment_duration, media_time, rate_integer, rate_fraction = entry.unpack(entries)
-    covers_media = segment_duration * media_timescale >= media_duration * movie_timescale
-    if media_time != 0 or (rate_integer, rate_fraction) != (1, 0) or not covers_media:
+    # av_rescale: round to nearest, halves away from zero (the values are >= 0 here)
+    end = (segment_duration * media_timescale + movie_timescale // 2) // movie_timescale
+    last_start = timing.duration - timing.last_delta
+    if media_time != 0 or (rate_integer, rate_fraction) != (1, 0) or not last_start < end:
         raise Mp4Unsupported(
             f"{reader.path}: edit list may hide frames (media_time {media_time}, "
             f"segment_duration {segment_duration}/{movie_timescale} s, rate "
             f"{rate_integer}+{rate_fraction}/65536)"
         )
+    if timing.samples and timing.min_delta == 0:
+        raise Mp4Unsupported(f"{reader.path}: edit list over samples of zero duration")
+    if timing.samples and not _first_sample_is_keyframe(reader, stbl_boxes):
+        raise Mp4Unsupported(f"{reader.path}: edit list over a track not starting on a keyframe")
+
+
+def _first_sample_is_keyframe(reader: _Reader, stbl_boxes: list[_Box]) -> bool:
+    stss = _only(reader, stbl_boxes, b"stss", "stbl")
+    if stss is None:
+        return True  # no sync sample table: every sample is a keyframe
+    _full_box_version(reader, stss, (0,))
+    (count,) = _U32.unpack(_payload(reader, stss, 8)[4:8])
+    return count > 0 and _U32.unpack(_payload(reader, stss, 12)[8:12])[0] == 1
 
 
 def _video_track(reader: _Reader, trak: _Box, movie_timescale: int) -> VideoTrack | None:
@@ -363,9 +399,8 @@ def _video_track(reader: _Reader, trak: _Box, movie_timescale: int) -> VideoTrac
     _full_box_version(reader, sizes[0], (0,))
     (sample_count,) = _U32.unpack(_payload(reader, sizes[0], 12)[8:12])
 
-    timed_samples, timed_duration = _sample_times(
-        reader, _need(reader, stbl_boxes, b"stts", "stbl")
-    )
+    timing = _sample_times(reader, _need(reader, stbl_boxes, b"stts", "stbl"))
+    timed_samples = timing.samples
     offsets = [box for box in stbl_boxes if box.type in (b"stco", b"co64")]
     if len(offsets) != 1:
         raise Mp4Unsupported(f"{reader.path}: {len(offsets)} chunk offset boxes (stco/co64)")
@@ -387,11 +422,10 @@ def _video_track(reader: _Reader, trak: _Box, movie_timescale: int) -> VideoTrac
         edts_boxes = _children(reader, edts)
         elst = _only(reader, edts_boxes, b"elst", "edts")
         if elst is not None:
-            has_ctts = any(box.type == b"ctts" for box in stbl_boxes)
-            _check_edit_list(reader, elst, movie_timescale, timescale, timed_duration, has_ctts)
+            _check_edit_list(reader, elst, stbl_boxes, movie_timescale, timescale, timing)
         elif edts_boxes:
             raise Mp4Unsupported(f"{reader.path}: edts without elst")
-    return VideoTrack(sample_count, timescale, duration, timed_duration, track_id)
+    return VideoTrack(sample_count, timescale, duration, timing.duration, track_id)
 
 
 def _top_level_moov(reader: _Reader) -> _Box:

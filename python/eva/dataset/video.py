@@ -172,7 +172,8 @@ class VideoEncoder:
 
 def _open_input(path: Path) -> av.container.InputContainer:
     try:
-        return av.open(str(path), mode="r")
+        # Tags in a broken text encoding must not make a playable video unreadable.
+        return av.open(str(path), mode="r", metadata_errors="replace")
     except (av.error.FFmpegError, OSError) as e:
         raise DatasetError(f"{path}: cannot open video ({e.__class__.__name__}: {e})") from None
 
