@@ -15,14 +15,18 @@
   backlog exceeds ~0.3 s); value = recorded seconds / wall seconds from START to the saved
   episode, baseline 1.0 (real time). > 1 means the host keeps up with the rig.
 * ``session CPU s per recorded s``: process CPU time per recorded second, baseline the 2 cores.
-* ``peak RSS``: peak resident memory during episodes of increasing length; ratio = longest /
-  shortest (flat memory: ~1).
+* ``peak RSS``: peak resident memory over the last vs the first quarter of the longest episode,
+  and the peak of episodes of increasing length, each recorded in a fresh interpreter; flat
+  memory: ratios ~1.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import resource
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -195,12 +199,13 @@ def run_session(seconds: float, log_dir: Path) -> dict[str, float]:
     cfg = _config(log_dir)
     rig = SimulatedRig.from_config(cfg, vector_hz=200, duration_s=seconds, seed=1)
     rec = Recorder(cfg, durable=False)
-    peak = [_rss_mb()]
+    trace: list[tuple[float, float]] = []  # (seconds since START, RSS MB)
     stop = threading.Event()
+    t_origin = time.perf_counter()
 
     def sample_rss() -> None:
         while not stop.is_set():
-            peak[0] = max(peak[0], _rss_mb())
+            trace.append((time.perf_counter() - t_origin, _rss_mb()))
             time.sleep(0.05)
 
     monitor = threading.Thread(target=sample_rss, daemon=True)
@@ -232,10 +237,31 @@ def run_session(seconds: float, log_dir: Path) -> dict[str, float]:
         "recorded_s": recorded,
         "wall_s": wall,
         "cpu_s": cpu,
-        "rss_peak_mb": peak[0],
+        "rss_peak_mb": max(r for _, r in trace),
+        # Peak RSS over the first and the last quarter of the run: flat memory means equal.
+        "rss_first_quarter_mb": max(r for t, r in trace if t <= wall / 4),
+        "rss_last_quarter_mb": max(r for t, r in trace if t >= wall * 3 / 4),
         "dropped": float(rec.status()["dropped"]),
         "quality_red": float(job.quality == "red"),
     }
+
+
+def run_session_isolated(seconds: float, log_dir: Path) -> dict[str, float]:
+    """``run_session`` in a fresh interpreter, so each episode length gets its own clean RSS."""
+    code = (
+        "import json, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+        "import bench_capture as b; "
+        "print(json.dumps(b.run_session(float(sys.argv[2]), Path(sys.argv[3]))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent), str(seconds), str(log_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"session subprocess failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def report(quick: bool = True) -> list[dict[str, Any]]:
@@ -284,7 +310,7 @@ def report(quick: bool = True) -> list[dict[str, Any]]:
     sessions = []
     with tempfile.TemporaryDirectory() as tmp:
         for k, seconds in enumerate(lengths):
-            sessions.append(run_session(seconds, Path(tmp) / f"s{k}"))
+            sessions.append(run_session_isolated(seconds, Path(tmp) / f"s{k}"))
     longest = sessions[-1]
     rows.append(
         {
@@ -308,6 +334,16 @@ def report(quick: bool = True) -> list[dict[str, Any]]:
             "note": "whole process (rig, pushes, alignment, 3 encoders, save)",
         }
     )
+    rows.append(
+        {
+            "name": f"peak RSS, last vs first quarter of the {lengths[-1]:g} s episode",
+            "value": round(longest["rss_last_quarter_mb"], 1),
+            "baseline": round(longest["rss_first_quarter_mb"], 1),
+            "ratio": round(longest["rss_last_quarter_mb"] / longest["rss_first_quarter_mb"], 3),
+            "unit": "MB",
+            "note": "flat memory: ratio ~1 however long the episode",
+        }
+    )
     for length, s in zip(lengths, sessions, strict=True):
         rows.append(
             {
@@ -316,7 +352,7 @@ def report(quick: bool = True) -> list[dict[str, Any]]:
                 "baseline": round(sessions[0]["rss_peak_mb"], 1),
                 "ratio": round(s["rss_peak_mb"] / sessions[0]["rss_peak_mb"], 2),
                 "unit": "MB",
-                "note": f"vs the {lengths[0]:g} s episode; flat memory means ratio ~1",
+                "note": f"vs the {lengths[0]:g} s episode (each in a fresh process)",
             }
         )
     return rows
