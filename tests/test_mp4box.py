@@ -99,6 +99,13 @@ def assert_counts(path: Path, expected: int | None = None) -> None:
         assert decoded == expected
 
 
+def demuxed_frames(path: Path) -> int:
+    """FFmpeg's own view without decoding: packets with data that the edit list does not drop."""
+    with av.open(str(path), metadata_errors="replace") as container:
+        stream = container.streams.video[0]
+        return sum(1 for p in container.demux(stream) if p.size > 0 and not p.is_discard)
+
+
 # --- files eva, PyAV and LeRobot write: the box parser answers, and it is right -------------------
 
 
@@ -186,12 +193,34 @@ def test_fragmented_mp4_falls_back_to_pyav(tmp_path: Path) -> None:
     assert_counts(path, 13)
 
 
-def test_bframes_with_edit_list_fall_back_to_pyav(tmp_path: Path) -> None:
-    """x264 defaults use B-frames: composition offsets (ctts) plus an edit list shifting them."""
-    path = pyav_video(tmp_path / "b.mp4", 20)
-    with pytest.raises(mp4box.Mp4Unsupported, match="ctts"):
-        mp4box.count_video_samples(path)
-    assert_counts(path, 20)
+@pytest.mark.parametrize(("frames", "codec_options"), [(20, {}), (1, {}), (31, {"g": "10"})])
+def test_bframes_with_edit_list(tmp_path: Path, frames: int, codec_options: dict[str, str]) -> None:
+    """x264 defaults use B-frames: composition offsets (ctts) plus an edit list starting at the
+    first presentation time. The parser checks FFmpeg's edit rule sample by sample."""
+    path = pyav_video(tmp_path / "b.mp4", frames, codec_options=codec_options)
+    assert mp4box.count_video_samples(path) == frames
+    assert_counts(path, frames)
+
+
+def test_bframe_edit_list_sweep_boxes_agree_with_ffmpeg(tmp_path: Path) -> None:
+    path = pyav_video(tmp_path / "b.mp4", 16, codec_options={"g": "4"})
+    original = path.read_bytes()
+    elst = find_box(original, b"elst")
+    segment0, media_time0 = struct.unpack_from(">Ii", original, elst + 16)
+    assert media_time0 > 0  # the reorder delay: B-frames present
+    vouched = 0
+    for segment_ms in range(segment0 - 40, segment0 + 10):
+        for media_time in (0, media_time0 - 1, media_time0, media_time0 + 1, media_time0 + 512):
+            variant = bytearray(original)
+            struct.pack_into(">Ii", variant, elst + 16, segment_ms, media_time)
+            path.write_bytes(bytes(variant))
+            try:
+                boxes = mp4box.count_video_samples(path)
+            except mp4box.Mp4Unsupported:
+                continue
+            assert boxes == demuxed_frames(path) == 16, (segment_ms, media_time)
+            vouched += 1
+    assert vouched >= 10
 
 
 def test_two_video_tracks_fall_back_to_pyav(tmp_path: Path) -> None:
@@ -242,13 +271,6 @@ def test_edit_lists(
         with pytest.raises(mp4box.Mp4Unsupported, match="edit list"):
             mp4box.count_video_samples(path)
     assert_counts(path, decoded)
-
-
-def demuxed_frames(path: Path) -> int:
-    """FFmpeg's own view without decoding: packets with data that the edit list does not drop."""
-    with av.open(str(path), metadata_errors="replace") as container:
-        stream = container.streams.video[0]
-        return sum(1 for p in container.demux(stream) if p.size > 0 and not p.is_discard)
 
 
 @pytest.mark.parametrize("gop", [1, 4, 30])

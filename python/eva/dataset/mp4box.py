@@ -1,34 +1,41 @@
 """Strict, read-only ISO-BMFF (MP4) box reader: the video track's frame count without FFmpeg.
 
-Why: opening an MP4 with PyAV costs ~1.3-1.5 ms (probing, codec setup); the validator needs
-the frame count of every camera of every episode before each export. The count is in the sample
-table (``moov/trak/mdia/minf/stbl/stsz``), which a few ``pread`` calls reach in microseconds.
+Why: opening an MP4 with PyAV costs 0.2-2.5 ms (probing decodes the first frame, so it grows with
+the resolution); the validator needs the frame count of every camera of every episode before
+each export. The count is in the sample table (``moov/trak/mdia/minf/stbl/stsz``), which a few
+``pread`` calls reach in tens of microseconds.
 
 What is read: the top-level box headers (every one, to the end of the file, so that a file cut
-short is noticed) and the ``moov`` box (one read when it is at most ``MOOV_READ_LIMIT`` bytes,
-otherwise header by header). Inside ``moov``: ``mvhd`` (movie timescale), each ``trak``'s
-``hdlr`` (the video track is the one with handler ``vide``), ``mdhd`` (timescale, duration),
-``edts/elst``, and in ``stbl`` the headers of ``stsz``/``stz2`` (sample count), ``stco``/``co64``
-(chunk count) and the small run-length tables ``stts`` and ``stsc``.
+short is noticed), then the ``moov`` box in one read when it is at most ``MOOV_READ_LIMIT`` bytes
+(otherwise box by box). Inside ``moov``: ``mvhd`` (movie timescale), each ``trak``'s ``hdlr``
+(the video track is the one with handler ``vide``), ``tkhd``, ``mdhd`` (timescale, duration),
+``edts/elst``, ``dinf/dref``, and in ``stbl``: ``stsd`` (entry headers), ``stts``, ``stsc``,
+``stsz``/``stz2``, ``stco``/``co64``, and ``ctts``/``stss`` when an edit list needs them.
 
-The count is given only when it is certainly the number of frames FFmpeg decodes; otherwise
-``Mp4Unsupported`` tells the caller to ask FFmpeg (``eva.dataset.video.count_frames`` does):
+The count is given only when it is certainly the number of packets FFmpeg's demuxer delivers, i.e.
+the frames it decodes; otherwise ``Mp4Unsupported`` tells the caller to ask FFmpeg
+(``eva.dataset.video.count_frames`` does). Checked (fuzzed and swept against PyAV 18.1):
 
-* fragmented files (``mvex`` in ``moov`` or a top-level ``moof``): samples live in fragments;
-* no ``moov``, no video track, or several video tracks (which one FFmpeg picks is its business);
-* the sample table disagrees with itself (``stsz`` count != sum of ``stts`` counts != samples
-  mapped to chunks by ``stsc``/``stco``);
-* an edit list that may hide frames. FFmpeg applies edit lists on demux: samples presented before
-  the edit's ``media_time`` or at/after its end are flagged discard and never come out of the
-  decoder (measured with PyAV 18.1: ``media_time`` of two frames decodes 8 of 10 frames, a
-  ``segment_duration`` one frame short decodes 9, an empty edit alone decodes none). The edit list
-  FFmpeg's MP4 muxer writes (hence every file eva, PyAV and LeRobot write) is one entry with
-  ``media_time`` 0, rate 1 and a ``segment_duration`` covering the whole media (rounded up); that
-  entry hides nothing when there is no ``ctts`` (no B-frames: composition time == decode time, all
-  in [0, media duration)). Any other edit list, or an edit list together with ``ctts``, is left to
-  FFmpeg;
-* a box that does not parse (size < 8, a child overrunning its parent, an unknown version), or a
-  top-level box of size 0 ("to the end of the file", whose data cannot be checked for truncation).
+* not fragmented (``mvex`` in ``moov`` or a top-level ``moof``/``mfra``: samples live in
+  fragments), one ``moov``, exactly one video track (which one FFmpeg picks is its business);
+* the sample table agrees with itself: ``stsz`` count == sum of ``stts`` counts == samples mapped
+  to chunks by ``stsc``/``stco``; every sample has bytes and every chunk lies inside the file
+  (FFmpeg drops a sample it cannot read whole); every ``stsc`` run names an existing sample
+  description whose data reference is this file (a self-contained ``url ``); timescales and
+  deltas fit FFmpeg's signed 32-bit fields;
+* the edit list hides nothing. FFmpeg applies edit lists on demux (``mov_fix_index``): samples
+  presented before ``media_time`` or at/after the edit's end are flagged discard and never come
+  out of the decoder (PyAV 18.1: a ``media_time`` of two frames decodes 8 of 10 frames, a
+  ``segment_duration`` ending at the last frame's start decodes 9, an empty edit alone none).
+  FFmpeg's MP4 muxer (hence eva, PyAV, LeRobot) writes one entry, rate 1, ``media_time`` = the
+  first presentation time (0 without B-frames) and a ``segment_duration`` covering the media.
+  Vouched for: one entry, rate 1, every delta > 0, sample 0 a keyframe, and either no ``ctts``
+  with ``media_time`` 0 and the last sample starting before the edit's end (O(1)), or ``ctts``
+  (B-frames) with every presentation time in [media_time, end), the first sample presented at
+  ``media_time``, no other keyframe decoded at or before it, and FFmpeg's early stop (after the
+  second keyframe reaching the end) not before the last sample (numpy, O(samples));
+* every box parses (size >= 8, children inside their parent, known versions), and no top-level
+  box has size 0 ("to the end of the file", whose data cannot be checked for truncation).
 
 ``Mp4Truncated`` is raised when a top-level box claims more bytes than the file has: the file was
 cut (a crash mid-copy) and decoding would yield fewer frames than the sample table lists.
@@ -41,6 +48,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+
+import numpy as np
 
 # moov boxes up to this size are read with one pread and parsed in memory (a 30 fps hour of
 # video has ~0.5 MB of sample tables); larger ones are walked header by header.
@@ -336,28 +345,99 @@ def _check_edit_list(
     decode time and increases, so one entry with ``media_time`` 0 and rate 1 keeps every sample
     exactly when sample 0 is a keyframe and the last sample starts before ``end``: no sample is
     presented outside [0, end), the start is sample 0, and only the last sample can reach ``end``.
+    With composition offsets, ``_check_composition`` checks the same sample by sample.
     """
     version = _full_box_version(reader, elst, (0, 1))
     entry = _ELST_V1 if version == 1 else _ELST_V0
     count, entries = _table(reader, elst, entry.size)
-    if any(box.type == b"ctts" for box in stbl_boxes):
-        raise Mp4Unsupported(f"{reader.path}: edit list with composition offsets (ctts)")
     if count != 1:
         raise Mp4Unsupported(f"{reader.path}: edit list of {count} entries")
     segment_duration, media_time, rate_integer, rate_fraction = entry.unpack(entries)
     # av_rescale: round to nearest, halves away from zero (the values are >= 0 here)
-    end = (segment_duration * media_timescale + movie_timescale // 2) // movie_timescale
-    last_start = timing.duration - timing.last_delta
-    if media_time != 0 or (rate_integer, rate_fraction) != (1, 0) or not last_start < end:
-        raise Mp4Unsupported(
-            f"{reader.path}: edit list may hide frames (media_time {media_time}, "
-            f"segment_duration {segment_duration}/{movie_timescale} s, rate "
-            f"{rate_integer}+{rate_fraction}/65536)"
-        )
-    if timing.samples and timing.min_delta == 0:
+    end = (
+        media_time + (segment_duration * media_timescale + movie_timescale // 2) // movie_timescale
+    )
+    hides = (
+        f"{reader.path}: edit list may hide frames (media_time {media_time}, segment_duration "
+        f"{segment_duration}/{movie_timescale} s, rate {rate_integer}+{rate_fraction}/65536)"
+    )
+    if media_time < 0 or (rate_integer, rate_fraction) != (1, 0):
+        raise Mp4Unsupported(hides)
+    if timing.samples == 0:
+        return
+    if timing.min_delta == 0:
         raise Mp4Unsupported(f"{reader.path}: edit list over samples of zero duration")
-    if timing.samples and not _first_sample_is_keyframe(reader, stbl_boxes):
-        raise Mp4Unsupported(f"{reader.path}: edit list over a track not starting on a keyframe")
+    ctts = _only(reader, stbl_boxes, b"ctts", "stbl")
+    if ctts is None:
+        last_start = timing.duration - timing.last_delta
+        if media_time != 0 or not last_start < end:
+            raise Mp4Unsupported(hides)
+        if not _first_sample_is_keyframe(reader, stbl_boxes):
+            raise Mp4Unsupported(
+                f"{reader.path}: edit list over a track not starting on a keyframe"
+            )
+        return
+    _check_composition(reader, stbl_boxes, ctts, timing.samples, media_time, end, hides)
+
+
+def _runs(entries: bytes, signed: bool = False) -> np.ndarray:
+    """(count, value) run-length entries as an int64 (n, 2) array."""
+    return np.frombuffer(entries, ">i4" if signed else ">u4").reshape(-1, 2).astype(np.int64)
+
+
+def _check_composition(
+    reader: _Reader,
+    stbl_boxes: list[_Box],
+    ctts: _Box,
+    samples: int,
+    media_time: int,
+    end: int,
+    hides: str,
+) -> None:
+    """The edit rule with composition offsets (B-frames), sample by sample (numpy, O(samples)).
+
+    Sound when: presentation times are all in [media_time, end) and the first sample is presented
+    at media_time (FFmpeg's start search lands on it); sample 0 is the only keyframe decoded at or
+    before media_time (the start is sample 0); and FFmpeg's stop (after the second keyframe that
+    reaches ``end``, waiting for trailing B-frames) is not before the last sample.
+    """
+    path = reader.path
+    version = _full_box_version(reader, ctts, (0, 1))
+    offset_runs = _runs(_table(reader, ctts, 8)[1], signed=version == 1)
+    if int(offset_runs[:, 0].sum()) != samples:
+        raise Mp4Unsupported(f"{path}: ctts does not cover the {samples} samples")
+    if offset_runs.size and not (
+        offset_runs[:, 1].min() >= 0 and offset_runs[:, 1].max() <= _INT32_MAX
+    ):
+        raise Mp4Unsupported(f"{path}: negative composition offsets (FFmpeg shifts decode times)")
+    delta_runs = _runs(_table(reader, _need(reader, stbl_boxes, b"stts", "stbl"), 8)[1])
+    deltas = np.repeat(delta_runs[:, 1], delta_runs[:, 0])
+    decode_times = np.cumsum(deltas) - deltas
+    presentation = decode_times + np.repeat(offset_runs[:, 1], offset_runs[:, 0])
+    if presentation[0] != media_time or presentation.min() < media_time:
+        raise Mp4Unsupported(hides)
+    if presentation.max() >= end:
+        raise Mp4Unsupported(hides)
+    keyframes = _sync_samples(reader, stbl_boxes, samples)
+    if keyframes[0] != 0:
+        raise Mp4Unsupported(f"{path}: edit list over a track not starting on a keyframe")
+    if len(keyframes) > 1 and decode_times[keyframes[1]] <= media_time:
+        raise Mp4Unsupported(hides)
+    reaching = keyframes[presentation[keyframes] + deltas[keyframes] >= end]
+    if len(reaching) >= 2 and reaching[1] != samples - 1:
+        raise Mp4Unsupported(hides)
+
+
+def _sync_samples(reader: _Reader, stbl_boxes: list[_Box], samples: int) -> np.ndarray:
+    """0-based keyframe indices from stss, sorted and unique. Without stss every sample is a
+    keyframe; with composition offsets that is not a file this parser vouches for."""
+    stss = _only(reader, stbl_boxes, b"stss", "stbl")
+    if stss is None:
+        raise Mp4Unsupported(f"{reader.path}: composition offsets without a sync sample table")
+    numbers = np.frombuffer(_table(reader, stss, 4)[1], ">u4").astype(np.int64)
+    if not numbers.size or numbers.min() < 1 or numbers.max() > samples:
+        raise Mp4Unsupported(f"{reader.path}: stss names no keyframe or samples that do not exist")
+    return np.unique(numbers) - 1
 
 
 def _first_sample_is_keyframe(reader: _Reader, stbl_boxes: list[_Box]) -> bool:
