@@ -479,3 +479,20 @@ def test_streams_on_different_clocks_are_reported(tmp_path: Path, caplog) -> Non
     found = {i["code"]: i["detail"] for i in result["quality_issues"]}
     assert "source_clock_discontinuity" in found and STATE in found["source_clock_discontinuity"]
     assert "aligned no frame" in caplog.text
+
+
+def test_failure_while_recording_fails_the_job_and_recorder_goes_on(rec: Recorder) -> None:
+    root = rec.start()
+    work = root / layout.WORK_DIR
+    deadline = time.monotonic() + 30
+    while not any(p.name.startswith("ep-") for p in work.iterdir()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for p in work.iterdir():  # the encoder cannot create its MP4 any more
+        if p.name.startswith("ep-"):
+            p.rmdir()
+    push_timeline(rec, timeline(0.0, 1.0))
+    job = rec.stop()
+    assert job.wait(30) and job.state == FAILED and job.error
+    assert rec.status()["consumer_error"] is None
+    assert record(rec)["episode_index"] == 0

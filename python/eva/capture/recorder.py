@@ -522,7 +522,6 @@ class _EpisodeConsumer:
         self.frame_buf = {
             st.name: np.zeros((EMIT_BATCH, *st.shape), np.uint8) for st in self.cameras
         }
-        self.scratch = np.zeros((64,), np.float64)
 
     # -- helpers --
 
@@ -577,9 +576,13 @@ class _EpisodeConsumer:
             if s.job is not None and not s.job.finished:
                 s.job._finish(FAILED, f"{type(e).__name__}: {e}".splitlines()[0])
             if isinstance(e, DatasetError | OSError | ValueError):
-                log.error("capture: episode failed: %s", e)
-                # Drop what is left of this episode so the next one starts clean.
+                message = f"{type(e).__name__}: {e}".splitlines()[0]
+                log.error("capture: episode failed: %s", message)
+                # Drop what is left of this episode so the next one starts clean; the job that
+                # STOP creates meanwhile reports the failure.
                 self.wait_end_and_discard()
+                if s.job is not None and not s.job.finished:
+                    s.job._finish(FAILED, message)
                 return
             raise
         finally:
