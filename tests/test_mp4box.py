@@ -170,6 +170,15 @@ def test_64bit_largesize_mdat(tmp_path: Path) -> None:
     assert_counts(path, 10)
 
 
+def test_large_moov_is_walked_box_by_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above MOOV_READ_LIMIT the moov is not read in one go: same answers, read box by box."""
+    h264 = eva_video(tmp_path / "v.mp4", 11, VideoOptions(gop=4))
+    bframes = pyav_video(tmp_path / "b.mp4", 13)
+    monkeypatch.setattr(mp4box, "MOOV_READ_LIMIT", 0)
+    assert mp4box.count_video_samples(h264) == 11
+    assert mp4box.count_video_samples(bframes) == 13
+
+
 def test_track_details(tmp_path: Path) -> None:
     track = mp4box.read_video_track(eva_video(tmp_path / "v.mp4", 10))
     assert track.sample_count == 10

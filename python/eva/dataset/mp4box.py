@@ -54,7 +54,8 @@ import numpy as np
 # moov boxes up to this size are read with one pread and parsed in memory (a 30 fps hour of
 # video has ~0.5 MB of sample tables); larger ones are walked header by header.
 MOOV_READ_LIMIT = 4 << 20
-# Run-length tables (stts, stsc) are read whole; more entries than this is not a file we write.
+# Sample tables (stts, stsc, stsz, stco, ctts, stss) are read whole; more entries than this (over
+# nine hours at 30 fps in one file) is left to FFmpeg.
 TABLE_ENTRY_LIMIT = 1 << 20
 
 _INT32_MAX = (1 << 31) - 1
