@@ -37,9 +37,11 @@ demo: build
 system-deps:
 	bash scripts/system_deps.sh
 
+# One suite, run twice: against the native core, then against the numpy references (like
+# msgpack-python's fallback), so both implementations stay interchangeable.
 test: system-deps build
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests
-	EVA_PUREPYTHON=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m kernels tests
+	EVA_PUREPYTHON=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests
 
 bench: build
 	$(PY) bench/run_all.py --json bench-report.json
