@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from eva import _native
-from eva.dataset import stats
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+from eva import _native
+from eva.dataset import stats
 
 pytestmark = pytest.mark.kernels
 
