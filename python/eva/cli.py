@@ -259,11 +259,14 @@ def collect_command(
       eva collect rig.toml --episodes 1 --seconds 5 --source replay:/data/eva/old/raw
     """
     import logging
+    import os
 
-    from eva.capture.recorder import Recorder, RecorderError
+    from eva.capture.recorder import Recorder, RecorderError, pin_mmap_threshold
     from eva.capture.sources import SourcePump
 
     cfg, rig = _collect_setup(config, source, dataset, seed)
+    if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
+        pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("\neva: %(levelname)s: %(message)s"))
     capture_log = logging.getLogger("eva.capture")

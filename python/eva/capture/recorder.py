@@ -30,6 +30,7 @@ crash leaves it behind; the next ``start`` into that dataset reports (``logging`
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import threading
@@ -81,6 +82,25 @@ IDLE_SLEEP_S = 0.002
 VECTOR_PENDING = 4096
 
 
+def pin_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
+    """Make glibc serve blocks of ``nbytes`` and more with mmap (returned to the OS on free).
+
+    Why: during capture, frame-sized buffers (PyAV frames, packets, numpy temporaries) are freed
+    and re-allocated by several threads; with glibc's dynamic threshold (or the
+    ``MALLOC_MMAP_THRESHOLD_=32 MiB`` the Makefile exports for batch tools) they come from the
+    heap arenas, which fragment, and RSS creeps up about 1 MB per recorded second. Pinned, RSS stays
+    flat for any episode length at some CPU cost for page faults (``bench/bench_capture.py``
+    measures both). Process-wide, so only entry points call it (``eva collect``). Returns False
+    where ``mallopt`` is unavailable (non-glibc).
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3
+    return bool(mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(nbytes)))
+
+
 class RecorderError(RuntimeError):
     """A lifecycle call that does not fit the recorder's state (e.g. STOP while idle)."""
 
@@ -127,7 +147,10 @@ class _Pending:
     def __init__(self, stream: _Stream, capacity: int) -> None:
         dtype = np.uint8 if stream.kind == "camera" else np.float64
         self.stream = stream
-        self.values = np.zeros((capacity, *stream.shape), dtype=dtype)
+        # Filled, not np.zeros: calloc'd pages would be touched (and counted in RSS) only as the
+        # buffer is first used deeper, page faults in the middle of an episode.
+        self.values = np.empty((capacity, *stream.shape), dtype=dtype)
+        self.values.fill(0)
         self.times = np.zeros(capacity, dtype=np.float64)
         self.n = 0
         self.capacity = capacity
@@ -137,8 +160,14 @@ class _Pending:
             return
         keep = self.n - k
         if keep > 0:
-            self.values[:keep] = self.values[k : self.n]
-            self.times[:keep] = self.times[k : self.n]
+            if k >= keep:
+                self.values[:keep] = self.values[k : self.n]
+            else:
+                # Overlapping ranges: numpy would copy through a frame-sized temporary; moving
+                # one sample at a time front to back is safe and allocates nothing.
+                for i in range(keep):
+                    self.values[i] = self.values[k + i]
+            self.times[:keep] = self.times[k : self.n].copy()
         self.n = max(keep, 0)
 
 
@@ -520,8 +549,10 @@ class _EpisodeConsumer:
         self.high_water = {name: 0 for name in self.streams}
         self.episode: EpisodeWriter | None = None
         self.frame_buf = {
-            st.name: np.zeros((EMIT_BATCH, *st.shape), np.uint8) for st in self.cameras
+            st.name: np.empty((EMIT_BATCH, *st.shape), np.uint8) for st in self.cameras
         }
+        for buf in self.frame_buf.values():
+            buf.fill(0)  # touch the pages now (see _Pending)
 
     # -- helpers --
 
@@ -769,7 +800,9 @@ class _EpisodeConsumer:
                 images[st.name] = buf
                 continue
             idx, skew = align.nearest_indices(p.times[: p.n], grid, self.tol, native=None)
-            np.take(p.values[: p.n], idx, axis=0, out=buf)
+            # mode="clip": with the default mode numpy buffers ``out`` (a frame-sized temporary);
+            # the indices come from the aligner and are always in range.
+            np.take(p.values[: p.n], idx, axis=0, out=buf, mode="clip")
             images[st.name] = buf
             chosen = p.times[idx]
             dist = np.abs(chosen - grid)
