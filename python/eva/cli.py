@@ -250,8 +250,10 @@ def collect_command(
     """Record episodes into <log_dir>/<dataset>/raw (LeRobot v2.1).
 
     \b
-    Interactive (a terminal): s START, e STOP, c CANCEL, q quit; Ctrl-C cancels a running
-    episode and quits. Scripted: --episodes N --seconds S.
+    Interactive (a terminal): s START, e STOP, c CANCEL, q quit, d / t next dataset / task
+    prompt; Ctrl-C cancels a running episode and quits. Scripted: --episodes N --seconds S.
+    Episodes append to an existing dataset; every saved episode is green or red with its
+    quality issues (see docs/capture.md).
     \b
     Examples:
       eva collect rig.toml
