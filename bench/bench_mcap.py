@@ -23,11 +23,12 @@ baseline_time / value_time (> 1: faster than the baseline); for RSS it is baseli
 Rows marked [CPU] divide by this process's CPU time (all its threads) instead of wall time: on a
 shared machine they are much steadier.
 
-Measured once at 640x480, 20 x 3 x 300 (2 vCPUs, other tenants busy; wall / CPU ratios):
-eva vs naive (none) 1.13 / 1.07; eva zstd-1 vs naive Writer defaults 1.81 / 1.30; eva (none) vs
-decode-only 0.58 / 0.66 and vs decode + raw f.write 0.87 / 0.94 (the MCAP + MessagePack cost
-over writing the bare pixels is ~6% of CPU); encoder 66,900 vs 19,100 frames/s; peak RSS 243 MB
-(decode-only 320 MB). The export is bound by the video decode plus the file write.
+Measured at 640x480, 20 x 3 x 300 (2 vCPUs shared with other work; wall / CPU ratios): eva vs
+naive (none) 1.34 / 1.04; eva zstd-1 vs naive Writer defaults 1.29 / 1.23; eva (none) vs
+decode-only 0.60 / 0.63 and vs decode + raw f.write 0.91 / 0.86; parallel vs sequential camera
+decode 1.84 / 1.05; encoder 64,800 vs 20,400 frames/s (3.2x); peak RSS 369 MB (decode-only
+415 MB). The export is bound by the video decode plus the file write; MCAP + MessagePack add ~10%
+over writing the bare pixels.
 """
 
 from __future__ import annotations
