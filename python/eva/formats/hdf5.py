@@ -59,8 +59,7 @@ import pyarrow as pa
 import pyarrow.types as pat
 
 from eva._native import load
-from eva.dataset import layout
-from eva.dataset.atomic import read_jsonl
+from eva.dataset import embedded, layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import packb, unpackb
 
@@ -752,23 +751,10 @@ def episode_path(episode_index: int, chunks_size: int = layout.DEFAULT_CHUNKS_SI
 
 
 def export_info(source_info: Mapping[str, Any]) -> dict[str, Any]:
-    """The subset's v2.1 info adapted to embedded images: video features become ``image`` (shape
-    and names kept, the codec block dropped), ``embedded_images`` true, no videos, no video_path."""
-    info = dict(source_info)
-    features: dict[str, Any] = {}
-    for name, feature in dict(info.get("features", {})).items():
-        feature = dict(feature)
-        if feature.get("dtype") == "video":
-            feature["dtype"] = "image"
-            feature.pop("info", None)
-        features[name] = feature
-    info["features"] = features
-    info["dataset_format"] = FORMAT_NAME
-    info["data_path"] = EPISODE_PATH
-    info.pop("video_path", None)
-    info["embedded_images"] = True
-    info["total_videos"] = 0
-    return info
+    """The subset's v2.1 info adapted to embedded images (``eva.dataset.embedded``)."""
+    return embedded.embedded_images_info(
+        source_info, dataset_format=FORMAT_NAME, data_path=EPISODE_PATH
+    )
 
 
 def write_subset(reader: Any, meta: Any, staging_dir: Path, progress: Any, options: Any) -> None:
@@ -898,8 +884,6 @@ def verify(export_dir: Path) -> list[Any]:
     """Totals against the episode files, the three groups with key/kind attributes, every image
     value's frame axis against the row count, and a real h5py read of one state, one action and
     one image frame per episode."""
-    import json
-
     from eva.dataset.validate import Problem
 
     root = Path(export_dir)
@@ -910,28 +894,15 @@ def verify(export_dir: Path) -> list[Any]:
         problems.append(Problem(code, f"{where}: {message}", str(path), episode))
 
     try:
-        info = json.loads((root / layout.INFO).read_text(encoding="utf-8"))
-        episodes = read_jsonl(root / layout.EPISODES)
+        info, episodes = embedded.read_export_meta(root)
     except (OSError, ValueError) as e:
         add("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR)
         return problems
     info_path = root / layout.INFO
     features = info.get("features", {})
-    image_keys = [k for k, f in features.items() if f.get("dtype") == "image"]
-    if any(f.get("dtype") == "video" for f in features.values()):
-        add("video_feature", "info.json still declares video features", info_path)
-    if info.get("embedded_images") is not True:
-        add("embedded_images", "info.json embedded_images is not true", info_path)
-    if info.get("total_videos") != 0:
-        add("total_videos", f"info total_videos {info.get('total_videos')}, expected 0", info_path)
-    if "video_path" in info:
-        add("video_path", "info.json still has video_path", info_path)
-    if info.get("total_episodes") != len(episodes):
-        add(
-            "total_episodes",
-            f"info total_episodes {info.get('total_episodes')} but {len(episodes)} episodes",
-            info_path,
-        )
+    for code, message in embedded.embedded_info_problems(info, len(episodes)):
+        add(code, message, info_path)
+    images = embedded.image_keys(info)
     chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
     expected_files = {root / episode_path(ep, chunks_size) for ep in range(len(episodes))}
     found = (
@@ -947,7 +918,7 @@ def verify(export_dir: Path) -> list[Any]:
             continue
         try:
             with h5py.File(path, "r") as h5:
-                total_rows += _verify_episode(h5, ep, row, image_keys, features, path, add)
+                total_rows += _verify_episode(h5, ep, row, images, features, path, add)
         except (OSError, ValueError, KeyError, TypeError) as e:
             add("unreadable_episode", f"cannot read: {e}", path, ep)
     if info.get("total_frames") != total_rows:

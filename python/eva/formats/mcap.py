@@ -43,7 +43,6 @@ Defaults: ``mcap_compression = "none"``, ``mcap_chunk_size = 4 MiB``, chunk CRCs
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import struct
@@ -58,7 +57,7 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from eva.dataset import layout
+from eva.dataset import embedded, layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import (
     decode_ndarray,
@@ -754,19 +753,8 @@ def _write_frames_from(
 
 
 def export_info(source_info: Mapping[str, Any]) -> dict[str, Any]:
-    """The subset's info.json adapted to embedded images (description: HDF5 and MCAP)."""
-    info = json.loads(json.dumps(dict(source_info)))
-    for feature in info.get("features", {}).values():
-        if feature.get("dtype") == "video":
-            feature["dtype"] = "image"
-            # The "info" block describes the MP4 stream (codec, pix_fmt), which no longer exists.
-            feature.pop("info", None)
-    info["dataset_format"] = FORMAT
-    info["embedded_images"] = True
-    info["total_videos"] = 0
-    info.pop("video_path", None)
-    info["data_path"] = DATA_PATH
-    return info
+    """The subset's info.json adapted to embedded images (``eva.dataset.embedded``)."""
+    return embedded.embedded_images_info(source_info, dataset_format=FORMAT, data_path=DATA_PATH)
 
 
 def _options(options: Any) -> tuple[str, int, int]:
@@ -1011,7 +999,6 @@ ACTION = "action"
 def verify(export_dir: Path) -> list[Any]:
     """Totals and the message layout of every episode file, plus a real read of one state, one
     action and one image per episode with the official ``mcap`` reader."""
-    from eva.dataset.atomic import read_jsonl
     from eva.dataset.validate import Problem
 
     root = Path(export_dir)
@@ -1021,28 +1008,15 @@ def verify(export_dir: Path) -> list[Any]:
         problems.append(Problem(code=code, message=message, path=path, episode=episode))
 
     try:
-        info = json.loads((root / layout.INFO).read_text(encoding="utf-8"))
-        episodes = read_jsonl(root / layout.EPISODES)
+        info, episodes = embedded.read_export_meta(root)
     except (OSError, ValueError) as e:
         problem("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR)
         return problems
     info_path = root / layout.INFO
     features = info.get("features", {})
-    image_keys = [k for k, f in features.items() if f.get("dtype") == "image"]
-    if info.get("embedded_images") is not True:
-        problem("embedded_images", "info.json lacks embedded_images: true", info_path)
-    if info.get("total_videos") != 0:
-        problem("total_videos", f"total_videos is {info.get('total_videos')!r}, not 0", info_path)
-    if "video_path" in info:
-        problem("video_path", "info.json still has video_path", info_path)
-    if any(f.get("dtype") == "video" for f in features.values()):
-        problem("video_feature", "a feature still has dtype 'video'", info_path)
-    if info.get("total_episodes") != len(episodes):
-        problem(
-            "total_episodes",
-            f"info total_episodes {info.get('total_episodes')} but {len(episodes)} episodes",
-            info_path,
-        )
+    image_keys = embedded.image_keys(info)
+    for code, message in embedded.embedded_info_problems(info, len(episodes)):
+        problem(code, message, info_path)
     chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
     total_rows = 0
     for ep, row in enumerate(episodes):
