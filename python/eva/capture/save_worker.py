@@ -87,10 +87,6 @@ class SaveJob:
         }
 
 
-def saving_marker_path(dataset_dir: Path, episode_index: int) -> Path:
-    return Path(dataset_dir) / layout.WORK_DIR / f"saving-{episode_index:06d}.lock"
-
-
 def remove_stale_markers(dataset_dir: Path) -> list[Path]:
     """Saving markers nobody holds (left by a crash): remove them, return what was removed."""
     work = Path(dataset_dir) / layout.WORK_DIR

@@ -25,6 +25,16 @@ QUALITY_SPLIT = "meta/quality_split.json"
 
 # Work in progress lives here, outside the published layout (hidden, inside the dataset).
 WORK_DIR = ".eva-work"
+# Lock files in WORK_DIR shared by the capture writer, the save worker and `eva qc`
+# (docs/design.md, "Saving marker"): held while a writer has the dataset open, around every
+# read-modify-write of episodes.jsonl, and while episode N is being committed.
+WRITER_LOCK = "writer.lock"
+META_LOCK = "meta.lock"
+
+
+def saving_marker_name(episode_index: int) -> str:
+    return f"saving-{episode_index:06d}.lock"
+
 
 FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
 FORMAT_ALIASES = {

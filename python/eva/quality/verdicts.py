@@ -26,6 +26,7 @@ from typing import Any
 from eva.dataset import layout
 from eva.dataset.atomic import atomic_write_jsonl, read_jsonl
 from eva.dataset.errors import DatasetError
+from eva.dataset.layout import META_LOCK, WRITER_LOCK
 
 ACCEPTED = "accepted"
 REJECTED = "rejected"
@@ -34,9 +35,6 @@ RULE = (
     "qc_verdict pass -> accepted; qc_verdict fail -> rejected; otherwise quality red -> rejected; "
     "otherwise accepted (case-insensitive; a note never changes the outcome)"
 )
-META_LOCK = "meta.lock"
-# Held by eva.dataset.writer.DatasetWriter for as long as a capture writer has the dataset open.
-WRITER_LOCK = "writer.lock"
 
 
 def _lower(value: Any) -> str | None:
@@ -65,7 +63,7 @@ def reason_of(row: Mapping[str, Any]) -> str:
 
 
 def saving_marker(root: Path, episode_index: int) -> Path:
-    return Path(root) / layout.WORK_DIR / f"saving-{episode_index:06d}.lock"
+    return Path(root) / layout.WORK_DIR / layout.saving_marker_name(episode_index)
 
 
 def _lock_is_held(path: Path) -> bool:
