@@ -364,18 +364,34 @@ def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
     return tuple(vectors)
 
 
-def load_config(path: Path | str) -> Config:
-    """Read and validate a TOML config file."""
+def read_toml(path: Path | str) -> dict[str, Any]:
+    """The parsed TOML file; ConfigError naming the file when it is missing, unreadable or bad."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            raw = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+        raise ConfigError(f"{path}: cannot read config file ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML ({e})") from None
+
+
+def collection_table(raw: Mapping[str, Any], *, where: str = "config") -> dict[str, Any]:
+    """The raw ``[collection]`` table of a parsed config (ConfigError when absent or no table)."""
+    table = raw.get("collection")
+    if table is None:
+        raise ConfigError(f"{where}: no [collection] table")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: collection: expected a table")
+    return table
+
+
+def load_config(path: Path | str) -> Config:
+    """Read and validate a TOML config file."""
+    path = Path(path)
+    raw = read_toml(path)
     return config_from_dict(raw, where=str(path), base_dir=path.resolve().parent, path=path)
 
 
@@ -386,9 +402,5 @@ def config_from_dict(
     base_dir: Path | None = None,
     path: Path | None = None,
 ) -> Config:
-    table = raw.get("collection")
-    if table is None:
-        raise ConfigError(f"{where}: collection: missing section [collection]")
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where}: collection: expected a table")
+    table = collection_table(raw, where=where)
     return Config(path, parse_collection(table, where=where, base_dir=base_dir), dict(raw))

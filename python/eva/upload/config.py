@@ -7,10 +7,11 @@ that uploading does not depend on (or re-validate) the capture settings. Every e
 from __future__ import annotations
 
 import posixpath
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from eva.config import ConfigError, collection_table, read_toml
 
 KEY = "collection.storage.sftp"
 DEFAULT_PORT = 22
@@ -137,22 +138,10 @@ def parse_sftp_config(
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """The ``collection`` table of a TOML config file (errors name the file)."""
-    path = Path(path)
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise UploadConfigError(f"{path}: config file not found") from None
-    except OSError as e:
-        raise UploadConfigError(f"{path}: cannot read config file ({e.strerror})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise UploadConfigError(f"{path}: invalid TOML ({e})") from None
-    collection = data.get("collection")
-    if collection is None:
-        raise UploadConfigError(f"{path}: no [collection] table")
-    if not isinstance(collection, dict):
-        raise UploadConfigError(f"{path}: 'collection' must be a table")
-    return collection
+        return collection_table(read_toml(path), where=str(path))
+    except ConfigError as e:
+        raise UploadConfigError(str(e)) from None
 
 
 def load_sftp_config(path: Path) -> SftpConfig | None:
