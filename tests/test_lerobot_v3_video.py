@@ -177,3 +177,48 @@ def test_streams_with_b_frames_concatenate_with_exact_lookups(tmp_path: Path) ->
         previous_end = ep.to_timestamp
         for t, (_, img) in enumerate(decode_all(source)):
             np.testing.assert_array_equal(by_time[round(ep.from_timestamp + t / FPS, 4)], img)
+
+
+def test_sample_table_copy_writes_the_same_shard_as_the_demux_copy(
+    tmp_path: Path, episodes: list[tuple[Path, int]]
+) -> None:
+    """The packet copy from the box tables (no FFmpeg open per episode) produces the very bytes
+    of the copy through FFmpeg's demuxer, and the same locators."""
+    from eva.formats._v3_video import EpisodeVideo, ParamsCache
+
+    cache = ParamsCache()
+    fast = VideoShardWriter(tmp_path / "fast.mp4")
+    slow = VideoShardWriter(tmp_path / "slow.mp4")
+    fast_keys: list[bytes] = []
+    slow_keys: list[bytes] = []
+    for path, _ in episodes:
+        with EpisodeVideo(path, cache) as video:
+            assert video.samples is not None
+            placed_fast = fast.append(video, fast_keys)
+        with EpisodeVideo(path) as video:
+            video.samples = None  # force FFmpeg's demuxer
+            placed_slow = slow.append(video, slow_keys)
+        assert placed_fast == placed_slow
+    fast.close()
+    slow.close()
+    assert (tmp_path / "fast.mp4").read_bytes() == (tmp_path / "slow.mp4").read_bytes()
+    assert fast_keys == slow_keys and fast_keys
+    # The three episodes share one encoder configuration: FFmpeg was opened for the first only.
+    assert cache.opens == 1
+
+
+def test_params_from_the_cache_equal_ffmpegs(
+    tmp_path: Path, episodes: list[tuple[Path, int]]
+) -> None:
+    from eva.formats._v3_video import EpisodeVideo, ParamsCache
+
+    cache = ParamsCache()
+    for path, n in episodes:
+        with EpisodeVideo(path, cache) as cached:
+            assert cached.info.params == probe(path).params
+            assert cached.info.frames == n
+    other = tmp_path / "other.mp4"
+    encode_h264(other, synthetic_frames(5, 0, w=32, h=32))
+    with EpisodeVideo(other, cache) as video:
+        assert video.info.params == probe(other).params
+    assert cache.opens == 2

@@ -416,3 +416,78 @@ def test_corrupted_bytes_never_escape_as_other_errors(tmp_path: Path, data: st.D
     except (av.error.FFmpegError, IndexError):
         return
     assert demuxed == boxes
+
+
+# --- read_video_samples: the packets FFmpeg's demuxer delivers, from the tables alone -------------
+
+
+def assert_samples_equal_demuxed(path: Path) -> mp4box.VideoSamples:
+    """Every sample's bytes, pts/dts, duration and keyframe flag equal PyAV's demuxed packet, and
+    the sample entry equals the decoder's size and extradata."""
+    samples = mp4box.read_video_samples(path)
+    data = path.read_bytes()
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        packets = [p for p in container.demux(stream) if p.size > 0]
+        assert len(packets) == len(samples.sizes) == samples.track.sample_count
+        for i, packet in enumerate(packets):
+            assert packet.pts == packet.dts == samples.dts[i]
+            assert packet.duration == samples.durations[i]
+            assert packet.is_keyframe == bool(samples.keyframes[i])
+            offset, size = int(samples.offsets[i]), int(samples.sizes[i])
+            assert bytes(packet) == data[offset : offset + size]
+        ctx = stream.codec_context
+        assert bytes(ctx.extradata or b"") == samples.entry.config
+        assert (ctx.width, ctx.height) == (samples.entry.width, samples.entry.height)
+        assert stream.time_base == Fraction(1, samples.track.timescale)
+    return samples
+
+
+@pytest.mark.parametrize("gop", [1, 5, 30])
+def test_samples_of_eva_h264_equal_demuxed_packets(tmp_path: Path, gop: int) -> None:
+    samples = assert_samples_equal_demuxed(eva_video(tmp_path / "v.mp4", 17, VideoOptions(gop=gop)))
+    assert samples.entry.fourcc == b"avc1" and samples.entry.config_type == b"avcC"
+
+
+def test_samples_of_eva_av1_and_lerobot_fixture(tmp_path: Path, lerobot_fixture_dir: Path) -> None:
+    av1 = eva_video(tmp_path / "v.mp4", 12, VideoOptions(codec="libsvtav1", preset="12", gop=5))
+    assert assert_samples_equal_demuxed(av1).entry.config_type == b"av1C"
+    for path in sorted(lerobot_fixture_dir.glob("videos/*/*/*.mp4")):
+        assert assert_samples_equal_demuxed(path).entry.fourcc == b"av01"
+
+
+def test_samples_of_plain_pyav_files_moov_last_and_first(tmp_path: Path) -> None:
+    assert_samples_equal_demuxed(pyav_video(tmp_path / "a.mp4", 9, codec_options=NO_BFRAMES))
+    assert_samples_equal_demuxed(
+        pyav_video(tmp_path / "b.mp4", 9, {"movflags": "+faststart"}, codec_options=NO_BFRAMES)
+    )
+
+
+def test_samples_of_a_packet_copied_shard(tmp_path: Path) -> None:
+    parts = [
+        eva_video(tmp_path / f"e{i}.mp4", n, VideoOptions(gop=5)) for i, n in enumerate((7, 12))
+    ]
+    writer = VideoShardWriter(tmp_path / "shard.mp4")
+    for part in parts:
+        writer.append(part)
+    writer.close()
+    assert len(assert_samples_equal_demuxed(tmp_path / "shard.mp4").sizes) == 19
+
+
+def test_samples_refuse_bframes(tmp_path: Path) -> None:
+    """Composition offsets (pts != dts) are left to FFmpeg's demuxer."""
+    path = pyav_video(tmp_path / "b.mp4", 20, codec_options={"x264-params": "bframes=2"})
+    assert mp4box.count_video_samples(path) == 20
+    with pytest.raises(mp4box.Mp4Unsupported, match="composition offsets"):
+        mp4box.read_video_samples(path)
+
+
+def test_sample_entry_key_ignores_the_bit_rate_box_only(tmp_path: Path) -> None:
+    """Two episodes of one encoder configuration share a key although their btrt differ."""
+    a = mp4box.read_video_samples(eva_video(tmp_path / "a.mp4", 10))
+    b = mp4box.read_video_samples(eva_video(tmp_path / "b.mp4", 30))
+    assert a.entry.key == b.entry.key
+    other = mp4box.read_video_samples(
+        eva_video(tmp_path / "c.mp4", 10, VideoOptions(crf=40, preset="ultrafast"))
+    )
+    assert other.entry.key != a.entry.key  # other SPS/PPS -> other avcC

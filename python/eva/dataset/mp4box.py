@@ -90,6 +90,44 @@ class VideoTrack:
     track_id: int  # tkhd track_ID (0 when tkhd is absent)
 
 
+@dataclass(frozen=True)
+class SampleEntry:
+    """The video track's (single) sample description, as stored in ``stsd``."""
+
+    fourcc: bytes  # sample entry type: b"avc1", b"hvc1", b"av01", ...
+    width: int  # VisualSampleEntry width / height (pixels)
+    height: int
+    config_type: bytes | None  # b"avcC" / b"hvcC" / b"av1C" / b"vpcC", None without one
+    config: bytes  # that box's payload: what FFmpeg's demuxer hands the decoder as extradata
+    # The entry's bytes without its btrt child (per-file bit rates): two entries with equal
+    # ``key`` and equal media timescale describe identically configured streams.
+    key: bytes
+
+
+@dataclass(frozen=True, eq=False)
+class VideoSamples:
+    """The video track's samples as FFmpeg's demuxer delivers them, one per packet, in order.
+
+    Only given when decode time == presentation time for every sample (no ``ctts``, and any edit
+    list is the identity one ``read_video_track`` vouches for), so ``dts`` is also each packet's
+    pts; a track with composition offsets (B-frames) raises ``Mp4Unsupported``.
+    """
+
+    track: VideoTrack
+    entry: SampleEntry
+    offsets: np.ndarray  # int64 file offset of each sample's bytes
+    sizes: np.ndarray  # int64 byte size of each sample
+    dts: np.ndarray  # int64 decode (= presentation) time, in ``track.timescale`` ticks
+    durations: np.ndarray  # int64 stts delta of each sample
+    keyframes: np.ndarray  # bool: sync sample (every sample when there is no stss)
+
+
+# Sample entry types whose codec configuration box carries the decoder's parameter sets, so the
+# decoder's parameters (size, pixel format) follow from the sample entry alone.
+CONFIG_BOXES = {b"avc1": b"avcC", b"hvc1": b"hvcC", b"av01": b"av1C"}
+_VISUAL_SAMPLE_ENTRY_SIZE = 78  # bytes of VisualSampleEntry fields before its child boxes
+
+
 class _Box(NamedTuple):  # a tuple: a frozen dataclass costs ~1 us per box here
     type: bytes
     start: int  # offset of the box header
@@ -450,8 +488,11 @@ def _first_sample_is_keyframe(reader: _Reader, stbl_boxes: list[_Box]) -> bool:
     return count > 0 and _U32.unpack(_payload(reader, stss, 12)[8:12])[0] == 1
 
 
-def _video_track(reader: _Reader, trak: _Box, movie_timescale: int) -> VideoTrack | None:
-    """The track's counts if its handler is 'vide', None for any other track."""
+def _video_track(
+    reader: _Reader, trak: _Box, movie_timescale: int, samples: bool = False
+) -> VideoTrack | VideoSamples | None:
+    """The track's counts if its handler is 'vide', None for any other track; with ``samples``
+    its ``VideoSamples`` (sample entry and every sample's place, time and sync flag)."""
     trak_boxes = _children(reader, trak)
     mdia = _need(reader, trak_boxes, b"mdia", "trak")
     mdia_boxes = _children(reader, mdia)
@@ -496,7 +537,8 @@ def _video_track(reader: _Reader, trak: _Box, movie_timescale: int) -> VideoTrac
             f"{reader.path}: sample table disagrees: stsz {sample_count}, stts {timed_samples}, "
             f"stsc/stco {chunked_samples} samples"
         )
-    _check_sample_data(reader, chunk_offsets, runs, _sample_sizes(reader, sizes[0], sample_count))
+    sample_sizes = _sample_sizes(reader, sizes[0], sample_count)
+    _check_sample_data(reader, chunk_offsets, runs, sample_sizes)
 
     edts = _only(reader, trak_boxes, b"edts", "trak")
     if edts is not None:
@@ -506,7 +548,106 @@ def _video_track(reader: _Reader, trak: _Box, movie_timescale: int) -> VideoTrac
             _check_edit_list(reader, elst, stbl_boxes, movie_timescale, timescale, timing)
         elif edts_boxes:
             raise Mp4Unsupported(f"{reader.path}: edts without elst")
-    return VideoTrack(sample_count, timescale, duration, timing.duration, track_id)
+    track = VideoTrack(sample_count, timescale, duration, timing.duration, track_id)
+    if not samples:
+        return track
+    return _samples(reader, track, stbl_boxes, description_count, chunk_offsets, runs, sample_sizes)
+
+
+def _sample_entry(reader: _Reader, stbl_boxes: list[_Box]) -> SampleEntry:
+    stsd = _need(reader, stbl_boxes, b"stsd", "stbl")
+    descriptions = _children(reader, _Box(b"stsd", stsd.start, stsd.body + 8, stsd.end))
+    if len(descriptions) != 1:
+        raise Mp4Unsupported(f"{reader.path}: {len(descriptions)} sample descriptions")
+    entry = descriptions[0]
+    if entry.end - entry.body < _VISUAL_SAMPLE_ENTRY_SIZE:
+        raise Mp4Unsupported(f"{reader.path}: visual sample entry too short")
+    width, height = struct.unpack(">HH", reader.read(entry.body + 24, 4))
+    children = _children(
+        reader, _Box(entry.type, entry.start, entry.body + _VISUAL_SAMPLE_ENTRY_SIZE, entry.end)
+    )
+    config_type = CONFIG_BOXES.get(entry.type)
+    config_box = (
+        _only(reader, children, config_type, entry.type.decode("latin-1"))
+        if (config_type)
+        else None
+    )
+    config = (
+        b""
+        if config_box is None
+        else reader.read(config_box.body, config_box.end - config_box.body)
+    )
+    key = reader.read(entry.start, entry.body + _VISUAL_SAMPLE_ENTRY_SIZE - entry.start) + b"".join(
+        reader.read(child.start, child.end - child.start)
+        for child in children
+        if child.type != b"btrt"
+    )
+    return SampleEntry(
+        fourcc=entry.type,
+        width=width,
+        height=height,
+        config_type=None if config_box is None else config_type,
+        config=config,
+        key=key,
+    )
+
+
+def _samples(
+    reader: _Reader,
+    track: VideoTrack,
+    stbl_boxes: list[_Box],
+    description_count: int,
+    chunk_offsets: tuple[int, ...],
+    runs: list[tuple[int, int, int]],
+    sample_sizes: tuple[int, ...] | int,
+) -> VideoSamples:
+    """Every sample's offset, size, time and sync flag (vectorised over the run tables)."""
+    path = reader.path
+    if description_count != 1:
+        raise Mp4Unsupported(f"{path}: {description_count} sample descriptions")
+    if _only(reader, stbl_boxes, b"ctts", "stbl") is not None:
+        raise Mp4Unsupported(f"{path}: composition offsets: packet pts differ from dts")
+    n = track.sample_count
+    per_chunk = np.zeros(len(chunk_offsets), np.int64)
+    for first, end, count in runs:
+        per_chunk[first:end] = count
+    sizes = (
+        np.full(n, sample_sizes, np.int64)
+        if isinstance(sample_sizes, int)
+        else np.asarray(sample_sizes, np.int64)
+    )
+    # A sample's offset = its chunk's offset + the sizes of the samples before it in that chunk.
+    chunk_of_sample = np.repeat(np.arange(len(chunk_offsets)), per_chunk)
+    before = np.cumsum(sizes) - sizes
+    chunk_first_sample = np.cumsum(per_chunk) - per_chunk
+    offsets = (
+        np.asarray(chunk_offsets, np.int64)[chunk_of_sample]
+        + before
+        - before[chunk_first_sample[chunk_of_sample]]
+        if n
+        else np.zeros(0, np.int64)
+    )
+    delta_runs = _runs(_table(reader, _need(reader, stbl_boxes, b"stts", "stbl"), 8)[1])
+    durations = np.repeat(delta_runs[:, 1], delta_runs[:, 0])
+    dts = np.cumsum(durations) - durations
+    keyframes = np.ones(n, bool)
+    stss = _only(reader, stbl_boxes, b"stss", "stbl")
+    if stss is not None:
+        numbers = np.frombuffer(_table(reader, stss, 4)[1], ">u4").astype(np.int64)
+        if not numbers.size or numbers.min() < 1 or numbers.max() > n:
+            # an empty stss makes FFmpeg guess keyframes with a parser: not a table fact
+            raise Mp4Unsupported(f"{path}: stss names no keyframe or samples that do not exist")
+        keyframes[:] = False
+        keyframes[numbers - 1] = True
+    return VideoSamples(
+        track=track,
+        entry=_sample_entry(reader, stbl_boxes),
+        offsets=offsets,
+        sizes=sizes,
+        dts=dts,
+        durations=durations,
+        keyframes=keyframes,
+    )
 
 
 def _top_level_moov(reader: _Reader) -> _Box:
@@ -539,12 +680,7 @@ def _top_level_moov(reader: _Reader) -> _Box:
     return moov
 
 
-def read_video_track(path: Path) -> VideoTrack:
-    """The single video track's sample counts, checked to equal FFmpeg's decoded frame count.
-
-    Raises ``Mp4Unsupported`` when that cannot be told from the boxes (ask FFmpeg),
-    ``Mp4Truncated`` for a file cut short, ``OSError`` when the file cannot be read.
-    """
+def _read_track(path: Path, samples: bool) -> VideoTrack | VideoSamples:
     path = Path(path)
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -560,13 +696,36 @@ def read_video_track(path: Path) -> VideoTrack:
             track
             for box in moov_boxes
             if box.type == b"trak"
-            and (track := _video_track(reader, box, movie_timescale)) is not None
+            and (track := _video_track(reader, box, movie_timescale, samples)) is not None
         ]
     finally:
         os.close(fd)
     if len(tracks) != 1:
         raise Mp4Unsupported(f"{path}: {len(tracks)} video tracks")
     return tracks[0]
+
+
+def read_video_track(path: Path) -> VideoTrack:
+    """The single video track's sample counts, checked to equal FFmpeg's decoded frame count.
+
+    Raises ``Mp4Unsupported`` when that cannot be told from the boxes (ask FFmpeg),
+    ``Mp4Truncated`` for a file cut short, ``OSError`` when the file cannot be read.
+    """
+    track = _read_track(path, samples=False)
+    assert isinstance(track, VideoTrack)
+    return track
+
+
+def read_video_samples(path: Path) -> VideoSamples:
+    """``read_video_track`` plus the sample entry and every sample (what a packet copy needs:
+    ``eva.formats._v3_video`` muxes the bytes at ``offsets``/``sizes`` without opening FFmpeg).
+
+    Same checks and errors as ``read_video_track``; additionally ``Mp4Unsupported`` for several
+    sample descriptions or composition offsets (B-frames: pts != dts).
+    """
+    track = _read_track(path, samples=True)
+    assert isinstance(track, VideoSamples)
+    return track
 
 
 def count_video_samples(path: Path) -> int:

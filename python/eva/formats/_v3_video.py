@@ -20,6 +20,25 @@ Frame counting without decoding is sound for MP4: a video sample is one coded fr
 of demuxed video packets is the frame count. It is checked against the container's sample count
 (``stream.frames``, from the sample table) and against the table rows by the caller. With
 ``decode_count_frames`` every frame is decoded instead (the ``--verify-decode`` option).
+
+No FFmpeg open per episode: opening an MP4 with PyAV probes it by decoding its first frame (4 ms
+for 320x240, more for larger frames), which cost more than the whole packet copy. An episode is
+read with ``eva.dataset.mp4box.read_video_samples`` instead: the sample entry from ``stsd`` and
+every sample's offset, size, decode time, duration and sync flag from the sample tables (the same
+packets, bytes and timestamps FFmpeg's demuxer delivers: checked against it in the tests), and the
+packets are muxed straight from the file's bytes. FFmpeg is still opened:
+
+* once per shard, for the shard's first episode, whose stream is the output stream's template
+  (codec parameters copied as is, as before);
+* once per distinct stream configuration, to learn the decoder's view of it (codec name, coded
+  size, pixel format, extradata): the ``StreamParams`` of a later episode whose sample entry is
+  byte-identical (its ``btrt`` bit-rate box aside) with the same media timescale are taken from
+  that cache (``ParamsCache``). That is sound because for ``avc1``/``hvc1``/``av01`` entries the
+  configuration box carries the parameter sets (SPS/PPS, the AV1 sequence header) that fix the
+  decoder's size and pixel format; other entry types (``avc3``: in-band parameter sets, or an
+  ``av1C`` without its sequence header) are opened with FFmpeg every time, as before;
+* for every file the box parser does not vouch for (B-frames, edit lists that hide frames,
+  fragmented files...): the demux path, as before.
 """
 
 from __future__ import annotations
@@ -34,6 +53,8 @@ from pathlib import Path
 import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
+
+from eva.dataset import mp4box
 
 # Receives decoded frames as (H, W, 3) uint8 RGB arrays.
 FrameSink = Callable[[np.ndarray], None]
@@ -124,38 +145,115 @@ def decode_count_frames(path: Path) -> int:
     return n
 
 
-class EpisodeVideo:
-    """An episode MP4 opened once: its ``info`` (no decoding) for the shard decision, then the
-    same open container for the packet copy. Use as a context manager."""
+class ParamsCache:
+    """``StreamParams`` learnt from FFmpeg, per sample entry (see the module doc): a bounded map
+    from (sample entry bytes without ``btrt``, media timescale) to the decoder's parameters."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, max_entries: int = 64) -> None:
+        self._params: dict[tuple[bytes, int], StreamParams] = {}
+        self._max_entries = max_entries
+        self.opens = 0  # FFmpeg opens made to fill it (the bench and tests read this)
+
+    @staticmethod
+    def cacheable(entry: mp4box.SampleEntry) -> bool:
+        """Whether the entry itself fixes the decoder's parameters (parameter sets inside)."""
+        if entry.config_type is None or entry.config_type != mp4box.CONFIG_BOXES.get(entry.fourcc):
+            return False
+        # av1C: 4 fixed bytes, then configOBUs, which should hold the sequence header.
+        return len(entry.config) > 4 if entry.fourcc == b"av01" else bool(entry.config)
+
+    def get(self, samples: mp4box.VideoSamples) -> StreamParams | None:
+        if not self.cacheable(samples.entry):
+            return None
+        return self._params.get((samples.entry.key, samples.track.timescale))
+
+    def put(self, samples: mp4box.VideoSamples, params: StreamParams) -> None:
+        if not self.cacheable(samples.entry):
+            return
+        if len(self._params) >= self._max_entries:
+            self._params.pop(next(iter(self._params)))
+        self._params[(samples.entry.key, samples.track.timescale)] = params
+
+
+class EpisodeVideo:
+    """An episode MP4: its ``info`` for the shard decision, then its packets for the copy.
+
+    With a sample table the box parser vouches for (``samples``), no FFmpeg open is needed unless
+    ``params_cache`` lacks its configuration or the shard needs it as its template (``stream``,
+    opened on first use). Otherwise the file is opened with PyAV at once and demuxed (``samples``
+    is None). Use as a context manager.
+    """
+
+    def __init__(self, path: Path, params_cache: ParamsCache | None = None) -> None:
         self.path = Path(path)
+        self._container: av.container.InputContainer | None = None
+        self._stream: av.video.stream.VideoStream | None = None
+        self.samples: mp4box.VideoSamples | None
         try:
-            self.container = av.open(str(self.path))
-        except av.error.FFmpegError as e:
-            raise VideoConcatError(f"{self.path}: cannot open video ({e})") from None
-        if not self.container.streams.video:
-            self.container.close()
-            raise VideoConcatError(f"{self.path}: no video stream")
-        self.stream = self.container.streams.video[0]
-        # Only keyframes are ever decoded here, one at a time: decoder threads would cost more
-        # to start per episode than they could save.
-        self.stream.thread_type = "NONE"
-        self.stream.codec_context.thread_count = 1
+            self.samples = mp4box.read_video_samples(self.path)
+        except mp4box.Mp4Unsupported:
+            self.samples = None
+        except mp4box.Mp4Truncated as e:
+            raise VideoConcatError(str(e)) from None
+        except OSError as e:
+            raise VideoConcatError(f"{self.path}: cannot read video ({e.strerror or e})") from None
+        params = None
+        if self.samples is not None and params_cache is not None:
+            params = params_cache.get(self.samples)
+        if params is None:
+            params = _stream_params(self.stream)
+            if self.samples is not None and params_cache is not None:
+                params_cache.opens += 1
+                params_cache.put(self.samples, params)
+        frames = (
+            self.samples.track.sample_count
+            if self.samples is not None
+            else stream_frames(self.stream)
+        )
         self.info = EpisodeVideoInfo(
-            params=_stream_params(self.stream),
-            frames=stream_frames(self.stream),
-            size_bytes=self.path.stat().st_size,
+            params=params, frames=frames, size_bytes=self.path.stat().st_size
         )
 
+    @property
+    def stream(self) -> av.video.stream.VideoStream:
+        """The PyAV video stream (the file is opened, and probed, on first use)."""
+        if self._stream is None:
+            try:
+                self._container = av.open(str(self.path))
+            except av.error.FFmpegError as e:
+                raise VideoConcatError(f"{self.path}: cannot open video ({e})") from None
+            if not self._container.streams.video:
+                self._container.close()
+                self._container = None
+                raise VideoConcatError(f"{self.path}: no video stream")
+            self._stream = self._container.streams.video[0]
+            # Only keyframes are ever decoded here, one at a time: decoder threads would cost
+            # more to start per episode than they could save.
+            self._stream.thread_type = "NONE"
+            self._stream.codec_context.thread_count = 1
+        return self._stream
+
+    @property
+    def container(self) -> av.container.InputContainer:
+        self.stream  # noqa: B018 (opens the file)
+        assert self._container is not None
+        return self._container
+
     def close(self) -> None:
-        self.container.close()
+        if self._container is not None:
+            self._container.close()
+            self._container = None
+            self._stream = None
 
     def __enter__(self) -> EpisodeVideo:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Sample bytes are read in runs of adjacent samples of up to this many bytes (one pread each).
+READ_BLOCK_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -210,8 +308,8 @@ class VideoShardWriter:
         if not isinstance(source, EpisodeVideo):
             with EpisodeVideo(source) as opened:
                 return self.append(opened, keyframes)
-        in_stream = source.stream
         if self._container is None:
+            in_stream = source.stream
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._container = av.open(str(self.path), "w", format="mp4", options=MUXER_OPTIONS)
             # The template copies codec id, size, pixel format and extradata into the new
@@ -224,8 +322,85 @@ class VideoShardWriter:
                 f"{source.path}: stream parameters differ from shard {self.path.name}: "
                 + "; ".join(self.params.differences(source.info.params))
             )
+        if source.samples is not None:
+            return self._copy_samples(source.path, source.samples, keyframes)
         return self._copy_packets(
-            source.path, source.container, in_stream, source.info.frames, keyframes
+            source.path, source.container, source.stream, source.info.frames, keyframes
+        )
+
+    def _copy_samples(
+        self, source: Path, samples: mp4box.VideoSamples, keyframes: list[bytes] | None
+    ) -> AppendedEpisode:
+        """The packet copy from the sample table: the same packets, timestamps and checks as
+        ``_copy_packets`` (pts == dts here: the box parser refuses composition offsets)."""
+        assert self._container is not None and self._stream is not None
+        assert self.params is not None
+        n = len(samples.sizes)
+        if n == 0:
+            raise VideoConcatError(f"{source}: no video packets")
+        if not samples.keyframes[0]:
+            raise VideoConcatError(
+                f"{source}: first packet is not a keyframe, the episode cannot be "
+                "appended without re-encoding"
+            )
+        shift = self._next_start - int(samples.dts[0])
+        times = samples.dts + shift
+        if (self._last_dts is not None and int(times[0]) <= self._last_dts) or (
+            n > 1 and not bool(np.all(np.diff(times) > 0))
+        ):
+            raise VideoConcatError(
+                f"{source}: decode timestamps go backwards after shifting; the stream's "
+                "timestamps are not monotonic"
+            )
+        time_base = Fraction(1, samples.track.timescale)
+        offsets = samples.offsets.tolist()
+        sizes = samples.sizes.tolist()
+        durations = samples.durations.tolist()
+        flags = samples.keyframes.tolist()
+        pts_list = times.tolist()
+        fd = os.open(source, os.O_RDONLY)
+        try:
+            i = 0
+            while i < n:
+                # One read for a run of adjacent samples (FFmpeg's muxer writes them so).
+                block_start = offsets[i]
+                j, stop = i + 1, block_start + sizes[i]
+                while j < n and offsets[j] == stop and stop - block_start < READ_BLOCK_BYTES:
+                    stop += sizes[j]
+                    j += 1
+                block = os.pread(fd, stop - block_start, block_start)
+                if len(block) != stop - block_start:
+                    raise VideoConcatError(f"{source}: file shrank while being copied")
+                view = memoryview(block)
+                for k in range(i, j):
+                    at = offsets[k] - block_start
+                    data = view[at : at + sizes[k]]
+                    if keyframes is not None and flags[k]:
+                        keyframes.append(bytes(data))
+                    packet = av.Packet(data)
+                    packet.pts = packet.dts = pts_list[k]
+                    packet.duration = durations[k]
+                    packet.time_base = time_base
+                    packet.is_keyframe = flags[k]
+                    packet.stream = self._stream
+                    self._container.mux(packet)
+                i = j
+        finally:
+            os.close(fd)
+        start = int(times[0])
+        end = max(self._next_start, int(np.max(times + np.maximum(samples.durations, 1))))
+        self._last_dts = int(times[-1])
+        self._next_start = end
+        self.episodes += 1
+        payload = int(samples.sizes.sum())
+        self.payload_bytes += payload
+        tb = self.params.time_base
+        return AppendedEpisode(
+            from_timestamp=float(start * tb),
+            to_timestamp=float(end * tb),
+            packets=n,
+            container_frames=samples.track.sample_count,
+            bytes=payload,
         )
 
     def _copy_packets(

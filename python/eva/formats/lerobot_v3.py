@@ -78,6 +78,7 @@ from eva.dataset.stats import (
 from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
 from eva.formats._v3_video import (
     EpisodeVideo,
+    ParamsCache,
     StreamParams,
     VideoConcatError,
     VideoShardWriter,
@@ -595,6 +596,7 @@ def write_subset(
     quantiles = _QuantileCollector()
     episode_rows: list[dict[str, Any]] = []
     keyframe_pool = _KeyframeHistograms()
+    params_cache = ParamsCache()
     try:
         for ep in range(meta.total_episodes):
             source = meta.source_index(ep)
@@ -620,7 +622,16 @@ def write_subset(
             for key in video_keys:
                 cam = cameras[key]
                 placed = _append_video(
-                    reader, source, ep, key, n, cam, data_rolled, settings, keyframe_pool
+                    reader,
+                    source,
+                    ep,
+                    key,
+                    n,
+                    cam,
+                    data_rolled,
+                    settings,
+                    keyframe_pool,
+                    params_cache,
                 )
                 row[f"videos/{key}/chunk_index"] = cam.chunk_index
                 row[f"videos/{key}/file_index"] = cam.file_index
@@ -701,11 +712,12 @@ def _append_video(
     data_rolled: bool,
     settings: V3Settings,
     keyframe_pool: _KeyframeHistograms,
+    params_cache: ParamsCache | None = None,
 ) -> _Placed:
     """Append source episode ``source``'s camera ``key`` to the camera's shard (rolling first)."""
     src_path = Path(reader.video_path(source, key))
     try:
-        video = EpisodeVideo(src_path)
+        video = EpisodeVideo(src_path, params_cache)
     except VideoConcatError as e:
         raise DatasetError(f"episode {source}, camera {key}: {e}") from None
     with video:
