@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,14 @@ class _Reader:
     def sub(self, name: str) -> _Reader:
         return _Reader(self.where, self.get(name, dict, {}), self.key(name))
 
+    def tables(self, name: str, fields: str) -> Iterator[tuple[dict[str, Any], _Reader]]:
+        """Each table of the array ``name`` with a reader whose errors name ``name[i]``."""
+        for i, item in enumerate(self.get(name, list, [])):
+            prefix = f"{self.key(name)}[{i}]"
+            if not isinstance(item, dict):
+                raise ConfigError(f"{self.where}: {prefix}: expected a table {{{fields}}}")
+            yield item, _Reader(self.where, item, prefix)
+
 
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
@@ -305,12 +313,8 @@ def parse_collection(
 def _parse_cameras(r: _Reader) -> tuple[CameraConfig, ...]:
     if "cameras" not in r.table:
         return tuple(CameraConfig(k, w, h) for k, w, h in DEFAULT_CAMERAS)
-    items = r.get("cameras", list, [])
     cameras = []
-    for i, item in enumerate(items):
-        c = _Reader(r.where, item if isinstance(item, dict) else {}, f"collection.cameras[{i}]")
-        if not isinstance(item, dict):
-            raise ConfigError(f"{r.where}: {c.prefix}: expected a table {{key, width, height}}")
+    for item, c in r.tables("cameras", "key, width, height"):
         key = c.get("key", str, None)
         if key is None:
             raise c.fail("key", "missing")
@@ -328,24 +332,24 @@ def _parse_cameras(r: _Reader) -> tuple[CameraConfig, ...]:
     return tuple(cameras)
 
 
+# Columns every episode table has already (contracts §1): a vector may not take their name.
+_BOOKKEEPING_COLUMNS = frozenset(
+    {"timestamp", "capture_time", "frame_index", "episode_index", "index", "task_index"}
+)
+
+
 def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
     if "vectors" not in r.table:
         return tuple(
             VectorConfig(name, DEFAULT_VECTOR_DIM, DEFAULT_GRIPPERS)
             for name in ("observation.state", "action")
         )
-    items = r.get("vectors", list, [])
     vectors = []
-    for i, item in enumerate(items):
-        v = _Reader(r.where, item if isinstance(item, dict) else {}, f"collection.vectors[{i}]")
-        if not isinstance(item, dict):
-            raise ConfigError(f"{r.where}: {v.prefix}: expected a table {{name, dim, discrete}}")
+    for item, v in r.tables("vectors", "name, dim, discrete"):
         name = v.get("name", str, None)
         if not name or not name.strip() or any(ch in name for ch in "\n\r\x00"):
             raise v.fail("name", "missing or not a usable column name")
-        if name in ("timestamp", "capture_time", "frame_index", "episode_index", "index"):
-            raise v.fail("name", f"{name!r} collides with a bookkeeping column")
-        if name == "task_index":
+        if name in _BOOKKEEPING_COLUMNS:
             raise v.fail("name", f"{name!r} collides with a bookkeeping column")
         if "dim" not in item:
             raise v.fail("dim", "missing")
