@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from video_helpers import encode_video, pyav_decode
 
 from eva._native import load
 from eva.dataset.errors import DatasetError
@@ -43,28 +44,6 @@ def scene(n: int, width: int = W, height: int = H, seed: int = 0) -> np.ndarray:
         frames[i, ..., 2] = ((xx + yy) * 3 + i * 11) % 256
     frames ^= rng.integers(0, 32, frames.shape, dtype=np.uint8)
     return frames
-
-
-def encode_video(
-    path: Path, frames: np.ndarray, fmt: str | None = None, codec: str = "libx264"
-) -> Path:
-    container = av.open(str(path), "w", format=fmt)
-    stream = container.add_stream(codec, rate=30)
-    stream.width, stream.height = frames.shape[2], frames.shape[1]
-    stream.pix_fmt = "yuv420p"
-    stream.options = {"g": "30", "bf": "0", "sc_threshold": "0", "preset": "ultrafast"}
-    for image in frames:
-        for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-            container.mux(packet)
-    for packet in stream.encode():
-        container.mux(packet)
-    container.close()
-    return path
-
-
-def pyav_decode(path: Path) -> np.ndarray:
-    with av.open(str(path)) as container:
-        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
 
 
 def episode_table(n: int) -> pa.Table:

@@ -9,9 +9,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
+from video_helpers import encode_video, pyav_decode
 
 from eva._native import load
 from eva.capture.synthetic import write_synthetic_dataset
@@ -22,24 +22,6 @@ from eva.export.registry import ExportOptions
 from eva.formats import hdf5
 
 CAMERAS = ["observation.images.front", "observation.images.wrist"]
-
-
-def pyav_decode(path: Path) -> np.ndarray:
-    with av.open(str(path)) as container:
-        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
-
-
-def encode_video(path: Path, frames: np.ndarray, fmt: str | None = None) -> None:
-    container = av.open(str(path), "w", format=fmt)
-    stream = container.add_stream("libx264", rate=30)
-    stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-    stream.options = {"preset": "ultrafast", "bf": "0"}
-    for image in frames:
-        for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-            container.mux(packet)
-    for packet in stream.encode():
-        container.mux(packet)
-    container.close()
 
 
 @pytest.fixture

@@ -6,13 +6,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import av
 import msgpack
 import numpy as np
 import pyarrow as pa
 import pytest
 from mcap.reader import make_reader
 from mcap.stream_reader import StreamReader
+from video_helpers import pyav_decode
 
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
@@ -31,12 +31,6 @@ def make_video(path: Path, frames: int, seed: int) -> None:
     batch = np.stack([np.roll(base, 3 * i, axis=1) for i in range(frames)])
     with VideoEncoder(path, W, H, FPS) as encoder:
         encoder.write(batch)
-
-
-def decode_all(path: Path) -> np.ndarray:
-    """The source frames as any consumer decodes them: PyAV, rgb24."""
-    with av.open(str(path)) as container:
-        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
 
 
 def episode_table(rows: int) -> pa.Table:
@@ -82,7 +76,7 @@ def test_episode_file_reads_back_with_the_official_reader(
     # A small chunk size forces many chunks, so frames of one index straddle chunk boundaries.
     size = write(path, two_cameras, 17, compression=compression, chunk_size=20_000)
     assert size == path.stat().st_size
-    sources = {k: decode_all(p) for k, p in two_cameras.items()}
+    sources = {k: pyav_decode(p) for k, p in two_cameras.items()}
     period = round(1e9 / FPS)
 
     with open(path, "rb") as f:
@@ -142,7 +136,7 @@ def test_read_episode_streams_by_camera_and_by_frame(
 ) -> None:
     path = tmp_path / "episode_000000.mcap"
     write(path, two_cameras, 17, chunk_size=30_000)
-    sources = {k: decode_all(p) for k, p in two_cameras.items()}
+    sources = {k: pyav_decode(p) for k, p in two_cameras.items()}
     with mcap_format.read_episode(path) as episode:
         assert episode.video_keys == ["cam_high", "cam_wrist"]
         assert episode.num_frames == 17 and len(episode) == 17
@@ -237,7 +231,7 @@ def test_export_pipeline_writes_verifiable_mcap(synthetic_dataset: Callable[...,
         np.testing.assert_array_equal(episode.columns["episode_index"], np.ones(14, np.int64))
         np.testing.assert_array_equal(episode.columns["index"], np.arange(12, 26))
         for key in keys:
-            frames = decode_all(src.video_path(2, key))
+            frames = pyav_decode(src.video_path(2, key))
             for seq, _, frame in episode.iter_camera(key):
                 np.testing.assert_array_equal(frame, frames[seq])
 
@@ -345,7 +339,7 @@ def test_lerobot_written_source_exports_and_matches_its_videos(
     with mcap_format.read_episode(path) as episode:
         assert episode.video_keys == src.video_keys
         for key in src.video_keys:
-            frames = decode_all(src.video_path(0, key))  # AV1, as LeRobot writes it
+            frames = pyav_decode(src.video_path(0, key))  # AV1, as LeRobot writes it
             got = list(episode.iter_camera(key))
             assert len(got) == len(frames) == len(episode)
             for seq, _, frame in got:
