@@ -2,10 +2,17 @@ import numpy as np
 import numpy.typing as npt
 
 class SnapshotRing:
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    item_bytes: int
-    block_slots: int
+    # Read-only attributes (``cdef readonly`` in ring.pyx).
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    @property
+    def item_bytes(self) -> int: ...
+    @property
+    def block_slots(self) -> int: ...
+    @property
+    def release_gil(self) -> bool: ...
     def __init__(
         self,
         shape: tuple[int, ...],
@@ -15,7 +22,6 @@ class SnapshotRing:
         max_bytes: int = 0,
         release_gil_min_bytes: int | None = None,
     ) -> None: ...
-    release_gil: bool
     def push(self, t: float, sample: npt.ArrayLike) -> bool: ...
     def pop_batch(
         self, out: npt.NDArray, out_times: npt.NDArray[np.float64], max_n: int = -1
