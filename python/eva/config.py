@@ -111,9 +111,6 @@ class CollectionConfig:
             return self.skew_tolerance_s
         return 1.0 / (2.0 * (self.fps - 1))
 
-    def dataset_names(self) -> list[str]:
-        return list(self.tasks)
-
     def dataset_dir(self, name: str) -> Path:
         """``<log_dir>/<sanitised name>/raw``; a name that would escape log_dir is refused."""
         try:
