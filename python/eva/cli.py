@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -23,9 +23,14 @@ def emit_json(obj: Any) -> None:
     click.echo(json.dumps(obj, ensure_ascii=False, default=str))
 
 
-def fail(message: str, code: int = EXIT_INVALID) -> None:
+def first_line(text: str) -> str:
+    """The first non-blank line of ``text`` (errors from libraries may span several)."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     """One-line error on stderr and a non-zero exit."""
-    click.echo(f"eva: error: {message}", err=True)
+    click.echo(f"eva: error: {first_line(message)}", err=True)
     sys.exit(code)
 
 
@@ -93,7 +98,6 @@ def info_command(dataset: Path, as_json: bool) -> None:
         summary = _dataset_summary(dataset)
     except DatasetError as e:
         fail(str(e))
-        return
     if as_json:
         emit_json(summary)
         return
@@ -167,7 +171,7 @@ def _collect_setup(config_path: Path, source: str, dataset: str | None, seed: in
             replay = ReplaySource(path, realtime=True, loop=True)
             cameras, vectors = replay.stream_config()
         except Exception as e:  # DatasetError / OSError: one line
-            fail(f"--source {source}: {e}".splitlines()[0], EXIT_USAGE)
+            fail(f"--source {source}: {e}", EXIT_USAGE)
         discrete = {v.name: v.discrete for v in cfg.vectors}
         vectors = [dataclasses.replace(v, discrete=discrete.get(v.name, ())) for v in vectors]
         if (cfg.cameras, cfg.vectors, cfg.fps) != (tuple(cameras), tuple(vectors), replay.fps):
@@ -181,7 +185,6 @@ def _collect_setup(config_path: Path, source: str, dataset: str | None, seed: in
             )
         return cfg, replay
     fail(f"--source {source!r}: use 'sim' or 'replay:PATH'", EXIT_USAGE)
-    raise AssertionError  # unreachable: fail() exits
 
 
 def _collect_status_line(status: dict[str, Any]) -> str:
@@ -277,7 +280,7 @@ def collect_command(
     try:
         recorder = Recorder(cfg, dataset)
     except Exception as e:
-        fail(str(e).splitlines()[0])
+        fail(str(e) or type(e).__name__)
     pump = SourcePump(rig, recorder).start()
     failed = False
     try:
@@ -299,7 +302,7 @@ def collect_command(
     pump.stop()
     recorder.close()
     if pump.error is not None:
-        fail(f"source stopped: {pump.error}".splitlines()[0])
+        fail(f"source stopped: {pump.error}")
     if failed or any(j.state == "failed" for j in recorder.jobs):
         sys.exit(EXIT_INVALID)
 
@@ -489,13 +492,14 @@ def qc_command(
         )
 
 
-def _human_bytes(n: int) -> str:
+def _human_bytes(n: float) -> str:
+    """Decimal units, as progress lines show them: ``512 B``, ``3.0 MB``."""
     size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if abs(size) < 1000:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
-    return f"{n} B"
+    return f"{size:.1f} GB"
 
 
 def _check_hdf5_compression(value: str | None) -> str | None:
@@ -658,7 +662,7 @@ def export_command(
             emit_json({"event": "failed", "error": str(e)})
         fail(str(e))
     except Exception as e:  # noqa: BLE001 - any writer failure: one line, job.json has it too
-        message = f"export failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        message = f"export failed: {type(e).__name__}: {first_line(str(e))}"
         if json_lines:
             emit_json({"event": "failed", "error": message})
         fail(message)
@@ -755,10 +759,7 @@ def _upload_source_dir(dataset: str, collection: dict[str, Any], config_path: st
     """DATASET is the raw source directory, or a dataset name resolved like COLLECT does:
     ``<log_dir>/<sanitised name>/raw`` (empty log_dir -> eva.config's derived work directory).
     Only ``log_dir`` is read, so uploading does not depend on the capture settings."""
-    from pathlib import Path
-
-    from eva.config import default_log_dir
-    from eva.dataset.layout import UnsafeNameError, is_within, sanitize_dataset_name
+    from eva.config import ConfigError, dataset_dir, resolve_log_dir
 
     path = Path(dataset).expanduser()
     if path.is_dir() or "/" in dataset:
@@ -766,27 +767,11 @@ def _upload_source_dir(dataset: str, collection: dict[str, Any], config_path: st
     log_dir_text = collection.get("log_dir", "")
     if not isinstance(log_dir_text, str):
         fail(f"{config_path}: collection.log_dir must be a string")
-    if log_dir_text.strip():
-        log_dir = Path(log_dir_text).expanduser()
-        if not log_dir.is_absolute():
-            log_dir = Path(config_path).resolve().parent / log_dir
-    else:
-        log_dir = default_log_dir()
+    log_dir, _ = resolve_log_dir(log_dir_text, Path(config_path).resolve().parent)
     try:
-        source = log_dir / sanitize_dataset_name(dataset) / "raw"
-    except UnsafeNameError as e:
+        return dataset_dir(log_dir, dataset)
+    except ConfigError as e:
         fail(str(e))
-    if not is_within(source, log_dir):
-        fail(f"dataset name {dataset!r} would escape the log directory")
-    return source
-
-
-def _upload_bytes_text(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 def _upload_progress_line(progress: dict[str, Any], elapsed: float, width: int = 28) -> str:
@@ -799,9 +784,9 @@ def _upload_progress_line(progress: dict[str, Any], elapsed: float, width: int =
     if len(current) > 40:
         current = "..." + current[-37:]
     return (
-        f"[{bar}] {fraction * 100:5.1f}%  {_upload_bytes_text(done)}/{_upload_bytes_text(total)}  "
+        f"[{bar}] {fraction * 100:5.1f}%  {_human_bytes(done)}/{_human_bytes(total)}  "
         f"files {progress.get('files') or 0}/{totals.get('files') or 0}  "
-        f"{_upload_bytes_text(rate)}/s  {current}"
+        f"{_human_bytes(rate)}/s  {current}"
     )
 
 
@@ -849,7 +834,6 @@ def upload_command(
     """
     import dataclasses
     import time
-    from pathlib import Path
 
     from eva.dataset.errors import DatasetError
     from eva.upload.config import UploadConfigError, parse_sftp_config, read_config_file
@@ -857,7 +841,7 @@ def upload_command(
     from eva.upload.job import start_upload
     from eva.upload.sftp import UploadError, UploadOptions
 
-    def refuse(message: str) -> None:
+    def refuse(message: str) -> NoReturn:
         if as_json:
             emit_json({"event": "error", "error": message})
         fail(message)
@@ -867,7 +851,6 @@ def upload_command(
         sftp_config = parse_sftp_config(collection, base_dir=Path(config_path).resolve().parent)
     except UploadConfigError as e:
         refuse(str(e))
-        return
     if sftp_config is not None and known_hosts:
         sftp_config = dataclasses.replace(sftp_config, known_hosts=Path(known_hosts).resolve())
     source = _upload_source_dir(dataset, collection, config_path)
@@ -881,10 +864,8 @@ def upload_command(
         )
     except UploadRefused as e:
         refuse(f"upload refused ({e.reason}): {e}")
-        return
     except (UploadError, DatasetError, ValueError) as e:
         refuse(str(e))
-        return
 
     interactive = not as_json and sys.stderr.isatty()
     started = time.monotonic()
@@ -911,7 +892,6 @@ def upload_command(
         if record.get("resumable") and "--resume" not in message:
             message += " (rerun with --resume to continue)"
         refuse(message)
-        return
     result = job.result.as_dict()
     if as_json:
         emit_json({"event": "result", "state": job.state, "job_id": record["job_id"], **result})
@@ -921,7 +901,7 @@ def upload_command(
         f", {job.result.skipped_files} already staged files skipped" if job.result.resumed else ""
     )
     click.echo(
-        f"uploaded {job.result.files} files ({_upload_bytes_text(job.result.bytes)}) to "
+        f"uploaded {job.result.files} files ({_human_bytes(job.result.bytes)}) to "
         f"{sftp_config.host if sftp_config else ''}:{job.result.remote_path}{note}{skipped}"
     )
 

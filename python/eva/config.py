@@ -113,14 +113,7 @@ class CollectionConfig:
 
     def dataset_dir(self, name: str) -> Path:
         """``<log_dir>/<sanitised name>/raw``; a name that would escape log_dir is refused."""
-        try:
-            safe = layout.sanitize_dataset_name(name)
-        except layout.UnsafeNameError as e:
-            raise ConfigError(str(e)) from None
-        path = self.log_dir / safe / "raw"
-        if not layout.is_within(path, self.log_dir):
-            raise ConfigError(f"dataset name {name!r} would escape the log directory")
-        return path
+        return dataset_dir(self.log_dir, name)
 
 
 @dataclass(frozen=True)
@@ -137,6 +130,31 @@ def default_log_dir(env: Mapping[str, str] | None = None) -> Path:
         return Path(env["EVA_HOME"]).expanduser() / "logs"
     data_home = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data_home).expanduser() / "eva" / "logs"
+
+
+def resolve_log_dir(text: str, base_dir: Path | None = None) -> tuple[Path, bool]:
+    """``(absolute log_dir, derived)`` for the ``collection.log_dir`` text: empty -> the derived
+    work directory (``default_log_dir``); relative -> under ``base_dir`` (the config's folder)."""
+    derived = not text.strip()
+    if derived:
+        log_dir = default_log_dir()
+    else:
+        log_dir = Path(text).expanduser()
+        if not log_dir.is_absolute():
+            log_dir = (base_dir or Path.cwd()) / log_dir
+    return Path(os.path.abspath(log_dir)), derived
+
+
+def dataset_dir(log_dir: Path, name: str) -> Path:
+    """``<log_dir>/<sanitised name>/raw``; ConfigError for a name that would escape log_dir."""
+    try:
+        safe = layout.sanitize_dataset_name(name)
+    except layout.UnsafeNameError as e:
+        raise ConfigError(str(e)) from None
+    path = Path(log_dir) / safe / "raw"
+    if not layout.is_within(path, log_dir):
+        raise ConfigError(f"dataset name {name!r} would escape the log directory")
+    return path
 
 
 class _Reader:
@@ -220,15 +238,7 @@ def parse_collection(
     if unknown_scalars:
         raise r.fail(unknown_scalars[0], "unknown key")
 
-    log_dir_text = r.get("log_dir", str, "")
-    derived = not log_dir_text.strip()
-    if derived:
-        log_dir = default_log_dir()
-    else:
-        log_dir = Path(log_dir_text).expanduser()
-        if not log_dir.is_absolute():
-            log_dir = (base_dir or Path.cwd()) / log_dir
-    log_dir = Path(os.path.abspath(log_dir))
+    log_dir, derived = resolve_log_dir(r.get("log_dir", str, ""), base_dir)
 
     fps = r.number("fps", 30, minimum=2, integer=True)
     if "tasks" not in table:
