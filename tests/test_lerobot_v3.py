@@ -266,16 +266,29 @@ def _quantiles(values: np.ndarray, axis: int = 0) -> dict[str, np.ndarray]:
     return {f"q{round(q * 100):02d}": table[i] for i, q in enumerate(qs)}
 
 
-def test_quantiles_match_numpy(source: Path, tmp_path: Path) -> None:
+def test_quantiles_match_numpy(tmp_path: Path) -> None:
     """Vectors: exact. Images with verify_decode: exact over every pixel; by default: exact over
-    the keyframes (the documented sample)."""
+    the documented keyframe sample (the middle keyframe of each episode; every keyframe with
+    image_quantile_keyframes=0)."""
+    # A short GOP, so that every episode has several keyframes to choose from.
+    source = write_synthetic_dataset(
+        tmp_path / "raw",
+        episodes=4,
+        frames=[12, 14, 10, 9],
+        cameras=CAMS,
+        seed=3,
+        video=VideoOptions(gop=4),
+    )
     reader = DatasetReader(source)
     episodes = [0, 1, 2, 3]
     exact_dir, sampled_dir = tmp_path / "exact", tmp_path / "sampled"
+    every_dir = tmp_path / "every"
     export(source, exact_dir, verify_decode=True)
     export(source, sampled_dir)
+    export(source, every_dir, image_quantile_keyframes=0)
     exact = json.loads((exact_dir / "meta/stats.json").read_text())
     sampled = json.loads((sampled_dir / "meta/stats.json").read_text())
+    every = json.loads((every_dir / "meta/stats.json").read_text())
 
     state = np.concatenate([reader.read_vector(ep, "observation.state") for ep in episodes])
     for name, want in _quantiles(state.astype(np.float64)).items():
@@ -283,15 +296,23 @@ def test_quantiles_match_numpy(source: Path, tmp_path: Path) -> None:
         np.testing.assert_allclose(sampled["observation.state"][name], want, rtol=0, atol=1e-12)
 
     key = CAMS[0]
-    all_frames, keyframes = [], []
+    all_frames, keyframes, middle_keyframes = [], [], []
     for ep in episodes:
+        episode_keyframes = []
         with av.open(str(reader.video_path(ep, key))) as container:
             for frame in container.decode(video=0):
                 img = frame.to_ndarray(format="rgb24")
                 all_frames.append(img)
                 if frame.key_frame:
-                    keyframes.append(img)
-    for frames, stats in ((all_frames, exact), (keyframes, sampled)):
+                    episode_keyframes.append(img)
+        assert len(episode_keyframes) >= 2  # the sample is a real choice here
+        keyframes += episode_keyframes
+        middle_keyframes.append(episode_keyframes[len(episode_keyframes) // 2])
+    for frames, stats in (
+        (all_frames, exact),
+        (middle_keyframes, sampled),
+        (keyframes, every),
+    ):
         pixels = np.stack(frames).reshape(-1, 3).astype(np.float64) / 255.0
         for name, want in _quantiles(pixels).items():
             got = np.asarray(stats[key][name]).reshape(3)
@@ -407,6 +428,17 @@ def test_image_quantiles_can_be_skipped(source: Path, tmp_path: Path) -> None:
     assert "q50" in stats["observation.state"]
     with pytest.raises(DatasetError, match="image_quantiles"):
         export(source, tmp_path / "bad", image_quantiles="some")
+    with pytest.raises(DatasetError, match="image_quantile_keyframes"):
+        export(source, tmp_path / "bad2", image_quantile_keyframes=-1)
+
+
+def test_spread_sample_bound() -> None:
+    items = [bytes([i]) for i in range(7)]
+    assert lerobot_v3.spread_sample(items, 0) == items
+    assert lerobot_v3.spread_sample(items, 9) == items
+    assert lerobot_v3.spread_sample(items, 1) == [items[3]]
+    assert lerobot_v3.spread_sample(items, 2) == [items[1], items[5]]
+    assert lerobot_v3.spread_sample(items[:3], 2) == [items[0], items[2]]
 
 
 def test_verify_reports_wrong_locators(source: Path, tmp_path: Path) -> None:

@@ -68,11 +68,15 @@ def validate_dataset(
     decode: bool = False,
     *,
     on_episode: Callable[[int, int], None] | None = None,
+    on_table: Callable[[int, pa.Table], None] | None = None,
 ) -> list[Problem]:
     """All problems of the v2.1 dataset at ``root`` (empty list: valid).
 
     ``decode=True`` also decodes every video to count its frames (slow, exact); otherwise the
     container's frame count is used. ``on_episode(done, total)`` reports progress.
+    ``on_table(episode, table)`` receives the index columns each check read (those of
+    episode_index, task_index, index, frame_index, timestamp the file has), so a caller that needs
+    them (the export's task remap) does not read every parquet a second time.
     """
     root = Path(root)
     out = _Collector()
@@ -157,7 +161,7 @@ def validate_dataset(
                     ep,
                 )
         rows, first_index = _check_episode(
-            reader, ep, length, tasks, episodes_stats.get(ep), video_keys, decode, out
+            reader, ep, length, tasks, episodes_stats.get(ep), video_keys, decode, out, on_table
         )
         numbering.append((ep, rows, first_index))
         if on_episode is not None:
@@ -242,6 +246,7 @@ def _check_episode(
     video_keys: list[str],
     decode: bool,
     out: _Collector,
+    on_table: Callable[[int, pa.Table], None] | None = None,
 ) -> tuple[int | None, int | None]:
     """Checks of one episode; returns (parquet rows, first global index) where known."""
     try:
@@ -252,9 +257,11 @@ def _check_episode(
     rows: int | None = None
     first_index: int | None = None
     columns: set[str] = set()
+    parquet: pq.ParquetFile | None = None
     if not data_path.exists():
         out.add("missing_parquet", f"{data_path}: episode {ep} parquet missing", data_path, ep)
     else:
+        # Row count and schema come from the footer; only the index columns are read below.
         try:
             parquet = pq.ParquetFile(data_path)
             rows = parquet.metadata.num_rows
@@ -262,7 +269,13 @@ def _check_episode(
         except (pa.ArrowInvalid, OSError) as e:
             out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
     if rows is not None:
-        first_index = _check_table(reader, data_path, ep, rows, columns, tasks, out)
+        assert parquet is not None
+        try:
+            first_index = _check_table(
+                reader, parquet, data_path, ep, rows, columns, tasks, out, on_table
+            )
+        finally:
+            parquet.close()
         if length is not None and rows != length:
             out.add(
                 "length_mismatch",
@@ -325,14 +338,26 @@ def _check_episode(
     return rows, first_index
 
 
+def _read_columns(parquet: pq.ParquetFile, path: Path, wanted: list[str]) -> pa.Table:
+    """``wanted`` (top-level column names of the file) from the already open file. Its
+    ``read(columns=)`` matches names as dotted path prefixes, so the result is checked to be
+    exactly ``wanted`` and read by exact name otherwise."""
+    table = parquet.read(columns=wanted)
+    if table.column_names != wanted:
+        table = pq.read_table(path, columns=wanted)
+    return table
+
+
 def _check_table(
     reader: DatasetReader,
+    parquet: pq.ParquetFile,
     data_path: Path,
     ep: int,
     rows: int,
     columns: set[str],
     tasks: dict[int, str] | None,
     out: _Collector,
+    on_table: Callable[[int, pa.Table], None] | None = None,
 ) -> int | None:
     """Column checks of one episode table; returns its first global ``index`` (if readable)."""
     for column in REQUIRED_COLUMNS:
@@ -351,10 +376,12 @@ def _check_table(
     if not wanted or rows == 0:
         return None
     try:
-        table = pq.read_table(data_path, columns=wanted)
+        table = _read_columns(parquet, data_path, wanted)
     except (pa.ArrowInvalid, OSError) as e:
         out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
         return None
+    if on_table is not None:
+        on_table(ep, table)
     first_index = _check_row_numbering(reader, data_path, ep, table, out)
     if "episode_index" in wanted:
         values = pc.unique(table.column("episode_index")).to_pylist()

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from eva import __version__
 from eva.dataset import layout
@@ -70,14 +69,26 @@ def problem_line(problem: Any) -> str:
     return str(getattr(problem, "message", problem))
 
 
-def validate_source(source: Path) -> None:
-    """Stop with the first problem of the shared v2.1 validation (file/episode/field named)."""
+def validate_source(source: Path) -> dict[int, np.ndarray]:
+    """Stop with the first problem of the shared v2.1 validation (file/episode/field named).
+
+    Returns each episode's ``task_index`` column as read by the validation's checks (so the
+    export does not read every parquet again for the task remap); an episode without rows or
+    without that column is absent.
+    """
     from eva.dataset.validate import validate_dataset
 
-    problems = validate_dataset(source, decode=False)
+    task_values: dict[int, np.ndarray] = {}
+
+    def keep_task_index(episode: int, table: pa.Table) -> None:
+        if "task_index" in table.column_names:
+            task_values[episode] = table.column("task_index").to_numpy()
+
+    problems = validate_dataset(source, decode=False, on_table=keep_task_index)
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         raise DatasetError(problem_line(problems[0]) + more)
+    return task_values
 
 
 def _check_version(reader: DatasetReader) -> None:
@@ -137,16 +148,20 @@ def complete_episode_stats(reader: DatasetReader, episode: int) -> dict[str, Any
 
 def prepare(source: Path) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]]:
     """Validate ``source`` and describe both subsets. Reads metadata and index columns only."""
-    validate_source(source)
+    task_values = validate_source(source)
     reader = DatasetReader(source)
     _check_version(reader)
     plan = plan_split(reader.episodes)
     rows = {row["episode_index"]: row for row in reader.episodes}
-    task_values: dict[int, np.ndarray] = {}
     complete_stats: dict[int, dict[str, Any]] = {}
     for ep in sorted(rows):
-        with pq.ParquetFile(reader.data_path(ep)) as parquet:
-            task_values[ep] = parquet.read(columns=["task_index"]).column("task_index").to_numpy()
+        if ep not in task_values:
+            # validated: the file exists and reads; zero rows need no column
+            if reader.count_rows(ep):
+                raise DatasetError(
+                    f"{reader.data_path(ep)}: episode {ep}: column task_index missing"
+                )
+            task_values[ep] = np.zeros(0, np.int64)
         unknown = set(np.unique(task_values[ep]).tolist()) - set(reader.tasks)
         if unknown:
             raise DatasetError(
