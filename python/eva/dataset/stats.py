@@ -290,6 +290,59 @@ def _native_stats() -> Any:
     return _native.load("stats")
 
 
+class _NativeVectorStats:
+    """``eva_fast.stats.VectorAccumulator`` behind the ``ReferenceVectorStats`` interface."""
+
+    def __init__(self, native: Any, dim: int) -> None:
+        self.dim = dim
+        self._acc = native.VectorAccumulator(dim)
+
+    @property
+    def count(self) -> int:
+        return int(self._acc.count)
+
+    def update(self, batch: Any) -> None:
+        array = np.asarray(batch)
+        if array.ndim == 1:
+            array = array.reshape(-1, 1)
+        if array.ndim != 2 or array.shape[1] != self.dim:
+            raise ValueError(f"expected a (n, {self.dim}) array, got shape {array.shape}")
+        if array.dtype == np.float32:
+            self._acc.update_f32(np.ascontiguousarray(array))
+        else:
+            self._acc.update_f64(_as_float64_rows(array, self.dim))
+
+    def result(self) -> dict[str, list[float] | list[int]]:
+        count = self.count
+        if count == 0:
+            raise ValueError("no samples were accumulated")
+        minimum, maximum, mean, m2 = self._acc.moments()
+        return _vector_result(minimum, maximum, mean, m2, count)
+
+
+class _NativeImageStats:
+    """``eva_fast.stats.ImageAccumulator`` behind the ``ReferenceImageStats`` interface."""
+
+    def __init__(self, native: Any) -> None:
+        self._acc = native.ImageAccumulator()
+
+    @property
+    def frame_count(self) -> int:
+        return int(self._acc.frame_count)
+
+    def update(self, frames: Any) -> None:
+        array = _as_frames(frames)
+        if array.shape[0] == 0:
+            return
+        self._acc.update(array.reshape(-1), array.shape[0])
+
+    def histogram(self) -> np.ndarray:
+        return np.asarray(self._acc.histogram(), dtype=np.uint64).reshape(_CHANNELS, _BINS)
+
+    def result(self) -> dict[str, list[list[list[float]]] | list[int]]:
+        return _image_result_from_histogram(self.histogram(), self.frame_count)
+
+
 class VectorStats:
     """Per-dim float64 stats of (n, dim) batches; native kernel when built (see module doc)."""
 
@@ -298,40 +351,19 @@ class VectorStats:
             raise ValueError(f"vector dim must be >= 1, got {dim}")
         self.dim = dim
         native = _native_stats()
-        self._native = native.VectorAccumulator(dim) if native is not None else None
-        self._reference = ReferenceVectorStats(dim) if native is None else None
+        self._impl: _NativeVectorStats | ReferenceVectorStats = (
+            _NativeVectorStats(native, dim) if native is not None else ReferenceVectorStats(dim)
+        )
 
     @property
     def count(self) -> int:
-        if self._native is not None:
-            return int(self._native.count)
-        assert self._reference is not None
-        return self._reference.count
+        return self._impl.count
 
     def update(self, batch: Any) -> None:
-        if self._native is None:
-            assert self._reference is not None
-            self._reference.update(batch)
-            return
-        array = np.asarray(batch)
-        if array.ndim == 1:
-            array = array.reshape(-1, 1)
-        if array.ndim != 2 or array.shape[1] != self.dim:
-            raise ValueError(f"expected a (n, {self.dim}) array, got shape {array.shape}")
-        if array.dtype == np.float32:
-            self._native.update_f32(np.ascontiguousarray(array))
-        else:
-            self._native.update_f64(_as_float64_rows(array, self.dim))
+        self._impl.update(batch)
 
     def result(self) -> dict[str, list[float] | list[int]]:
-        if self._native is None:
-            assert self._reference is not None
-            return self._reference.result()
-        count = int(self._native.count)
-        if count == 0:
-            raise ValueError("no samples were accumulated")
-        minimum, maximum, mean, m2 = self._native.moments()
-        return _vector_result(minimum, maximum, mean, m2, count)
+        return self._impl.result()
 
 
 class ImageStats:
@@ -339,35 +371,23 @@ class ImageStats:
 
     def __init__(self) -> None:
         native = _native_stats()
-        self._native = native.ImageAccumulator() if native is not None else None
-        self._reference = ReferenceImageStats() if native is None else None
+        self._impl: _NativeImageStats | ReferenceImageStats = (
+            _NativeImageStats(native) if native is not None else ReferenceImageStats()
+        )
 
     @property
     def frame_count(self) -> int:
-        if self._native is not None:
-            return int(self._native.frame_count)
-        assert self._reference is not None
-        return self._reference.frame_count
+        return self._impl.frame_count
 
     def update(self, frames: Any) -> None:
-        if self._native is None:
-            assert self._reference is not None
-            self._reference.update(frames)
-            return
-        array = _as_frames(frames)
-        if array.shape[0] == 0:
-            return
-        self._native.update(array.reshape(-1), array.shape[0])
+        self._impl.update(frames)
 
     def histogram(self) -> np.ndarray:
         """(3, 256) uint64 pixel counts per channel and value (a copy)."""
-        if self._native is None:
-            assert self._reference is not None
-            return self._reference.histogram()
-        return np.asarray(self._native.histogram(), dtype=np.uint64).reshape(_CHANNELS, _BINS)
+        return self._impl.histogram()
 
     def result(self) -> dict[str, list[list[list[float]]] | list[int]]:
-        return _image_result_from_histogram(self.histogram(), self.frame_count)
+        return self._impl.result()
 
 
 # --------------------------------------------------------------------------------------------------
