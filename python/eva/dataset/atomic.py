@@ -1,8 +1,8 @@
 """Crash-safe file updates: write a temporary sibling, fsync it, rename it over the target.
 
-A reader therefore sees either the old file or the new one, never a torn one. Appending to a jsonl
-file can be done the same way (``atomic_append_jsonl``: copy + new line + rename), so a crash can
-never leave half a line; its cost grows with the file.
+A reader therefore sees either the old file or the new one, never a torn one. Appending lines to
+a small file can be done the same way (``atomic_append_lines``: copy + new lines + rename), so a
+crash can never leave half a line; its cost grows with the file.
 
 ``append_jsonl_inplace`` is the O(1) alternative for files that grow by one row per episode
 (the dataset writer's episodes.jsonl / episodes_stats.jsonl / tasks.jsonl): one ``write`` of
@@ -69,8 +69,9 @@ def atomic_write_jsonl(path: Path, rows: Iterable[Any], *, durable: bool = True)
     atomic_write_bytes(path, b"".join(jsonl_line(r) for r in rows), durable=durable)
 
 
-def atomic_append_jsonl(path: Path, rows: Iterable[Any], *, durable: bool = True) -> None:
-    """Append rows to a jsonl file without ever exposing a partial line."""
+def atomic_append_lines(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Append complete lines (``data``) to a small text file by copy + rename, so no reader ever
+    sees a partial line; a final line that lacks its newline is terminated first."""
     path = Path(path)
     try:
         old = path.read_bytes()
@@ -78,7 +79,7 @@ def atomic_append_jsonl(path: Path, rows: Iterable[Any], *, durable: bool = True
         old = b""
     if old and not old.endswith(b"\n"):
         old += b"\n"
-    atomic_write_bytes(path, old + b"".join(jsonl_line(r) for r in rows), durable=durable)
+    atomic_write_bytes(path, old + data, durable=durable)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

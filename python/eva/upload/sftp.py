@@ -46,7 +46,7 @@ import paramiko
 from paramiko.hostkeys import HostKeyEntry
 from paramiko.sftp import CMD_STATUS, CMD_WRITE, SFTP_OK, int64
 
-from eva.dataset.atomic import atomic_write_bytes
+from eva.dataset.atomic import atomic_append_lines
 from eva.dataset.layout import check_component
 from eva.progress import ProgressSink, null_progress
 from eva.upload.config import SftpConfig
@@ -344,14 +344,8 @@ class Connector:
         self.new_key_to_record = None
         path = self.config.known_hosts
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            old = path.read_bytes()
-        except FileNotFoundError:
-            old = b""
-        if old and not old.endswith(b"\n"):
-            old += b"\n"
         line = f"{self.host_name} {key.get_name()} {key.get_base64()}\n".encode()
-        atomic_write_bytes(path, old + line)
+        atomic_append_lines(path, line)
         self.host_key_recorded = True
 
 
