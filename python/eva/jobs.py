@@ -37,6 +37,21 @@ def new_job_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
 
 
+def progress_record(progress: Progress) -> dict[str, Any]:
+    """A job file's ``progress`` field: the counters plus their ``totals``."""
+    return {
+        "episodes": progress.episodes,
+        "files": progress.files,
+        "bytes": progress.bytes,
+        "current": progress.current,
+        "totals": {
+            "episodes": progress.total_episodes,
+            "files": progress.total_files,
+            "bytes": progress.total_bytes,
+        },
+    }
+
+
 @dataclass
 class Job:
     kind: str
@@ -46,15 +61,7 @@ class Job:
     state: str = "queued"
     accepted_dir: str | None = None
     rejected_dir: str | None = None
-    progress: dict[str, Any] = field(
-        default_factory=lambda: {
-            "episodes": 0,
-            "files": 0,
-            "bytes": 0,
-            "current": None,
-            "totals": {"episodes": None, "files": None, "bytes": None},
-        }
-    )
+    progress: dict[str, Any] = field(default_factory=lambda: progress_record(Progress()))
     error: str | None = None
     created_at: str = field(default_factory=utc_now)
     started_at: str | None = None
@@ -74,17 +81,7 @@ class Job:
         return cls(**known)
 
     def set_progress(self, progress: Progress) -> None:
-        self.progress = {
-            "episodes": progress.episodes,
-            "files": progress.files,
-            "bytes": progress.bytes,
-            "current": progress.current,
-            "totals": {
-                "episodes": progress.total_episodes,
-                "files": progress.total_files,
-                "bytes": progress.total_bytes,
-            },
-        }
+        self.progress = progress_record(progress)
 
     def start(self) -> None:
         self.state = "running"
