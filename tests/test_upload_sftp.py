@@ -50,6 +50,12 @@ def sftp_config(
     return SftpConfig(**values)
 
 
+@pytest.fixture
+def config(sshd_server: SshdServer, remote_root: Path, known_hosts: Path) -> SftpConfig:
+    """The test server as the upload backend: remote_dir = remote_root, host key trusted."""
+    return sftp_config(sshd_server, remote_root, known_hosts)
+
+
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every file of a tree by relative path (directories as a marker), for exact comparison."""
     out: dict[str, bytes] = {}
@@ -104,10 +110,9 @@ def test_success_path_tree_is_identical(
 
 
 def test_existing_target_gets_copy_names(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+    config: SftpConfig, remote_root: Path, tmp_path: Path
 ) -> None:
     source, accepted = make_export(tmp_path / "logs")
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     old = remote_root / "pick"
     old.mkdir()
     (old / "precious.txt").write_text("older upload")
@@ -133,11 +138,10 @@ def test_existing_target_gets_copy_names(
 
 
 def test_openssh_rename_semantics_used_for_publishing(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path
+    config: SftpConfig, sshd_server: SshdServer, remote_root: Path
 ) -> None:
     """Why publishing uses plain SSH_FXP_RENAME: OpenSSH refuses it onto an existing directory,
     even an empty one, while posix-rename@openssh.com silently replaces an empty directory."""
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     with paramiko.Transport(("127.0.0.1", sshd_server.port)) as transport:
         transport.connect(username=config.user, pkey=paramiko.PKey.from_path(config.identity_file))
         sftp = paramiko.SFTPClient.from_transport(transport)
@@ -157,11 +161,10 @@ def test_openssh_rename_semantics_used_for_publishing(
 
 
 def test_failure_mid_transfer_removes_staging_and_keeps_old_target(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+    config: SftpConfig, remote_root: Path, tmp_path: Path
 ) -> None:
     sizes = (900_000, 800_000, 700_000, 600_000, 500_000, 400_000, 300_000, 1_000)
     source, accepted = make_export(tmp_path / "logs", file_sizes=sizes)
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     old = remote_root / "pick"
     old.mkdir()
     (old / "keep.bin").write_bytes(b"old data")
@@ -189,7 +192,11 @@ def test_failure_mid_transfer_removes_staging_and_keeps_old_target(
 
 
 def test_remote_write_failure_removes_staging(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+    config: SftpConfig,
+    sshd_server: SshdServer,
+    known_hosts: Path,
+    remote_root: Path,
+    tmp_path: Path,
 ) -> None:
     """A local file growing past its scanned size is sent, then caught; also a remote_dir that
     runs into a file is refused before anything is created."""
@@ -202,7 +209,6 @@ def test_remote_write_failure_removes_staging(
     assert "blocker exists and is not a directory" in (job.error or "")
     assert sorted(os.listdir(remote_root)) == ["blocker"]
 
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     tree = scan_local_tree(accepted)
     grown = max(tree.files, key=lambda f: f.size)
     grown.path.write_bytes(grown.path.read_bytes() + b"late frame")
@@ -282,14 +288,11 @@ def test_wrong_key_is_refused(
         upload_tree(config, scan_local_tree(accepted), "pick")
 
 
-def test_local_symlink_is_refused(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
-) -> None:
+def test_local_symlink_is_refused(config: SftpConfig, remote_root: Path, tmp_path: Path) -> None:
     source, accepted = make_export(tmp_path / "logs")
     secret = tmp_path / "secret.txt"
     secret.write_text("not part of the dataset")
     (accepted / "meta" / "extra.txt").symlink_to(secret)
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     with pytest.raises(UploadError, match=r"extra.txt: is a symlink"):
         start_upload(source, "hdf5", config)
     assert os.listdir(remote_root) == []
@@ -301,12 +304,9 @@ def test_local_symlink_is_refused(
         start_upload(source, "hdf5", config)
 
 
-def test_resume_after_interruption(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
-) -> None:
+def test_resume_after_interruption(config: SftpConfig, remote_root: Path, tmp_path: Path) -> None:
     sizes = (700_000, 600_000, 500_000, 400_000, 300_000, 200_000, 100_000, 50_000, 10)
     source, accepted = make_export(tmp_path / "logs", file_sizes=sizes)
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     # One worker, so exactly the files that completed before the cancel are staged.
     options = UploadOptions(connections=1, sessions_per_connection=1)
 
@@ -350,21 +350,17 @@ def test_resume_after_interruption(
 
 
 def test_resume_without_previous_upload_starts_fresh(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+    config: SftpConfig, remote_root: Path, tmp_path: Path
 ) -> None:
     source, accepted = make_export(tmp_path / "logs")
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     job = start_upload(source, "hdf5", config, resume=True)
     run(job)
     assert job.result is not None and not job.result.resumed
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
 
 
-def test_concurrent_upload_of_same_export_is_refused(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
-) -> None:
+def test_concurrent_upload_of_same_export_is_refused(config: SftpConfig, tmp_path: Path) -> None:
     source, _ = make_export(tmp_path / "logs", file_sizes=(2_000_000,) * 4)
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     release = threading.Event()
     job = start_upload(source, "hdf5", config)
     job.progress.listeners.insert(0, lambda p: release.wait(30))
@@ -438,7 +434,7 @@ def test_cli_json_lines_and_refusals(
 
 
 def test_real_export_pipeline_then_upload(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, small_dataset: Path
+    config: SftpConfig, remote_root: Path, small_dataset: Path
 ) -> None:
     """The accepted directory written by eva.export.pipeline passes the gate and arrives intact;
     its rejected sibling and other formats are never sent."""
@@ -446,7 +442,6 @@ def test_real_export_pipeline_then_upload(
     from eva.upload.gate import UploadRefused, check_upload
 
     exported = export_dataset(small_dataset, "lerobot_v21")
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     with pytest.raises(UploadRefused) as info:
         check_upload(small_dataset, "hdf5", backend_configured=True)
     assert info.value.reason == "never_exported"
@@ -465,10 +460,9 @@ def test_real_export_pipeline_then_upload(
 
 
 def test_fresh_upload_discards_abandoned_staging(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+    config: SftpConfig, remote_root: Path, tmp_path: Path
 ) -> None:
     source, accepted = make_export(tmp_path / "logs", file_sizes=(300_000,) * 5)
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     options = UploadOptions(connections=1, sessions_per_connection=1)
     job = start_upload(source, "hdf5", config, options=options)
     job.progress.listeners.insert(0, lambda p: job.cancel() if p.files >= 1 else None)
@@ -486,13 +480,16 @@ def test_fresh_upload_discards_abandoned_staging(
 
 
 def test_connection_lost_mid_transfer_cleans_up_over_a_new_connection(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+    config: SftpConfig,
+    sshd_server: SshdServer,
+    known_hosts: Path,
+    remote_root: Path,
+    tmp_path: Path,
 ) -> None:
     import signal
 
     sizes = (900_000, 800_000, 700_000, 600_000, 500_000, 400_000, 300_000, 200_000)
     source, _ = make_export(tmp_path / "logs", file_sizes=sizes)
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     assert sshd_server.process is not None
     listener_pid = sshd_server.process.pid
     killed: list[int] = []
@@ -535,7 +532,11 @@ job.wait(120)
 
 
 def test_resume_after_the_uploader_was_killed(
-    sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
+    config: SftpConfig,
+    sshd_server: SshdServer,
+    known_hosts: Path,
+    remote_root: Path,
+    tmp_path: Path,
 ) -> None:
     import subprocess
     import sys
@@ -552,7 +553,6 @@ def test_resume_after_the_uploader_was_killed(
     staging = Path(record["staging_path"])
     assert staging.is_dir() and not (remote_root / "pick").exists()
 
-    config = sftp_config(sshd_server, remote_root, known_hosts)
     job = start_upload(source, "hdf5", config, resume=True)
     run(job)
     assert job.result is not None, job.error
