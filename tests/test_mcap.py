@@ -156,22 +156,20 @@ def test_read_episode_streams_by_camera_and_by_frame(
         np.testing.assert_array_equal(episode.frame("cam_high", 11), sources["cam_high"][11])
 
 
-def test_camera_that_ends_early_aborts_and_leaves_no_file(
-    tmp_path: Path, two_cameras: dict[str, Path]
+@pytest.mark.parametrize(
+    ("camera", "frames", "seed", "message"),
+    [
+        ("cam_wrist", 12, 5, r"episode 0: camera cam_wrist ended early after 12"),
+        ("cam_high", 20, 6, r"episode 0: camera cam_high has trailing frames"),
+    ],
+    ids=["ends_early", "trailing_frames"],
+)
+def test_camera_frame_count_mismatch_aborts_and_leaves_no_file(
+    tmp_path: Path, two_cameras: dict[str, Path], camera: str, frames: int, seed: int, message: str
 ) -> None:
-    make_video(two_cameras["cam_wrist"], 12, 5)
+    make_video(two_cameras[camera], frames, seed)
     path = tmp_path / "episode_000000.mcap"
-    with pytest.raises(DatasetError, match=r"episode 0: camera cam_wrist ended early after 12"):
-        write(path, two_cameras, 17)
-    assert not path.exists()
-
-
-def test_camera_with_trailing_frames_aborts_and_leaves_no_file(
-    tmp_path: Path, two_cameras: dict[str, Path]
-) -> None:
-    make_video(two_cameras["cam_high"], 20, 6)
-    path = tmp_path / "episode_000000.mcap"
-    with pytest.raises(DatasetError, match=r"episode 0: camera cam_high has trailing frames"):
+    with pytest.raises(DatasetError, match=message):
         write(path, two_cameras, 17)
     assert not path.exists()
 
