@@ -56,10 +56,10 @@ import av
 import h5py
 import numpy as np
 import pyarrow as pa
-import pyarrow.types as pat
 
 from eva._native import load
 from eva.dataset import embedded, layout
+from eva.dataset.columns import column_values as column_value  # the `columns` group's values
 from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import packb, unpackb
 
@@ -259,36 +259,6 @@ def iter_items(group: h5py.Group) -> Iterator[tuple[str, h5py.Group]]:
 
 def read_mapping(group: h5py.Group) -> dict[str, Any]:
     return {key: decode_item(item) for key, item in iter_items(group)}
-
-
-# ---- columns: Arrow -> numpy, dtypes kept ------------------------------------------------------
-
-
-def _fixed_size_values(array: pa.Array) -> np.ndarray | None:
-    """(n, d1, d2, ...) numpy view of nested fixed-size lists of a primitive type, else None."""
-    shape = [len(array)]
-    values: pa.Array = array
-    while pat.is_fixed_size_list(values.type):
-        if values.null_count:
-            return None
-        shape.append(values.type.list_size)
-        values = values.flatten()  # honours the slice offset
-    numeric = (
-        pat.is_integer(values.type) or pat.is_floating(values.type) or pat.is_boolean(values.type)
-    )
-    if values.null_count or not numeric:
-        return None
-    return values.to_numpy(zero_copy_only=False).reshape(shape)
-
-
-def column_value(column: pa.ChunkedArray | pa.Array) -> Any:
-    """A Parquet column as what the ``columns`` group stores: an ndarray when Arrow can give one."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    as_numpy = _fixed_size_values(array)
-    if as_numpy is not None:
-        return as_numpy
-    # Strings, nulls, variable lists, structs: kept exactly, as a MessagePack list.
-    return array.to_pylist()
 
 
 # ---- images: decode in batches, pack into chunk blocks ------------------------------------------

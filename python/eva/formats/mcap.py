@@ -58,6 +58,7 @@ import numpy as np
 import pyarrow as pa
 
 from eva.dataset import embedded, layout
+from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import (
     decode_ndarray,
@@ -506,28 +507,6 @@ def _make_compressor(compression: str) -> Any:
 
 
 # --- episode payload ---------------------------------------------------------------------------
-
-
-def column_values(column: pa.ChunkedArray | pa.Array) -> Any:
-    """An Arrow column as the contract's ndarray (numeric / fixed-size lists), else plain values.
-
-    ``fixed_size_list<float32>[dim]`` becomes an (n, dim) float32 array built from the Arrow
-    buffers (no Python lists); strings, variable lists and columns with nulls stay plain values.
-    """
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if array.null_count == 0:
-        shape: list[int] = [len(array)]
-        values = array
-        while pa.types.is_fixed_size_list(values.type):
-            shape.append(values.type.list_size)
-            values = values.flatten()
-        if values.null_count == 0 and (
-            pa.types.is_integer(values.type)
-            or pa.types.is_floating(values.type)
-            or pa.types.is_boolean(values.type)
-        ):
-            return values.to_numpy(zero_copy_only=False).reshape(shape)
-    return array.to_pylist()
 
 
 def _inline_image_values(column: pa.ChunkedArray) -> list[Any]:
