@@ -403,7 +403,10 @@ def test_missing_camera_and_frame_count_mismatch_from_late_streams(rec: Recorder
     root = rec.start()
     # FRONT alone for 2 s: the grid starts without WRIST and STATE (start timeout 0.5 s).
     push_timeline(rec, timeline(0.0, 2.0, cameras={FRONT: 0}, vectors=False))
-    _wait_frames(rec, 10)
+    # Every FRONT-only row (0-19; row 20 would need a later image) is aligned before STATE's
+    # sample at t=1.5 arrives: those past it make the frame count mismatch. Waiting for fewer
+    # would race the consumer (then STATE holds the grid at t=1.5 and the counts agree).
+    _wait_frames(rec, 2 * FPS)
     # WRIST shows up late and keeps going; STATE delivers a single late sample and stops.
     push_timeline(rec, timeline(2.1, 3.0, cameras={FRONT: 0, WRIST: 1}, vectors=False))
     rec.push_vector(STATE, 1.5, np.array([0.0, 1.5, 0.0]))

@@ -713,3 +713,120 @@ def test_synthetic_dataset_appends_and_keeps_capture_time_monotonic(synthetic_da
         reader.read_table(7)
     with pytest.raises(DatasetError, match="episode 0"):
         reader.read_table(0, columns=["no_such_column"])
+
+
+@pytest.mark.parametrize("parallel_encode", [True, False])
+def test_cameras_encode_in_parallel_with_exact_stats_and_order(
+    tmp_path: Path, parallel_encode: bool
+) -> None:
+    """Three cameras, batches larger and smaller than the encoder's batch buffers, and the
+    caller's frame buffer reused after every add_frames (as the recorder does)."""
+    from eva.dataset.stats import ImageStats
+    from eva.dataset.writer import ENCODE_BATCH_FRAMES
+
+    keys = [f"observation.images.cam{i}" for i in range(3)]
+    sizes = [(48, 64), (32, 48), (48, 64)]
+    cameras = [CameraSpec(k, h, w) for k, (h, w) in zip(keys, sizes, strict=True)]
+    n = 2 * ENCODE_BATCH_FRAMES + 5
+    sources = {
+        k: SyntheticScene(h, w, seed=20 + i).frames(0, n)
+        for i, (k, (h, w)) in enumerate(zip(keys, sizes, strict=True))
+    }
+    reused = {
+        k: np.empty((ENCODE_BATCH_FRAMES + 3, h, w, 3), np.uint8)
+        for k, (h, w) in zip(keys, sizes, strict=True)
+    }
+    root = tmp_path / "raw"
+    with _open(root, cameras=cameras, vectors=[], parallel_encode=parallel_encode) as writer:
+        ep = writer.begin_episode("t")
+        for a, b in ((0, 3), (3, 3 + ENCODE_BATCH_FRAMES + 3), (3 + ENCODE_BATCH_FRAMES + 3, n)):
+            for k in keys:
+                reused[k][: b - a] = sources[k][a:b]
+            ep.add_frames(images={k: reused[k][: b - a] for k in keys})
+            for k in keys:
+                reused[k].fill(255)  # the writer must not read the caller's buffer afterwards
+        assert ep.commit() == 0
+    reader = DatasetReader(root)
+    for k in keys:
+        images = sources[k]
+        decoded = np.concatenate([f.copy() for f in reader.iter_frames(0, k, batch_size=7)])
+        assert decoded.shape == images.shape
+        assert np.abs(decoded.astype(np.int16) - images.astype(np.int16)).mean() < 16
+        diff = np.abs(decoded[:, None].astype(np.int16) - images[None].astype(np.int16))
+        assert np.array_equal(diff.mean(axis=(2, 3, 4)).argmin(axis=1), np.arange(n))
+        assert reader.count_frames(0, k) == n
+        expected = ImageStats()
+        expected.update(images)
+        want = expected.result()
+        got = reader.episodes_stats[0][k]
+        for stat in ("min", "max", "mean", "std", "count"):
+            np.testing.assert_array_equal(np.asarray(got[stat]), np.asarray(want[stat]))
+
+
+@pytest.mark.parametrize("parallel_encode", [True, False])
+def test_one_camera_encoder_failure_aborts_the_episode(
+    tmp_path: Path, parallel_encode: bool
+) -> None:
+    """A real failure of one camera's encoder (its MP4 path cannot be opened) is raised, names
+    the camera, and leaves nothing committed and no work dir; the writer stays usable."""
+    good, bad = "observation.images.good", "observation.images.bad"
+    cameras = [CameraSpec(good, 48, 64), CameraSpec(bad, 48, 64)]
+    scene = SyntheticScene(48, 64, seed=5)
+    root = tmp_path / "raw"
+    with _open(root, cameras=cameras, vectors=[], parallel_encode=parallel_encode) as writer:
+        ep = writer.begin_episode("t")
+        # A directory where camera `bad` must write its MP4: opening it fails in FFmpeg.
+        (ep.work_dir / "01.mp4").mkdir()
+        with pytest.raises(DatasetError, match=f"camera {bad}: encoding 01.mp4 failed"):
+            for start in range(0, 40, 8):
+                frames = scene.frames(start, 8)
+                ep.add_frames(images={good: frames, bad: frames})
+            ep.commit()
+        assert not ep.work_dir.exists()
+        with pytest.raises(DatasetError, match="aborted: camera"):
+            ep.commit()
+        ep.abort()  # idempotent
+        assert DatasetReader(root).episodes == []
+        assert not (root / "data").exists() and not (root / "videos").exists()
+        assert [p.name for p in writer.work_root.iterdir() if p.is_dir()] == []
+
+        ep = writer.begin_episode("t")
+        frames = scene.frames(0, 5)
+        ep.add_frames(images={good: frames, bad: frames})
+        assert ep.commit() == 0
+    assert DatasetReader(root).count_frames(0, bad) == 5
+
+
+@pytest.mark.parametrize(
+    ("thread_type", "thread_count"), [(None, None), ("FRAME", 2), ("SLICE", 2), ("NONE", 1)]
+)
+def test_encoder_threading_keeps_fixed_gop_and_no_bframes(
+    tmp_path: Path, thread_type: str | None, thread_count: int | None
+) -> None:
+    import av
+
+    from eva.dataset.video import VideoEncoder
+
+    images = SyntheticScene(48, 64, seed=2).frames(0, 20)
+    path = tmp_path / "v.mp4"
+    options = VideoOptions(gop=8, crf=30, preset="ultrafast")
+    with VideoEncoder(
+        path, 64, 48, 30, options, thread_type=thread_type, thread_count=thread_count
+    ) as encoder:
+        padded = np.zeros((7, 48, 70, 3), np.uint8)
+        padded[:, :, :64] = images[:7]
+        encoder.write(padded[:, :, :64])  # padded rows: wrapped without a copy
+        spaced = np.zeros((13, 48, 128, 3), np.uint8)
+        spaced[:, :, ::2] = images[7:]
+        encoder.write(spaced[:, :, ::2])  # pixels not adjacent: copied
+    with av.open(str(path)) as container:
+        packets = [p for p in container.demux(video=0) if p.size]
+        assert [i for i, p in enumerate(packets) if p.is_keyframe] == [0, 8, 16]
+        pts = [p.pts for p in packets]
+        assert pts == sorted(pts) and [p.dts for p in packets] == pts
+    assert count_decoded_frames(path) == 20 and probe(path)["frames"] == 20
+    from eva.dataset.video import iter_frame_batches
+
+    decoded = np.concatenate([b.copy() for b in iter_frame_batches(path, 8)])
+    diff = np.abs(decoded[:, None].astype(np.int16) - images[None].astype(np.int16))
+    assert np.array_equal(diff.mean(axis=(2, 3, 4)).argmin(axis=1), np.arange(20))

@@ -90,10 +90,26 @@ class VideoEncoder:
     """Stream RGB frames into one MP4 file.
 
     ``write`` takes (n, H, W, 3) uint8 batches; the file is complete only after ``close``.
+    One encoder is used by one thread at a time; PyAV releases the GIL in the pixel conversion
+    and in libx264, so encoders of different cameras run in parallel on their own threads
+    (``EpisodeWriter`` does that).
+
+    ``thread_type`` / ``thread_count`` set the codec's own threading (PyAV's default: ``SLICE``
+    with one thread per CPU, which libx264 maps to sliced threads); ``"FRAME"`` gives x264 frame
+    threads, which only delay packets (no B-frames, the GOP stays fixed: the x264 params decide
+    that). ``bench/bench_capture.py`` measures both levers; the defaults are kept.
     """
 
     def __init__(
-        self, path: Path, width: int, height: int, fps: int, options: VideoOptions | None = None
+        self,
+        path: Path,
+        width: int,
+        height: int,
+        fps: int,
+        options: VideoOptions | None = None,
+        *,
+        thread_type: str | None = None,
+        thread_count: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.width = int(width)
@@ -116,6 +132,10 @@ class VideoEncoder:
             stream.codec_context.time_base = Fraction(1, self.fps)
             stream.codec_context.gop_size = self.options.gop
             stream.codec_context.max_b_frames = 0
+            if thread_type is not None:
+                stream.codec_context.thread_type = thread_type
+            if thread_count is not None:
+                stream.codec_context.thread_count = int(thread_count)
         except BaseException:
             self._container.close()
             raise
@@ -133,7 +153,13 @@ class VideoEncoder:
         if batch.dtype != np.uint8:
             raise DatasetError(f"{self.path.name}: frame dtype {batch.dtype} != uint8")
         for image in batch:
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+            # Wrap the caller's pixels without copying: a fresh frame-sized buffer per frame costs
+            # a copy plus page faults (~1 ms at 640x480, perf-notes). Safe: the rgb24 frame is
+            # converted to yuv420p (a new frame) inside ``encode``, before this call returns.
+            if image.strides[1:] == (3, 1):
+                frame = av.VideoFrame.from_numpy_buffer(image, format="rgb24")
+            else:
+                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
             frame.pts = self.frames_written
             frame.time_base = self._stream.codec_context.time_base
             for packet in self._stream.encode(frame):

@@ -6,7 +6,16 @@ episode's files and rewrites metadata from running state held in memory, so the 
 does not grow with the number of episodes already in the dataset.
 
 An episode is staged in ``<root>/.eva-work/<random>/`` (MP4s encode there frame batch by frame
-batch; vector rows are buffered, they are small) and becomes visible at ``commit``:
+batch; vector rows are buffered, they are small) and becomes visible at ``commit``.
+
+Encoding runs on one worker thread per camera (``parallel_encode=True``, the default):
+``add_frames`` copies each camera's frames into one of a few reused batch buffers and returns;
+the worker encodes them and feeds that camera's image stats (PyAV and the native stats release
+the GIL, so cameras encode in parallel). Memory is bounded (``ENCODE_BUFFERS`` buffers of
+``ENCODE_BATCH_FRAMES`` frames per camera; ``add_frames`` waits for a free one). A worker's
+failure surfaces on the next ``add_frames`` or at ``commit`` as a ``DatasetError`` naming the
+camera, and the episode is aborted (work dir removed, nothing published); ``commit`` / ``abort``
+join the workers before they return. Publishing order:
 
 1. parquet written under a temporary name, then renamed into ``data/chunk-XXX/``;
 2. MP4s renamed into ``videos/chunk-XXX/<key>/``;
@@ -29,6 +38,7 @@ import fcntl
 import json
 import math
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -71,6 +81,13 @@ LOCK_NAME = "writer.lock"
 # Shared with `eva qc` (docs/design.md "Saving marker"): every read-modify-write of episodes.jsonl
 # holds an exclusive flock on META_LOCK; while episode N is committed, SAVING_MARKER(N) is locked.
 META_LOCK = "meta.lock"
+
+
+# Per camera: batch buffers of ENCODE_BATCH_FRAMES frames cycling between add_frames and the
+# encoder thread (one being encoded, one queued, one being filled). Reused across episodes, so
+# their pages are touched once per writer, not once per batch.
+ENCODE_BATCH_FRAMES = 8
+ENCODE_BUFFERS = 3
 
 
 def saving_marker_name(episode_index: int) -> str:
@@ -240,14 +257,18 @@ class DatasetWriter:
         video: VideoOptions | None = None,
         chunks_size: int = layout.DEFAULT_CHUNKS_SIZE,
         durable: bool = True,
+        parallel_encode: bool = True,
     ) -> DatasetWriter:
         """Create ``root`` as an empty v2.1 dataset, or open it for appending.
 
         An existing dataset must have the same fps, cameras (key and size) and vectors (name and
         dim); its chunks_size wins over the argument. ``durable=False`` skips fsync (tests,
-        benchmarks, throwaway data).
+        benchmarks, throwaway data). ``parallel_encode=False`` encodes every camera in the
+        thread calling ``add_frames``, one after the other (the benchmark's baseline).
         """
         self = object.__new__(cls)
+        self.parallel_encode = bool(parallel_encode)
+        self._free_buffers: dict[str, list[np.ndarray]] = {}
         self._init(
             Path(root), int(fps), list(cameras), list(vectors), robot_type,
             video or VideoOptions(), int(chunks_size), durable,
@@ -539,11 +560,30 @@ class DatasetWriter:
             raise DatasetError(f"{self.root}: task prompt must be a non-empty string")
         return EpisodeWriter(self, task)
 
+    def _take_buffers(self, cam: CameraSpec) -> list[np.ndarray]:
+        """Batch buffers for one camera's encoder thread: the pooled set, or a new one."""
+        with self._lock:
+            pooled = self._free_buffers.pop(cam.key, None)
+        if pooled is not None:
+            return pooled
+        buffers = []
+        for _ in range(ENCODE_BUFFERS):
+            buf = np.empty((ENCODE_BATCH_FRAMES, cam.height, cam.width, 3), np.uint8)
+            buf.fill(0)  # touch the pages once, here, not in the middle of an episode
+            buffers.append(buf)
+        return buffers
+
+    def _give_back_buffers(self, key: str, buffers: list[np.ndarray]) -> None:
+        """Keep one set per camera for the next episode (more exist only with parallel episodes)."""
+        with self._lock:
+            self._free_buffers.setdefault(key, buffers)
+
     def close(self) -> None:
         """Release the dataset lock. Episodes still in progress can no longer commit."""
         if self._closed:
             return
         self._closed = True
+        self._free_buffers = {}
         with contextlib.suppress(OSError):
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         with contextlib.suppress(OSError):
@@ -691,6 +731,127 @@ class DatasetWriter:
             return ep
 
 
+class _StopWork:
+    """Queue message that ends an encoder thread: flush and close the MP4, or discard it."""
+
+    def __init__(self, close: bool) -> None:
+        self.close = close
+
+
+class _CameraEncoder:
+    """One camera of an episode: its MP4 encoder and its image stats, fed from ONE thread.
+
+    Threaded (``buffers`` given): ``submit`` copies frames into a free batch buffer and queues
+    it; the worker encodes it, updates the stats and hands the buffer back. At most
+    ``len(buffers)`` batches are in flight, so ``submit`` blocks while the encoder is behind.
+    Inline (``buffers`` None): ``submit`` encodes in the calling thread.
+    """
+
+    def __init__(
+        self,
+        cam: CameraSpec,
+        path: Path,
+        fps: int,
+        options: VideoOptions,
+        buffers: list[np.ndarray] | None,
+    ) -> None:
+        self.cam = cam
+        self.path = path
+        self.fps = fps
+        self.options = options
+        self.encoder: VideoEncoder | None = None
+        self.stats = ImageStats()
+        self.error: BaseException | None = None  # first failure of the encoder / stats
+        self.buffers = buffers
+        self._thread: threading.Thread | None = None
+        if buffers is not None:
+            self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+            for buf in buffers:
+                self._free.put(buf)
+            self._todo: queue.SimpleQueue[tuple[np.ndarray, int] | _StopWork] = queue.SimpleQueue()
+            # Daemon: an episode its owner never commits or aborts must not hang interpreter exit.
+            self._thread = threading.Thread(
+                target=self._run, name=f"eva-encode-{path.stem}", daemon=True
+            )
+            self._thread.start()
+
+    @property
+    def frames_written(self) -> int:
+        return self.encoder.frames_written if self.encoder is not None else 0
+
+    def _encode(self, frames: np.ndarray) -> None:
+        if self.encoder is None:
+            self.encoder = VideoEncoder(
+                self.path, self.cam.width, self.cam.height, self.fps, self.options
+            )
+        self.encoder.write(frames)
+        self.stats.update(frames)
+
+    def _run(self) -> None:
+        while True:
+            item = self._todo.get()
+            if isinstance(item, _StopWork):
+                self._finish_inline(item.close)
+                return
+            buf, n = item
+            try:
+                if self.error is None:
+                    self._encode(buf[:n])
+            except BaseException as e:  # reported to the producer by the next submit/finish
+                self.error = e
+            finally:
+                self._free.put(buf)
+
+    def _finish_inline(self, close: bool) -> None:
+        if self.encoder is None:
+            return
+        if close and self.error is None:
+            try:
+                self.encoder.close()
+            except BaseException as e:
+                self.error = e
+        else:
+            self.encoder.abort()
+
+    def submit(self, frames: np.ndarray) -> None:
+        """Encode ``frames`` (n, H, W, 3) uint8; the caller may reuse them once this returns."""
+        if self.error is not None:
+            return
+        if self._thread is None:
+            try:
+                self._encode(frames)
+            except BaseException as e:
+                self.error = e
+            return
+        for start in range(0, len(frames), ENCODE_BATCH_FRAMES):
+            part = frames[start : start + ENCODE_BATCH_FRAMES]
+            buf = self._free.get()  # waits while ENCODE_BUFFERS batches are in flight
+            if self.error is not None:
+                self._free.put(buf)
+                return
+            np.copyto(buf[: len(part)], part)
+            self._todo.put((buf, len(part)))
+
+    def request_stop(self, close: bool) -> None:
+        """Ask the worker to finish after the queued batches (close) or to discard (abort)."""
+        if self._thread is not None:
+            self._todo.put(_StopWork(close))
+
+    def join(self, close: bool) -> None:
+        """Wait for the worker (after ``request_stop``); inline: close or abort here."""
+        if self._thread is None:
+            self._finish_inline(close)
+            return
+        self._thread.join()
+
+    def failure(self) -> str | None:
+        if self.error is None:
+            return None
+        e = self.error
+        text = f"{type(e).__name__}: {e}".splitlines()[0]
+        return f"camera {self.cam.key}: encoding {self.path.name} failed ({text})"
+
+
 class EpisodeWriter:
     """One episode being recorded: ``add_frames`` batches, then ``commit`` or ``abort``."""
 
@@ -699,14 +860,37 @@ class EpisodeWriter:
         self.task = task
         self.length = 0
         self.work_dir = Path(tempfile.mkdtemp(prefix="ep-", dir=writer.work_root))
-        self._encoders: dict[str, VideoEncoder] = {}
+        self._cameras: dict[str, _CameraEncoder] = {}  # started on the first frames
         self._video_files = {
             c.key: self.work_dir / f"{i:02d}.mp4" for i, c in enumerate(writer.cameras)
         }
-        self._image_stats = {c.key: ImageStats() for c in writer.cameras}
         self._vector_parts: dict[str, list[np.ndarray]] = {v.name: [] for v in writer.vectors}
         self._capture_parts: list[np.ndarray] = []
         self._done = False
+        self._failure: str | None = None  # why the episode was aborted by an encoder failure
+
+    def _check_open(self) -> None:
+        if self._failure is not None:
+            raise DatasetError(f"episode in {self.work_dir} was aborted: {self._failure}")
+        if self._done:
+            raise DatasetError(f"episode in {self.work_dir}: already committed or aborted")
+
+    def _start_cameras(self) -> None:
+        w = self.writer
+        for cam in w.cameras:
+            buffers = w._take_buffers(cam) if w.parallel_encode else None
+            self._cameras[cam.key] = _CameraEncoder(
+                cam, self._video_files[cam.key], w.fps, w.video, buffers
+            )
+
+    def _raise_on_failure(self) -> None:
+        """An encoder failed: abort the whole episode and raise its reason."""
+        for camera in self._cameras.values():
+            failure = camera.failure()
+            if failure is not None:
+                self._failure = failure
+                self.abort()
+                raise DatasetError(failure) from camera.error
 
     def add_frames(
         self,
@@ -717,10 +901,12 @@ class EpisodeWriter:
         """Append n aligned frames: every camera (n,H,W,3) uint8, every vector (n,dim).
 
         ``capture_time`` (n,) float64 seconds; omitted, it defaults to the fps grid instants.
-        Images are encoded right away (never held); vectors are buffered until commit.
+        Images are handed to the cameras' encoders right away (never held past a few batches;
+        the arrays may be reused once this returns); vectors are buffered until commit. An
+        encoder failure (this batch's or an earlier one's) aborts the episode and raises.
         """
-        if self._done:
-            raise DatasetError(f"episode in {self.work_dir}: already committed or aborted")
+        self._check_open()
+        self._raise_on_failure()
         images = dict(images or {})
         vectors = dict(vectors or {})
         w = self.writer
@@ -747,6 +933,7 @@ class EpisodeWriter:
             raise DatasetError(f"add_frames: frame counts differ between fields {counts}")
         if n == 0:
             return
+        batches: dict[str, np.ndarray] = {}
         for cam in w.cameras:
             batch = np.asarray(images[cam.key])
             if batch.dtype != np.uint8 or batch.shape != (n, cam.height, cam.width, 3):
@@ -754,6 +941,7 @@ class EpisodeWriter:
                     f"add_frames: camera {cam.key} batch is {batch.dtype}{tuple(batch.shape)}, "
                     f"expected uint8({n}, {cam.height}, {cam.width}, 3)"
                 )
+            batches[cam.key] = batch
         checked: dict[str, np.ndarray] = {}
         for vec in w.vectors:
             arr = np.asarray(vectors[vec.name])
@@ -764,31 +952,37 @@ class EpisodeWriter:
             checked[vec.name] = arr.astype(np.float32, copy=True)
         if capture_time is None:
             capture_time = (np.arange(self.length, self.length + n) / w.fps).astype(np.float64)
-        for cam in w.cameras:
-            encoder = self._encoders.get(cam.key)
-            if encoder is None:
-                encoder = VideoEncoder(
-                    self._video_files[cam.key], cam.width, cam.height, w.fps, w.video
-                )
-                self._encoders[cam.key] = encoder
-            batch = images[cam.key]
-            encoder.write(batch)
-            self._image_stats[cam.key].update(batch)
+        if w.cameras and not self._cameras:
+            self._start_cameras()
+        for key, batch in batches.items():
+            self._cameras[key].submit(batch)
+        self._raise_on_failure()
         for name, arr in checked.items():
             self._vector_parts[name].append(arr)
         self._capture_parts.append(np.array(capture_time, dtype=np.float64))
         self.length += n
 
     def _image_stats_results(self) -> dict[str, Any]:
-        return {key: s.result() for key, s in self._image_stats.items()}
+        """Per camera stats (only valid once the encoder threads have been joined)."""
+        return {key: camera.stats.result() for key, camera in self._cameras.items()}
+
+    def _stop_cameras(self, close: bool) -> None:
+        """Finish every camera's encoder (in parallel when threaded) and pool the buffers."""
+        for camera in self._cameras.values():
+            camera.request_stop(close)
+        for camera in self._cameras.values():
+            camera.join(close)
+            if camera.buffers is not None:
+                self.writer._give_back_buffers(camera.cam.key, camera.buffers)
+                camera.buffers = None
 
     def commit(self, extra_row_fields: Mapping[str, Any] | None = None) -> int | None:
         """Publish the episode; returns its index, or None (nothing written) for zero frames.
 
         ``extra_row_fields`` go into the episodes.jsonl row (quality, quality_issues, timing...).
+        Waits for the cameras' encoders; if one failed, the episode is aborted and this raises.
         """
-        if self._done:
-            raise DatasetError(f"episode in {self.work_dir}: already committed or aborted")
+        self._check_open()
         extra = _jsonable(dict(extra_row_fields or {}), "extra_row_fields")
         clash = RESERVED_ROW_KEYS & set(extra)
         if clash:
@@ -797,11 +991,12 @@ class EpisodeWriter:
             self.abort()
             return None
         try:
-            for key, encoder in self._encoders.items():
-                encoder.close()
-                if encoder.frames_written != self.length:
+            self._stop_cameras(close=True)
+            self._raise_on_failure()
+            for key, camera in self._cameras.items():
+                if camera.frames_written != self.length:
                     raise DatasetError(
-                        f"camera {key}: encoded {encoder.frames_written} frames, episode has "
+                        f"camera {key}: encoded {camera.frames_written} frames, episode has "
                         f"{self.length}"
                     )
             episode_index = self.writer._commit(self, extra)
@@ -813,10 +1008,9 @@ class EpisodeWriter:
         return episode_index
 
     def abort(self) -> None:
-        """Drop the episode: close encoders, remove the work dir. Idempotent."""
+        """Drop the episode: stop the encoders, remove the work dir. Idempotent."""
         self._done = True
-        for encoder in self._encoders.values():
-            encoder.abort()
+        self._stop_cameras(close=False)
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def __enter__(self) -> EpisodeWriter:
