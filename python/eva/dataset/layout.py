@@ -7,6 +7,7 @@ rules (no traversal, no separators, no control characters) live in one place.
 from __future__ import annotations
 
 import re
+import string
 from pathlib import Path
 
 CODEBASE_VERSION = "v2.1"
@@ -52,7 +53,7 @@ FORMAT_ALIASES = {
 }
 SUBSETS = ("accepted", "rejected")
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 
 
 class UnsafeNameError(ValueError):
@@ -70,7 +71,8 @@ def normalize_format(name: str) -> str:
 
 def check_component(name: str, what: str = "name") -> str:
     """Accept ``name`` only as one plain path component: no '/', '..', leading dot or control chars."""
-    if not isinstance(name, str) or not _SAFE_NAME.match(name) or name in (".", ".."):
+    # fullmatch: ``$`` alone would also accept a name ending in "\n".
+    if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or name in (".", ".."):
         raise UnsafeNameError(
             f"invalid {what} {name!r}: use 1-128 letters, digits, '.', '_', '+' or '-', "
             "starting with a letter or digit"
@@ -91,6 +93,30 @@ def sanitize_dataset_name(name: str) -> str:
 def check_video_key(key: str) -> str:
     """Video keys become directory names (``observation.images.front``): one safe component."""
     return check_component(key, "video key")
+
+
+_FIELD_SPEC = re.compile(r"0?[0-9]{0,2}d?")
+
+
+def check_path_template(template: str, fields: tuple[str, ...]) -> str:
+    """Accept a path template from a dataset's info.json (``data_path``, ``video_path``) only if
+    it uses plain ``{field}`` / ``{field:03d}`` replacement fields from ``fields``: no attribute or
+    index access, no conversion, no width that would build a huge string."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise UnsafeNameError(f"path template {template!r} is malformed ({e})") from None
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if name not in fields or conversion or not _FIELD_SPEC.fullmatch(spec or ""):
+            raise UnsafeNameError(
+                f"path template {template!r}: field {{{name}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}} is not one of "
+                + ", ".join(f"{{{f}}}" for f in fields)
+                + " (optionally zero-padded, e.g. {episode_index:06d})"
+            )
+    return template
 
 
 def episode_chunk(episode_index: int, chunks_size: int = DEFAULT_CHUNKS_SIZE) -> int:
