@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eva.dataset import layout
-from eva.dataset.atomic import atomic_write_json, atomic_write_jsonl
+from eva.dataset.atomic import dumps_json, jsonl_line
 from eva.dataset.errors import DatasetError
 
 # Columns whose values the renumbering changes (so their per-episode stats are recomputed).
@@ -244,20 +244,27 @@ def rewrite_index_columns(
 def write_common_meta(dest: Path, meta: SubsetMeta, info: Mapping[str, Any]) -> None:
     """Write the subset's common metadata under ``dest/meta`` (info as given: formats adapt it).
 
-    Staging files are not fsynced one by one: publication makes them visible only as a whole.
+    ``dest`` is a staging directory: nothing in it is visible before publication swaps it in as a
+    whole (after one ``syncfs`` when durable), so its files are written in place, without the
+    temporary-file-and-rename (and without per-file fsyncs) that a visible file would need.
     """
     dest = Path(dest)
     (dest / layout.META_DIR).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(dest / layout.INFO, dict(info), durable=False)
-    atomic_write_jsonl(dest / layout.EPISODES, meta.episodes, durable=False)
-    atomic_write_jsonl(
-        dest / layout.TASKS,
-        ({"task_index": i, "task": t} for i, t in sorted(meta.tasks.items())),
-        durable=False,
+    write_staged_json(dest / layout.INFO, dict(info))
+    (dest / layout.EPISODES).write_bytes(b"".join(jsonl_line(row) for row in meta.episodes))
+    (dest / layout.TASKS).write_bytes(
+        b"".join(jsonl_line({"task_index": i, "task": t}) for i, t in sorted(meta.tasks.items()))
     )
-    atomic_write_jsonl(
-        dest / layout.EPISODES_STATS,
-        ({"episode_index": i, "stats": s} for i, s in sorted(meta.episodes_stats.items())),
-        durable=False,
+    (dest / layout.EPISODES_STATS).write_bytes(
+        b"".join(
+            jsonl_line({"episode_index": i, "stats": s})
+            for i, s in sorted(meta.episodes_stats.items())
+        )
     )
-    atomic_write_json(dest / layout.STATS, meta.stats, durable=False)
+    write_staged_json(dest / layout.STATS, meta.stats)
+
+
+def write_staged_json(path: Path, obj: Any) -> None:
+    """A JSON file inside a staging directory (same text as ``atomic_write_json``), written in
+    place: see ``write_common_meta``."""
+    Path(path).write_bytes((dumps_json(obj) + "\n").encode())

@@ -342,7 +342,7 @@ def _read_columns(parquet: pq.ParquetFile, path: Path, wanted: list[str]) -> pa.
     """``wanted`` (top-level column names of the file) from the already open file. Its
     ``read(columns=)`` matches names as dotted path prefixes, so the result is checked to be
     exactly ``wanted`` and read by exact name otherwise."""
-    table = parquet.read(columns=wanted)
+    table = parquet.read(columns=wanted, use_threads=False)
     if table.column_names != wanted:
         table = pq.read_table(path, columns=wanted)
     return table

@@ -30,10 +30,9 @@ import pyarrow as pa
 
 from eva import __version__
 from eva.dataset import layout
-from eva.dataset.atomic import atomic_write_json
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
-from eva.dataset.subset import SubsetMeta, build_subset_meta
+from eva.dataset.subset import SubsetMeta, build_subset_meta, write_staged_json
 from eva.export.registry import ExportOptions, load_format
 from eva.jobs import (
     EXPORT_JOB,
@@ -274,12 +273,11 @@ def export_dataset(
                 subset_dir = staging / subset
                 subset_dir.mkdir()
                 module.write_subset(reader, metas[subset], subset_dir, progress, options)
-                atomic_write_json(
+                write_staged_json(
                     subset_dir / layout.QUALITY_SPLIT,
                     quality_split_record(
                         metas[subset], source=source, fmt=fmt, export_id=job.job_id, plan=plan
                     ),
-                    durable=False,
                 )
                 progress(files=1)
             job.set_progress(progress)

@@ -74,7 +74,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eva.dataset import layout
-from eva.dataset.atomic import atomic_write_json
 from eva.dataset.errors import DatasetError
 from eva.dataset.stats import (
     DEFAULT_QUANTILES,
@@ -82,7 +81,12 @@ from eva.dataset.stats import (
     quantiles_from_histogram,
     vector_quantiles,
 )
-from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
+from eva.dataset.subset import (
+    SubsetMeta,
+    rewrite_index_columns,
+    write_common_meta,
+    write_staged_json,
+)
 from eva.formats._v3_video import (
     EpisodeVideo,
     ParamsCache,
@@ -699,7 +703,7 @@ def write_subset(
     for feature, q in quantiles.quantiles().items():
         if feature in stats:
             stats[feature].update(q)
-    atomic_write_json(root / layout.STATS, stats, durable=False)
+    write_staged_json(root / layout.STATS, stats)
     progress(files=4)
 
 
@@ -709,7 +713,8 @@ def _read_episode_table(reader: Any, source: int) -> pa.Table:
     path = Path(reader.data_path(source))
     try:
         with pq.ParquetFile(path) as parquet:
-            return parquet.read()
+            # one small file: Arrow's thread pool costs more than it saves
+            return parquet.read(use_threads=False)
     except FileNotFoundError:
         raise DatasetError(f"{path}: episode {source} parquet missing") from None
     except (pa.ArrowInvalid, OSError) as e:
