@@ -56,13 +56,16 @@ cdef inline void _shape(cnp.ndarray arr, int64_t* shape):
         shape[i] = cnp.PyArray_DIMS(arr)[i]
 
 
+cdef size_t _size(cnp.ndarray arr, bytes dtype):
+    cdef int64_t shape[32]
+    _shape(arr, shape)
+    return encoded_size(len(dtype), shape, cnp.PyArray_NDIM(arr), cnp.PyArray_NBYTES(arr))
+
+
 def size(object array) -> int:
     """Encoded size in bytes of ``array``'s ndarray map."""
     cdef cnp.ndarray arr = _checked(array)
-    cdef int64_t shape[32]
-    _shape(arr, shape)
-    dtype = arr.dtype.str.encode("ascii")
-    return encoded_size(len(dtype), shape, cnp.PyArray_NDIM(arr), cnp.PyArray_NBYTES(arr))
+    return _size(arr, arr.dtype.str.encode("ascii"))
 
 
 cdef size_t _encode_to(cnp.ndarray arr, bytes dtype, uint8_t* out):
@@ -85,10 +88,8 @@ cdef size_t _encode_to(cnp.ndarray arr, bytes dtype, uint8_t* out):
 def encode(object array) -> bytes:
     """The ndarray map as a new ``bytes``: one allocation, one copy of the data."""
     cdef cnp.ndarray arr = _checked(array)
-    cdef int64_t shape[32]
-    _shape(arr, shape)
-    dtype = arr.dtype.str.encode("ascii")
-    cdef size_t n = encoded_size(len(dtype), shape, cnp.PyArray_NDIM(arr), cnp.PyArray_NBYTES(arr))
+    cdef bytes dtype = arr.dtype.str.encode("ascii")
+    cdef size_t n = _size(arr, dtype)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, n)
     _encode_to(arr, dtype, <uint8_t*>PyBytes_AS_STRING(out))
     return out
@@ -101,10 +102,8 @@ def encode_into(object array, uint8_t[::1] out, Py_ssize_t offset=0) -> int:
     once with the GIL released.
     """
     cdef cnp.ndarray arr = _checked(array)
-    cdef int64_t shape[32]
-    _shape(arr, shape)
-    dtype = arr.dtype.str.encode("ascii")
-    cdef size_t n = encoded_size(len(dtype), shape, cnp.PyArray_NDIM(arr), cnp.PyArray_NBYTES(arr))
+    cdef bytes dtype = arr.dtype.str.encode("ascii")
+    cdef size_t n = _size(arr, dtype)
     if offset < 0 or <size_t>offset > <size_t>out.shape[0] or n > <size_t>(out.shape[0] - offset):
         raise ValueError(
             f"buffer of {out.shape[0]} bytes cannot hold {n} bytes at offset {offset}"
