@@ -117,13 +117,18 @@ class DatasetReader:
 
     @cached_property
     def video_keys(self) -> list[str]:
-        keys = [k for k, f in self.features.items() if f.get("dtype") == "video"]
-        for key in keys:
-            try:
-                layout.check_video_key(key)
-            except layout.UnsafeNameError as e:
-                raise DatasetError(f"{self.root / layout.INFO}: feature {e}") from None
-        return keys
+        return [
+            self._checked_video_key(k)
+            for k, f in self.features.items()
+            if f.get("dtype") == "video"
+        ]
+
+    def _checked_video_key(self, key: str) -> str:
+        """Video keys become directory names: one safe component, or the dataset is refused."""
+        try:
+            return layout.check_video_key(key)
+        except layout.UnsafeNameError as e:
+            raise DatasetError(f"{self.root / layout.INFO}: feature {e}") from None
 
     @cached_property
     def image_keys(self) -> list[str]:
@@ -250,10 +255,7 @@ class DatasetReader:
         feature = self.features.get(key)
         if not isinstance(feature, dict) or feature.get("dtype") != "video":
             raise DatasetError(f"{self.root / layout.INFO}: no video feature {key!r}")
-        try:
-            layout.check_video_key(key)
-        except layout.UnsafeNameError as e:
-            raise DatasetError(f"{self.root / layout.INFO}: feature {e}") from None
+        self._checked_video_key(key)
         return self._resolve_template("video_path", layout.VIDEO_PATH, episode_index, video_key=key)
 
     # ---- data ----------------------------------------------------------------------------
