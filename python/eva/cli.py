@@ -574,6 +574,13 @@ def _check_hdf5_compression(value: str | None) -> str | None:
     help="lerobot_v3: image quantiles from the decoded keyframes (default) or none (faster).",
 )
 @click.option(
+    "--image-quantile-keyframes",
+    type=click.IntRange(min=0),
+    default=None,
+    help="lerobot_v3: keyframes decoded per episode and camera for the image quantiles "
+    "(default 1, evenly spread; 0 = every keyframe).",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="JSON progress lines (default when not a terminal)."
 )
 def export_command(
@@ -588,6 +595,7 @@ def export_command(
     data_file_size_mb: float | None,
     video_file_size_mb: float | None,
     image_quantiles: str | None,
+    image_quantile_keyframes: int | None,
     as_json: bool,
 ) -> None:
     """Split DATASET into accepted/rejected and export both as FMT, published as a pair.
@@ -651,6 +659,7 @@ def export_command(
                         ("data_files_size_in_mb", data_file_size_mb),
                         ("video_files_size_in_mb", video_file_size_mb),
                         ("image_quantiles", image_quantiles),
+                        ("image_quantile_keyframes", image_quantile_keyframes),
                     )
                     if v is not None
                 },
