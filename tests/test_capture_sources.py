@@ -6,10 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
+from video_helpers import encode_video
 
 from eva.capture.recorder import Recorder
 from eva.capture.sources import ReplaySource, Sample, SimulatedRig, SourcePump
 from eva.config import CameraConfig, VectorConfig, config_from_dict
+from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 
 CAMS = [CameraConfig("observation.images.a", 64, 48), CameraConfig("observation.images.b", 32, 24)]
@@ -109,3 +112,18 @@ def test_realtime_replay_paces_and_pump_stops(synthetic_dataset: Callable[..., P
     looping = SourcePump(ReplaySource(source_dir, realtime=True, loop=True), Collect()).start()
     looping.stop()
     assert looping.finished.is_set()
+
+
+@pytest.mark.parametrize(("camera", "frames"), [(0, 7), (1, 7), (1, 14)])
+def test_replay_of_a_video_that_does_not_match_its_table_names_the_file(
+    synthetic_dataset: Callable[..., Path], camera: int, frames: int
+) -> None:
+    root = synthetic_dataset(episodes=1, frames=10, cameras=2)
+    reader = DatasetReader(root)
+    key = reader.video_keys[camera]
+    video = reader.video_path(0, key)
+    rng = np.random.default_rng(camera)
+    encode_video(video, rng.integers(0, 255, (frames, 48, 64, 3), dtype=np.uint8))
+    replay = ReplaySource(root, realtime=False, batch_size=4)
+    with pytest.raises(DatasetError, match=rf"{video.name}: episode 0 camera {key} "):
+        list(replay.samples())

@@ -47,6 +47,7 @@ import numpy as np
 
 from eva.capture.synthetic import SyntheticScene, joint_actions, joint_states
 from eva.config import CameraConfig, CollectionConfig, VectorConfig
+from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 
 
@@ -285,6 +286,24 @@ class ReplaySource:
     def fps(self) -> int:
         return self.reader.fps
 
+    def _next_batch(
+        self, frames: Iterator[np.ndarray], ep: int, key: str, row: int, rows: int
+    ) -> np.ndarray:
+        """The camera's next decoded batch, which must cover rows ``row..`` and no more."""
+        batch = next(frames, None)
+        if batch is None:
+            raise self._frame_count_error(
+                ep, key, f"ends after {row} frames, but the table has {rows} rows"
+            )
+        if row + len(batch) > rows:
+            raise self._frame_count_error(ep, key, f"has more frames than the {rows} table rows")
+        return batch
+
+    def _frame_count_error(self, ep: int, key: str, detail: str) -> DatasetError:
+        return DatasetError(
+            f"{self.reader.video_path(ep, key)}: episode {ep} camera {key} {detail}"
+        )
+
     def samples(self) -> Iterator[Sample]:
         _, vectors = self.stream_config()
         keys = self.reader.video_keys
@@ -299,8 +318,18 @@ class ReplaySource:
                 frames = [self.reader.iter_frames(ep, key, self.batch_size) for key in keys]
                 row = 0
                 while row < len(stamps):
-                    batches = [next(it) for it in frames] if frames else []
-                    n = len(batches[0]) if batches else min(self.batch_size, len(stamps) - row)
+                    batches = [
+                        self._next_batch(it, ep, key, row, len(stamps))
+                        for key, it in zip(keys, frames, strict=True)
+                    ]
+                    lengths = [len(b) for b in batches]
+                    n = min(lengths) if batches else min(self.batch_size, len(stamps) - row)
+                    if batches and max(lengths) != n:  # a shorter video's last batch
+                        raise self._frame_count_error(
+                            ep,
+                            keys[lengths.index(n)],
+                            f"ends after {row + n} frames, other cameras go on",
+                        )
                     for i in range(n):
                         t = offset + float(stamps[row + i])
                         pacer.wait(t)
