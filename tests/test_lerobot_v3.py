@@ -318,9 +318,21 @@ def test_quantiles_match_numpy(tmp_path: Path) -> None:
             got = np.asarray(stats[key][name]).reshape(3)
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
     # Per-episode quantile columns exist beside min/max/mean/std/count.
-    row = locators(exact_dir)[0]
+    rows = locators(exact_dir)
+    row = rows[0]
     assert {f"stats/{key}/q50", "stats/observation.state/q99"} <= set(row)
     assert np.asarray(row[f"stats/{key}/q50"]).shape == (3, 1, 1)
+    # ... and the vector ones are numpy's over that episode's rows, column by column.
+    for ep, episode_row in enumerate(rows):
+        for column in ("observation.state", "action", "timestamp", "frame_index"):
+            values = reader.read_table(ep, [column]).column(column).combine_chunks()
+            if pa.types.is_fixed_size_list(values.type):
+                values = values.flatten().to_numpy().reshape(len(values), -1)
+            else:
+                values = values.to_numpy().reshape(-1, 1)
+            for name, want in _quantiles(values.astype(np.float64)).items():
+                got = episode_row[f"stats/{column}/{name}"]
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
 def test_tasks_parquet_carries_the_pandas_index(source: Path, tmp_path: Path) -> None:

@@ -383,6 +383,25 @@ def _column_matrix(table: pa.Table, name: str) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False).reshape(-1, 1)
 
 
+def _episode_quantiles(columns: Mapping[str, np.ndarray]) -> dict[str, dict[str, list[float]]]:
+    """``vector_quantiles`` of every (n, dim) column (``_column_matrix`` output), from ONE
+    ``np.quantile`` call over the columns side by side: numpy computes each column on its own,
+    so the values are those of one call per column, without the per-call overhead."""
+    if not columns:
+        return {}
+    table = vector_quantiles(
+        np.hstack([np.asarray(values, np.float64) for values in columns.values()]),
+        DEFAULT_QUANTILES,
+    )
+    out: dict[str, dict[str, list[float]]] = {}
+    start = 0
+    for name, values in columns.items():
+        dim = values.shape[1]
+        out[name] = {key: row[start : start + dim] for key, row in table.items()}
+        start += dim
+    return out
+
+
 class _QuantileCollector:
     """Per-feature data for exact dataset-level quantiles (vectors) and image histograms."""
 
@@ -637,11 +656,14 @@ def write_subset(
             data_rolled = data.add(table)
             row = _episode_row(meta, ep, table, data)
             ep_stats = {k: dict(v) for k, v in meta.episodes_stats.get(ep, {}).items()}
+            episode_vectors: dict[str, np.ndarray] = {}
             for name in _numeric_vector_columns(table, features):
                 values = _column_matrix(table, name)
                 quantiles.add_vectors(name, values)
                 if name in ep_stats:
-                    ep_stats[name].update(vector_quantiles(values, DEFAULT_QUANTILES))
+                    episode_vectors[name] = values
+            for name, q in _episode_quantiles(episode_vectors).items():
+                ep_stats[name].update(q)
 
             for key in video_keys:
                 cam = cameras[key]
