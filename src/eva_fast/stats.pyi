@@ -4,7 +4,8 @@ import numpy.typing as npt
 class ImageAccumulator:
     """Exact per-channel 256-bin histogram of interleaved RGB uint8 pixels."""
 
-    def update(self, pixels: npt.NDArray[np.uint8], n_frames: int) -> None: ...
+    def update(self, pixels: npt.NDArray[np.uint8], n_frames: int) -> None:
+        """``pixels``: ONE flat C-contiguous buffer of interleaved RGB bytes (``frames.reshape(-1)``)."""
     def histogram(self) -> npt.NDArray[np.uint64]: ...
     @property
     def frame_count(self) -> int: ...
