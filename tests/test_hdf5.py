@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from video_helpers import encode_video, pyav_decode
 
 from eva._native import load
+from eva.dataset import rgb
 from eva.dataset.errors import DatasetError
 from eva.formats import hdf5
 
@@ -363,12 +364,12 @@ def test_batch_length_is_whole_chunks_and_bounded() -> None:
     assert hdf5.Hdf5Options(frames_per_chunk=300).batch_length(vga) == 300
 
 
-# ---- the h5chunk kernel -------------------------------------------------------------------------
+# ---- the h5chunk kernel (eva.dataset.rgb) -------------------------------------------------------
 
 
 def _kernel(native: object | None, name: str):  # noqa: ANN202 - picks native or reference
     if native is None:
-        return getattr(hdf5, f"{name}_reference")
+        return getattr(rgb, f"{name}_reference")
     return getattr(native, name)
 
 
@@ -407,9 +408,9 @@ def test_pack_frame_rejects_bad_input(native: object | None) -> None:
         pack(np.zeros((4, 4, 3), dtype=np.uint8), batch, 2)
 
 
-def _random_tables(seed: int) -> hdf5.YuvTables:
+def _random_tables(seed: int) -> rgb.YuvTables:
     rng = np.random.default_rng(seed)
-    return hdf5.YuvTables(
+    return rgb.YuvTables(
         rng.integers(0, 256, 65536, dtype=np.uint8),
         rng.integers(0, 256, 65536, dtype=np.uint8),
         rng.integers(0, 256, (7, 256), dtype=np.uint8),
@@ -474,7 +475,7 @@ def test_calibrated_conversion_equals_pyav(native: object | None, width: int, he
     )
     planes = [np.frombuffer(p, np.uint8).reshape(-1, p.line_size) for p in frame.planes]
     batch = np.zeros((1, height, width, 3), dtype=np.uint8)
-    tables = hdf5.calibrate_yuv420p_luts(frame.colorspace, frame.color_range)
+    tables = rgb.calibrate_yuv420p_luts(frame.colorspace, frame.color_range)
     assert tables is not None and len(tables.g_rows) < 4096  # compact green table
     _kernel(native, "yuv420p_to_rgb24")(*planes, width, height, *tables, batch, 0)
     np.testing.assert_array_equal(batch[0], frame.to_ndarray(format="rgb24"))
