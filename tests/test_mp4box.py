@@ -491,3 +491,33 @@ def test_sample_entry_key_ignores_the_bit_rate_box_only(tmp_path: Path) -> None:
         eva_video(tmp_path / "c.mp4", 10, VideoOptions(crf=40, preset="ultrafast"))
     )
     assert other.entry.key != a.entry.key  # other SPS/PPS -> other avcC
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.data())
+def test_corrupted_bytes_samples_never_escape_as_other_errors(
+    tmp_path: Path, data: st.DataObject
+) -> None:
+    """Byte damage: read_video_samples answers or raises an Mp4Error; an answer has one sample
+    per counted frame, every sample inside the file, and keeps the packets' order in time."""
+    source = tmp_path / "source.mp4"
+    if not source.exists():
+        eva_video(source, 6, VideoOptions(gop=3))
+    damaged = bytearray(source.read_bytes())
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(damaged) - 1))
+        damaged[at] = data.draw(st.integers(0, 255))
+    path = tmp_path / "damaged.mp4"
+    path.write_bytes(bytes(damaged))
+    try:
+        samples = mp4box.read_video_samples(path)
+    except mp4box.Mp4Error:
+        return
+    n = mp4box.count_video_samples(path)
+    assert len(samples.sizes) == len(samples.offsets) == len(samples.dts) == n
+    assert len(samples.durations) == len(samples.keyframes) == n
+    if n:
+        assert int((samples.offsets + samples.sizes).max()) <= len(damaged)
+        assert int(samples.offsets.min()) >= 0 and int(samples.sizes.min()) > 0
