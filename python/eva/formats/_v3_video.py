@@ -39,6 +39,14 @@ packets are muxed straight from the file's bytes. FFmpeg is still opened:
   ``av1C`` without its sequence header) are opened with FFmpeg every time, as before;
 * for every file the box parser does not vouch for (B-frames, edit lists that hide frames,
   fragmented files...): the demux path, as before.
+
+What that drops per episode is FFmpeg's probe, i.e. decoding the episode's first frame: a file
+whose boxes are sound but whose first frame's bitstream is damaged is now copied as is (the demux
+copy never decoded the other frames either). The frame-count checks are unchanged: the sample
+count the box parser vouches for is the number of packets FFmpeg's demuxer delivers (it steps
+aside otherwise), and it must equal the table rows. Damaged bitstreams show up where frames are
+decoded: the keyframe sample for the image quantiles, ``--verify-decode`` (every frame), and the
+validator's ``decode=True``.
 """
 
 from __future__ import annotations
