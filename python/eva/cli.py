@@ -845,7 +845,7 @@ def upload_command(
     import time
 
     from eva.dataset.errors import DatasetError
-    from eva.upload.config import UploadConfigError, parse_sftp_config, read_config_file
+    from eva.upload.config import UploadConfigError, load_upload_config
     from eva.upload.gate import UploadRefused
     from eva.upload.job import start_upload
     from eva.upload.sftp import UploadError, UploadOptions
@@ -856,8 +856,7 @@ def upload_command(
         fail(message)
 
     try:
-        collection = read_config_file(Path(config_path))
-        sftp_config = parse_sftp_config(collection, base_dir=Path(config_path).resolve().parent)
+        collection, sftp_config = load_upload_config(Path(config_path))
     except UploadConfigError as e:
         refuse(str(e))
     if sftp_config is not None and known_hosts:

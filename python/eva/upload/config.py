@@ -144,13 +144,17 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise UploadConfigError(str(e)) from None
 
 
+def load_upload_config(path: Path) -> tuple[dict[str, Any], SftpConfig | None]:
+    """The raw ``collection`` table of a config file and its parsed ``storage.sftp`` (None when
+    not configured); every error names the file."""
+    path = Path(path)
+    collection = read_config_file(path)
+    try:
+        return collection, parse_sftp_config(collection, base_dir=path.resolve().parent)
+    except UploadConfigError as e:
+        raise UploadConfigError(f"{path}: {e}") from None
+
+
 def load_sftp_config(path: Path) -> SftpConfig | None:
     """Parse ``collection.storage.sftp`` from a config file; None when it is not configured."""
-    path = Path(path)
-    try:
-        return parse_sftp_config(read_config_file(path), base_dir=path.resolve().parent)
-    except UploadConfigError as e:
-        message = str(e)
-        if message.startswith(str(path)):
-            raise
-        raise UploadConfigError(f"{path}: {message}") from None
+    return load_upload_config(path)[1]
