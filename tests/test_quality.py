@@ -155,3 +155,11 @@ def test_cli_qc_pass_and_fail_exclude_each_other(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["qc", str(root), "0", "--pass", "--fail"])
     assert r.exit_code == 2 and "exclude" in r.output
     assert read_jsonl(root / layout.EPISODES) == ROWS
+
+
+@pytest.mark.parametrize("bad", [{"episode_index": "1"}, {"episode_index": -1}, [1, 2], {}])
+def test_cli_qc_list_refuses_a_malformed_row_in_one_line(tmp_path: Path, bad: object) -> None:
+    root = _dataset(tmp_path, [ROWS[0], bad])
+    r = CliRunner().invoke(main, ["qc", str(root), "--list"])
+    assert r.exit_code == 1
+    assert r.output.count("\n") == 1 and "episodes.jsonl: row 2: episode_index" in r.output

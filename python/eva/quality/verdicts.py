@@ -101,13 +101,20 @@ def meta_lock(root: Path) -> Iterator[None]:
 
 
 def read_episode_rows(root: Path) -> list[dict[str, Any]]:
+    """episodes.jsonl rows; DatasetError (file and line) unless each is an object whose
+    ``episode_index`` is an int >= 0 (the review sorts and matches on it)."""
     path = Path(root) / layout.EPISODES
     if not path.is_file():
         raise DatasetError(f"{path}: missing (not a v2.1 dataset?)")
     try:
-        return read_jsonl(path)
+        rows = read_jsonl(path)
     except ValueError as e:
         raise DatasetError(str(e)) from None
+    for lineno, row in enumerate(rows, 1):
+        ep = row.get("episode_index") if isinstance(row, dict) else None
+        if not isinstance(ep, int) or isinstance(ep, bool) or ep < 0:
+            raise DatasetError(f"{path}: row {lineno}: episode_index {ep!r} is not an int >= 0")
+    return rows
 
 
 @dataclass(frozen=True)
