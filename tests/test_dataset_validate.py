@@ -305,3 +305,35 @@ def test_torn_jsonl_tail(raw: Path) -> None:
     assert problems[0].path == str(raw / layout.EPISODES_STATS)
     assert atomic.heal_jsonl_tail(raw / layout.EPISODES_STATS)
     assert validate_dataset(raw) == []
+
+
+def test_symlinked_file_out_of_dataset_is_refused(raw: Path, tmp_path: Path) -> None:
+    """A single episode file that is a symlink leaving the dataset (not its directory)."""
+    video = DatasetReader(raw).video_path(1, FRONT)
+    outside = tmp_path / "elsewhere.mp4"
+    shutil.copyfile(video, outside)
+    video.unlink()
+    video.symlink_to(outside)
+    assert _codes(raw) == ["unsafe_path"]
+
+
+def test_on_table_hands_over_the_index_columns_read(raw: Path) -> None:
+    """The caller gets exactly the checked columns of every episode (the export takes task_index
+    from there), also beside a column whose dotted name starts with one of theirs."""
+    _rewrite_table(
+        raw, 1, lambda t: t.append_column("timestamp.raw", pa.array(np.zeros(t.num_rows)))
+    )
+    seen: dict[int, pa.Table] = {}
+    assert validate_dataset(raw, on_table=lambda ep, table: seen.setdefault(ep, table)) == []
+    assert sorted(seen) == [0, 1]
+    for ep, table in seen.items():
+        assert table.column_names == [
+            "episode_index",
+            "task_index",
+            "index",
+            "frame_index",
+            "timestamp",
+        ]
+        source = DatasetReader(raw).read_table(ep)
+        for name in table.column_names:
+            assert table.column(name).equals(source.column(name))

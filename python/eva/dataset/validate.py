@@ -340,8 +340,8 @@ def _check_episode(
 
 def _read_columns(parquet: pq.ParquetFile, path: Path, wanted: list[str]) -> pa.Table:
     """``wanted`` (top-level column names of the file) from the already open file. Its
-    ``read(columns=)`` matches names as dotted path prefixes, so the result is checked to be
-    exactly ``wanted`` and read by exact name otherwise."""
+    ``read(columns=)`` resolves names as column paths (a name may select a nested field's
+    children), so the result is checked to be exactly ``wanted``, else read by exact name."""
     table = parquet.read(columns=wanted, use_threads=False)
     if table.column_names != wanted:
         table = pq.read_table(path, columns=wanted)
