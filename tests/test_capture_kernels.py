@@ -86,6 +86,18 @@ def test_ring_rejects_wrong_shape(native: bool) -> None:
 
 
 @ring_impls
+@pytest.mark.parametrize(
+    "times", [np.array(0.0), np.zeros((2, 2)), np.zeros(4, np.float32), np.zeros(8)[::2]]
+)
+def test_ring_pop_batch_refuses_bad_time_arrays(native: bool, times: np.ndarray) -> None:
+    ring = _ring(native, (2,), np.float64)
+    assert ring.push(1.0, np.zeros(2))
+    with pytest.raises(ValueError, match="out_times"):
+        ring.pop_batch(np.zeros((4, 2)), times)
+    assert len(ring) == 1  # nothing was taken out
+
+
+@ring_impls
 def test_ring_concurrent_producer_consumer_loses_nothing(native: bool) -> None:
     n = 20000
     ring = _ring(native, (8,), np.int64, block_slots=16, initial_blocks=2, max_bytes=1 << 24)

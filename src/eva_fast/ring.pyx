@@ -91,8 +91,10 @@ cdef class SnapshotRing:
         cdef double* dst_t
         if not cnp.PyArray_ISCARRAY(out) or cnp.PyArray_TYPE(out) != self.typenum:
             raise ValueError("pop_batch: out must be a writable C-contiguous array of the ring dtype")
-        if not cnp.PyArray_ISCARRAY(out_times) or cnp.PyArray_TYPE(out_times) != cnp.NPY_FLOAT64:
-            raise ValueError("pop_batch: out_times must be a writable C-contiguous float64 array")
+        # A 0-d out_times has no dims array to read its length from (a NULL read, not an error).
+        if (not cnp.PyArray_ISCARRAY(out_times) or cnp.PyArray_TYPE(out_times) != cnp.NPY_FLOAT64
+                or cnp.PyArray_NDIM(out_times) != 1):
+            raise ValueError("pop_batch: out_times must be a writable C-contiguous 1-D float64 array")
         capacity = cnp.PyArray_NBYTES(out) // self.item_bytes
         limit = min(capacity, <size_t>cnp.PyArray_DIM(out_times, 0))
         if max_n >= 0:

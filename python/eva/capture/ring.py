@@ -109,8 +109,10 @@ class ReferenceRing:
             raise ValueError(
                 "pop_batch: out must be a writable C-contiguous array of the ring dtype"
             )
-        if out_times.dtype != np.float64 or not out_times.flags.c_contiguous:
-            raise ValueError("pop_batch: out_times must be a writable C-contiguous float64 array")
+        if out_times.dtype != np.float64 or not out_times.flags.c_contiguous or out_times.ndim != 1:
+            raise ValueError(
+                "pop_batch: out_times must be a writable C-contiguous 1-D float64 array"
+            )
         flat = out.reshape(-1, *self.shape) if out.size else out
         limit = min(out.nbytes // self.item_bytes, out_times.shape[0])
         if max_n >= 0:
