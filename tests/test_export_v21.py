@@ -347,6 +347,7 @@ VALIDATION_CASES = {
     ),
     "missing_index_column": (_drop_column("index"), "index"),
     "missing_episode_index_column": (_drop_column("episode_index"), "episode_index"),
+    "missing_task_index_column": (_drop_column("task_index"), "column task_index missing"),
     "unknown_task": (_drop_task, "task_index"),
     "missing_video_stats": (_drop_video_stats, "observation.images.cam1"),
     "empty_episode": (_edit_rows(_zero_length), "episode 3"),
