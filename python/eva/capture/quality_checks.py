@@ -48,24 +48,6 @@ SOURCE_CLOCK_DISCONTINUITY = "source_clock_discontinuity"
 CAPTURE_BACKLOG_OVERFLOW = "capture_backlog_overflow"
 UNEXPECTED_VECTOR_STREAM = "unexpected_vector_stream"
 
-ALL_CODES = (
-    EPISODE_TOO_SHORT,
-    FRAME_COUNT_MISMATCH,
-    NON_MONOTONIC_TIMESTAMP,
-    MISSING_CAMERA,
-    INVALID_IMAGE_SHAPE,
-    MISSING_CONFIGURED_COLUMN,
-    INVALID_VECTOR_DIM,
-    NON_FINITE_VALUE,
-    MISSING_CAMERA_STREAM,
-    UNEXPECTED_IMAGE_STREAM,
-    IMAGE_SKEW_EXCEEDED,
-    FROZEN_CAMERA,
-    SOURCE_CLOCK_DISCONTINUITY,
-    CAPTURE_BACKLOG_OVERFLOW,
-    UNEXPECTED_VECTOR_STREAM,
-)
-
 
 def _same_image(a: np.ndarray, b: np.ndarray) -> bool:
     """Exact equality, checking a sparse pixel grid first: live images almost always differ

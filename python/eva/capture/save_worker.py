@@ -31,7 +31,6 @@ QUEUED = "queued"
 SAVING = "saving"
 SAVED = "saved"
 FAILED = "failed"
-JOB_STATES = (QUEUED, SAVING, SAVED, FAILED)
 
 _job_ids = itertools.count(1)
 

@@ -57,12 +57,8 @@ __all__ = [
 # The quantiles LeRobot >= 0.4 uses for quantile normalisation.
 DEFAULT_QUANTILES: tuple[float, ...] = (0.01, 0.10, 0.50, 0.90, 0.99)
 
-# Stat keys that merge_stats understands; anything else (quantiles, ...) is not mergeable.
-MERGEABLE_KEYS = ("min", "max", "mean", "std", "count")
-
 _CHANNELS = 3
 _BINS = 256
-_LEVELS = np.arange(_BINS, dtype=np.int64)
 
 
 def quantile_key(q: float) -> str:
