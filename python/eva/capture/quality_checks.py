@@ -74,9 +74,6 @@ class IssueLog:
         else:
             self._issues[key] = {"detail": detail, "count": count}
 
-    def has(self, code: str, stream: str | None = None) -> bool:
-        return any(c == code and (stream is None or s == stream) for c, s in self._issues)
-
     def records(self) -> list[dict[str, str]]:
         out = []
         for (code, _stream), entry in self._issues.items():

@@ -477,9 +477,6 @@ class RunningMerge:
                 self._features[feature] = _FeatureMerge(stat)
             self._features[feature].add(feature, stat)
 
-    def features(self) -> list[str]:
-        return list(self._features)
-
     def result(self) -> dict[str, dict[str, Any]]:
         return {
             feature: merged.result()
