@@ -8,7 +8,7 @@ other, cannot drift apart.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +71,51 @@ def embedded_info_problems(info: Mapping[str, Any], episode_count: int) -> list[
             )
         )
     return problems
+
+
+# (code, message, path, episode or None): how a format's verify collects its problems.
+ProblemSink = Callable[[str, str, Path, int | None], None]
+
+
+def verify_export_files(
+    root: Path,
+    *,
+    episode_file: Callable[[int, int], str],
+    verify_file: Callable[[Path, int, Mapping[str, Any], Mapping[str, Any]], int],
+    problem: ProblemSink,
+    missing_code: str,
+    file_glob: str | None = None,
+) -> None:
+    """The checks every embedded-images export shares, reported through ``problem``: readable
+    metadata, the info.json layout (``embedded_info_problems``), one file per episode
+    (``episode_file(episode, chunks_size)``, relative to ``root``; ``missing_code`` when absent;
+    with ``file_glob``, files that no episode lists are ``unexpected_file``), and info's
+    ``total_frames`` against the rows the files hold. ``verify_file(path, episode, row, info)``
+    checks one file, reports its own problems and returns its row count (0 when unreadable)."""
+    root = Path(root)
+    info_path = root / layout.INFO
+    try:
+        info, episodes = read_export_meta(root)
+    except (OSError, ValueError) as e:
+        problem("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR, None)
+        return
+    for code, message in embedded_info_problems(info, len(episodes)):
+        problem(code, message, info_path, None)
+    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
+    paths = [root / episode_file(ep, chunks_size) for ep in range(len(episodes))]
+    if file_glob is not None:
+        for extra in sorted(set(root.glob(file_glob)) - set(paths)):
+            problem("unexpected_file", "episode file not listed in episodes.jsonl", extra, None)
+    total_rows = 0
+    for ep, (path, row) in enumerate(zip(paths, episodes, strict=True)):
+        if not path.is_file():
+            problem(missing_code, "episode file missing", path, ep)
+            continue
+        total_rows += verify_file(path, ep, row, info)
+    if info.get("total_frames") != total_rows:
+        problem(
+            "total_frames",
+            f"info total_frames {info.get('total_frames')} but the files hold {total_rows} rows",
+            info_path,
+            None,
+        )

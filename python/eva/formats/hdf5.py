@@ -677,47 +677,29 @@ def verify(export_dir: Path) -> list[Any]:
     one image frame per episode."""
     from eva.dataset.validate import Problem
 
-    root = Path(export_dir)
     problems: list[Problem] = []
 
     def add(code: str, message: str, path: Path, episode: int | None = None) -> None:
         where = f"{path}: episode {episode}" if episode is not None else str(path)
         problems.append(Problem(code, f"{where}: {message}", str(path), episode))
 
-    try:
-        info, episodes = embedded.read_export_meta(root)
-    except (OSError, ValueError) as e:
-        add("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR)
-        return problems
-    info_path = root / layout.INFO
-    features = info.get("features", {})
-    for code, message in embedded.embedded_info_problems(info, len(episodes)):
-        add(code, message, info_path)
-    images = embedded.image_keys(info)
-    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
-    expected_files = {root / episode_path(ep, chunks_size) for ep in range(len(episodes))}
-    found = (
-        set((root / "data").glob("chunk-*/episode_*.hdf5")) if (root / "data").is_dir() else set()
-    )
-    for extra in sorted(found - expected_files):
-        add("unexpected_file", "episode file not listed in episodes.jsonl", extra)
-    total_rows = 0
-    for ep, row in enumerate(episodes):
-        path = root / episode_path(ep, chunks_size)
-        if not path.is_file():
-            add("missing_episode_file", "episode file missing", path, ep)
-            continue
+    def verify_file(path: Path, ep: int, row: Mapping[str, Any], info: Mapping[str, Any]) -> int:
         try:
             with h5py.File(path, "r") as h5:
-                total_rows += _verify_episode(h5, ep, row, images, features, path, add)
+                features = info.get("features", {})
+                return _verify_episode(h5, ep, row, embedded.image_keys(info), features, path, add)
         except (OSError, ValueError, KeyError, TypeError) as e:
             add("unreadable_episode", f"cannot read: {e}", path, ep)
-    if info.get("total_frames") != total_rows:
-        add(
-            "total_frames",
-            f"info total_frames {info.get('total_frames')} but the files hold {total_rows} rows",
-            info_path,
-        )
+            return 0
+
+    embedded.verify_export_files(
+        Path(export_dir),
+        episode_file=episode_path,
+        verify_file=verify_file,
+        problem=add,
+        missing_code="missing_episode_file",
+        file_glob="data/chunk-*/episode_*.hdf5",
+    )
     return problems
 
 

@@ -731,6 +731,12 @@ def _write_frames_from(
 # --- a subset ----------------------------------------------------------------------------------
 
 
+def episode_path(episode_index: int, chunks_size: int = layout.DEFAULT_CHUNKS_SIZE) -> str:
+    """``data/chunk-XXX/episode_NNNNNN.mcap`` of an output episode, relative to the subset dir."""
+    chunk = layout.episode_chunk(episode_index, chunks_size)
+    return DATA_PATH.format(episode_chunk=chunk, episode_index=episode_index)
+
+
 def export_info(source_info: Mapping[str, Any]) -> dict[str, Any]:
     """The subset's info.json adapted to embedded images (``eva.dataset.embedded``)."""
     return embedded.embedded_images_info(source_info, dataset_format=FORMAT, data_path=DATA_PATH)
@@ -784,9 +790,7 @@ def write_subset(
         batches: dict[str, Iterator[np.ndarray]] = {}
         for key in video_keys:
             batches[key] = _camera_batches(reader, source_index, key, batch_size, buffers, label)
-        rel = DATA_PATH.format(
-            episode_chunk=layout.episode_chunk(new_index, chunks_size), episode_index=new_index
-        )
+        rel = episode_path(new_index, chunks_size)
         progress(current=f"{meta.subset}: {rel}")
         size = write_episode_file(
             staging_dir / rel,
@@ -980,44 +984,29 @@ def verify(export_dir: Path) -> list[Any]:
     action and one image per episode with the official ``mcap`` reader."""
     from eva.dataset.validate import Problem
 
-    root = Path(export_dir)
     problems: list[Problem] = []
 
     def problem(code: str, message: str, path: Path, episode: int | None = None) -> None:
         problems.append(Problem(code=code, message=message, path=path, episode=episode))
 
-    try:
-        info, episodes = embedded.read_export_meta(root)
-    except (OSError, ValueError) as e:
-        problem("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR)
-        return problems
-    info_path = root / layout.INFO
-    features = info.get("features", {})
-    image_keys = embedded.image_keys(info)
-    for code, message in embedded.embedded_info_problems(info, len(episodes)):
-        problem(code, message, info_path)
-    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
-    total_rows = 0
-    for ep, row in enumerate(episodes):
-        path = root / DATA_PATH.format(
-            episode_chunk=layout.episode_chunk(ep, chunks_size), episode_index=ep
-        )
-        if not path.is_file():
-            problem("missing_mcap", "episode file missing", path, ep)
-            continue
+    def verify_file(path: Path, ep: int, row: Mapping[str, Any], info: Mapping[str, Any]) -> int:
+        features, image_keys = info.get("features", {}), embedded.image_keys(info)
         try:
             with read_episode(path) as episode:
-                total_rows += _verify_episode(episode, ep, row, features, image_keys, problem)
+                return _verify_episode(episode, ep, row, features, image_keys, problem)
         except DatasetError as e:
             problem("unreadable_mcap", str(e).replace(f"{path}: ", ""), path, ep)
         except Exception as e:  # noqa: BLE001 - any reader failure is a verification problem
             problem("unreadable_mcap", f"{type(e).__name__}: {e}", path, ep)
-    if info.get("total_frames") != total_rows:
-        problem(
-            "total_frames",
-            f"info total_frames {info.get('total_frames')} but {total_rows} rows",
-            info_path,
-        )
+        return 0
+
+    embedded.verify_export_files(
+        Path(export_dir),
+        episode_file=episode_path,
+        verify_file=verify_file,
+        problem=problem,
+        missing_code="missing_mcap",
+    )
     return problems
 
 
