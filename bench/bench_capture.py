@@ -15,6 +15,12 @@
   backlog exceeds ~0.3 s); value = recorded seconds / wall seconds from START to the saved
   episode, baseline 1.0 (real time). > 1 means the host keeps up with the rig.
 * ``session CPU s per recorded s``: process CPU time per recorded second, baseline the 2 cores.
+* ``encode 3x640x480``: encoding throughput (frames/s over the 3 cameras) of 3 cameras through
+  ``EpisodeWriter`` (encode + image stats, batches of 8 frames) with one encoder thread per
+  camera, against the same with every camera encoded in the calling thread one after the other.
+  Then x264's own threading as the other lever, on bare ``VideoEncoder``s: frame threads
+  (``thread_type="FRAME"``) vs PyAV's default (sliced threads, one per CPU), cameras one after
+  the other and one thread per camera. Best of 2 interleaved runs (the host is shared).
 * ``peak RSS``: peak resident memory over the last vs the first quarter of the longest episode,
   and the peak of episodes of increasing length, each recorded in a fresh interpreter with the
   128 KiB mmap threshold ``eva collect`` pins; flat memory: ratios ~1. The same longest session
@@ -40,7 +46,10 @@ import numpy as np
 from eva.capture.recorder import Recorder
 from eva.capture.ring import make_ring
 from eva.capture.sources import SimulatedRig
+from eva.capture.synthetic import SyntheticScene
 from eva.config import config_from_dict
+from eva.dataset.video import VideoEncoder, VideoOptions
+from eva.dataset.writer import CameraSpec, DatasetWriter
 
 H, W = 480, 640
 
@@ -249,6 +258,120 @@ def run_session(seconds: float, log_dir: Path) -> dict[str, float]:
     }
 
 
+def _camera_banks(cameras: int = 3, bank: int = 16) -> list[np.ndarray]:
+    """Distinct synthetic 640x480 frames per camera (what the simulated rig cycles through)."""
+    return [SyntheticScene(H, W, seed=10 + k).frames(0, bank) for k in range(cameras)]
+
+
+def measure_writer_encode(
+    frames: int, parallel: bool, banks: list[np.ndarray], log_dir: Path
+) -> dict[str, float]:
+    """``frames`` per camera through EpisodeWriter.add_frames in batches of 8, then commit."""
+    keys = [f"observation.images.cam{k}" for k in range(len(banks))]
+    writer = DatasetWriter.create_or_open(
+        log_dir, fps=30, cameras=[CameraSpec(k, H, W) for k in keys], durable=False,
+        parallel_encode=parallel,
+    )  # fmt: skip
+    bank = len(banks[0])
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    with writer:
+        episode = writer.begin_episode("bench")
+        for start in range(0, frames, 8):
+            i = start % bank
+            n = min(8, frames - start, bank - i)
+            episode.add_frames(images={k: b[i : i + n] for k, b in zip(keys, banks, strict=True)})
+        episode.commit()
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    total = frames * len(banks)
+    return {"fps": total / wall, "cpu_ms": cpu / total * 1e3}
+
+
+def measure_bare_encode(
+    frames: int, parallel: bool, thread_type: str | None, banks: list[np.ndarray], log_dir: Path
+) -> dict[str, float]:
+    """``frames`` per camera through bare VideoEncoders (no stats, no copies)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    options = VideoOptions()
+
+    def encode(k: int) -> None:
+        bank = banks[k]
+        with VideoEncoder(log_dir / f"{k}.mp4", W, H, 30, options, thread_type=thread_type) as enc:
+            for start in range(0, frames, 8):
+                i = start % len(bank)
+                enc.write(bank[i : i + min(8, frames - start, len(bank) - i)])
+
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    if parallel:
+        threads = [threading.Thread(target=encode, args=(k,)) for k in range(len(banks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        for k in range(len(banks)):
+            encode(k)
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    total = frames * len(banks)
+    return {"fps": total / wall, "cpu_ms": cpu / total * 1e3}
+
+
+def encode_rows(frames: int) -> list[dict[str, Any]]:
+    banks = _camera_banks()
+    runs: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for rep in range(2):  # interleaved, best of 2: the machine is shared
+            for name, run in (
+                ("writer sequential", lambda d: measure_writer_encode(frames, False, banks, d)),
+                ("writer parallel", lambda d: measure_writer_encode(frames, True, banks, d)),
+                ("bare sequential", lambda d: measure_bare_encode(frames, False, None, banks, d)),
+                ("bare sequential frame", lambda d: measure_bare_encode(frames, False, "FRAME", banks, d)),
+                ("bare parallel", lambda d: measure_bare_encode(frames, True, None, banks, d)),
+                ("bare parallel frame", lambda d: measure_bare_encode(frames, True, "FRAME", banks, d)),
+            ):  # fmt: skip
+                runs.setdefault(name, []).append(run(root / f"{name.replace(' ', '-')}-{rep}"))
+    best = {name: max(r, key=lambda x: x["fps"]) for name, r in runs.items()}
+
+    def row(name: str, value: str, baseline: str, note: str) -> dict[str, Any]:
+        v, b = best[value], best[baseline]
+        return {
+            "name": name,
+            "value": round(v["fps"]),
+            "baseline": round(b["fps"]),
+            "ratio": round(v["fps"] / b["fps"], 2),
+            "unit": "frames/s",
+            "note": f"{note}; CPU {v['cpu_ms']:.2f} vs {b['cpu_ms']:.2f} ms/frame, "
+            f"{frames} frames per camera, libx264 veryfast",
+        }
+
+    return [
+        row(
+            "encode 3x640x480, one encoder thread per camera (EpisodeWriter)",
+            "writer parallel", "writer sequential",
+            "vs the 3 cameras encoded one after the other in the caller (parallel_encode=False)",
+        ),
+        row(
+            "encode 3x640x480, x264 frame threads, cameras one after the other",
+            "bare sequential frame", "bare sequential",
+            "bare VideoEncoder thread_type=FRAME vs PyAV's default (sliced threads)",
+        ),
+        row(
+            "encode 3x640x480, thread per camera + x264 frame threads",
+            "bare parallel frame", "bare parallel",
+            "bare VideoEncoders on 3 threads, thread_type=FRAME vs default",
+        ),
+        row(
+            "encode 3x640x480, thread per camera vs x264 frame threads alone",
+            "bare parallel", "bare sequential frame",
+            "the two levers compared: 3 threads (default x264 threading) vs FRAME threads, one camera at a time",
+        ),
+    ]  # fmt: skip
+
+
 PINNED = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # what `eva collect` sets (pin_mmap_threshold)
 HEAP_32M = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
 
@@ -316,6 +439,7 @@ def report(quick: bool = True) -> list[dict[str, Any]]:
                 "note": "Recorder.push_vector vs queue.Queue.put(values.copy())",
             }
         )
+    rows += encode_rows(90 if quick else 300)
     lengths = (3.0, 6.0, 12.0) if quick else (15.0, 30.0, 60.0)
     sessions = []
     with tempfile.TemporaryDirectory() as tmp:

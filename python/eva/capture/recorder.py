@@ -3,7 +3,8 @@
 Threads and data flow::
 
     rig threads --push_image/push_vector--> one SnapshotRing per stream (native, lock-free SPSC)
-        --> consumer thread: pop, check, align onto the fps grid, encode (EpisodeWriter.add_frames)
+        --> consumer thread: pop, check, align onto the fps grid, EpisodeWriter.add_frames
+        --> one encoder thread per camera (the EpisodeWriter's): encode the MP4, image stats
         --> at STOP: drain the episode's remaining samples, validate, commit (save job)
 
 - ``push_*`` only checks the shape and copies the sample into the stream's ring (the native copy
@@ -11,8 +12,10 @@ Threads and data flow::
   A per-stream lock serialises producers of the same stream (the ring is single-producer) and
   makes START/STOP cut every stream at an exact sample; it is held only for the copy.
 - One consumer thread handles episodes in START order. While an episode records it aligns rows
-  as soon as every live stream has samples past the grid instant and encodes them in small
-  batches, so memory stays bounded by the rings and a few frames per camera, whatever the length.
+  as soon as every live stream has samples past the grid instant and hands them to the
+  episode's writer in small batches; each camera's encoder thread encodes them while the
+  consumer goes on (``add_frames`` waits only when a camera has its few batch buffers in
+  flight), so memory stays bounded by the rings and a few frames per camera, whatever the length.
 - STOP cuts every stream (the sample counts at STOP belong to the episode) and returns a
   :class:`SaveJob` at once; the consumer finishes the episode (drain, validate, commit) and then
   goes on with the next one, whose samples wait in the rings meanwhile.
