@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,7 +24,7 @@ class Progress:
     total_episodes: int | None = None
     total_files: int | None = None
     total_bytes: int | None = None
-    listeners: list = field(default_factory=list, repr=False)
+    listeners: list[Callable[[Progress], None]] = field(default_factory=list, repr=False)
 
     def __call__(
         self, *, episodes: int = 0, files: int = 0, bytes: int = 0, current: str | None = None
