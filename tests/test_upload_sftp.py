@@ -18,7 +18,7 @@ from eva.dataset.layout import export_root
 from eva.jobs import UPLOAD_JOB
 from eva.progress import Progress
 from eva.upload.config import SftpConfig
-from eva.upload.job import read_upload_record, start_upload
+from eva.upload.job import UploadJob, read_upload_record, start_upload
 from eva.upload.sftp import (
     STAGING_MARK,
     HostKeyError,
@@ -71,7 +71,7 @@ def staging_leftovers(remote_dir: Path) -> list[str]:
     return [p.name for p in remote_dir.iterdir() if STAGING_MARK in p.name]
 
 
-def run(job) -> None:  # type: ignore[no-untyped-def]
+def run(job: UploadJob) -> None:
     assert job.wait(120), "upload did not finish"
 
 

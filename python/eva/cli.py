@@ -150,8 +150,11 @@ def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
 # [capture commands: collect]
 
 
-def _collect_setup(config_path: Path, source: str, dataset: str | None, seed: int) -> tuple:
-    """Load the config, build the source (adapting the streams to a replayed dataset)."""
+def _collect_setup(
+    config_path: Path, source: str, dataset: str | None, seed: int
+) -> tuple[Any, Any]:
+    """(CollectionConfig, source): the config, and the source built from it (the streams adapted
+    to a replayed dataset)."""
     import dataclasses
 
     from eva.capture.sources import ReplaySource, SimulatedRig
