@@ -499,3 +499,24 @@ def test_failure_while_recording_fails_the_job_and_recorder_goes_on(rec: Recorde
     assert job.wait(30) and job.state == FAILED and job.error
     assert rec.status()["consumer_error"] is None
     assert record(rec)["episode_index"] == 0
+
+
+def test_one_camera_encoder_failure_fails_the_job_and_publishes_nothing(rec: Recorder) -> None:
+    """A real failure in one camera's encoder thread (its MP4 path is taken by a directory)."""
+    root = rec.start()
+    work = root / layout.WORK_DIR
+    deadline = time.monotonic() + 30
+    while not any(p.name.startswith("ep-") for p in work.iterdir()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    episode_dir = next(p for p in work.iterdir() if p.name.startswith("ep-"))
+    (episode_dir / "01.mp4").mkdir()  # WRIST is the second camera; encoders open on first rows
+    push_timeline(rec, timeline(0.0, 1.0))
+    job = rec.stop()
+    assert job.wait(30) and job.state == FAILED and job.episode_index is None
+    assert job.error and f"camera {WRIST}" in job.error and "01.mp4" in job.error
+    assert not episode_dir.exists()
+    assert DatasetReader(root).episodes == []
+    assert not (root / "data").exists() and not (root / "videos").exists()
+    assert rec.status()["consumer_error"] is None
+    assert record(rec)["episode_index"] == 0  # the next episode records normally

@@ -91,7 +91,8 @@ def pin_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
     Why: during capture, frame-sized buffers (PyAV frames, packets, numpy temporaries) are freed
     and re-allocated by several threads; with glibc's dynamic threshold (or the
     ``MALLOC_MMAP_THRESHOLD_=32 MiB`` the Makefile exports for batch tools) they come from the
-    heap arenas, which fragment, and RSS creeps up about 1 MB per recorded second. Pinned, RSS stays
+    heap arenas, which fragment, and RSS crept up about 1 MB per recorded second (while the
+    encoder still allocated an rgb frame per frame; the creep is small since). Pinned, RSS stays
     flat for any episode length at some CPU cost for page faults (``bench/bench_capture.py``
     measures both). Process-wide, so only entry points call it (``eva collect``). Returns False
     where ``mallopt`` is unavailable (non-glibc).
