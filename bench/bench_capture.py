@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from eva.capture.recorder import Recorder
 from eva.capture.ring import make_ring
@@ -541,6 +542,17 @@ def test_queue_put_frame_copy(benchmark: Any) -> None:
         q.get()
 
     benchmark(put)
+
+
+@pytest.mark.parametrize("parallel", [True, False], ids=["thread-per-camera", "sequential"])
+def test_writer_encode_3_cameras(benchmark: Any, tmp_path: Path, parallel: bool) -> None:
+    banks = _camera_banks(bank=8)
+    runs = iter(range(1000))
+    benchmark.pedantic(
+        lambda: measure_writer_encode(16, parallel, banks, tmp_path / str(next(runs))),
+        rounds=3,
+        iterations=1,
+    )
 
 
 if __name__ == "__main__":
