@@ -830,3 +830,34 @@ def test_encoder_threading_keeps_fixed_gop_and_no_bframes(
     decoded = np.concatenate([b.copy() for b in iter_frame_batches(path, 8)])
     diff = np.abs(decoded[:, None].astype(np.int16) - images[None].astype(np.int16))
     assert np.array_equal(diff.mean(axis=(2, 3, 4)).argmin(axis=1), np.arange(20))
+
+
+def test_encoder_threads_end_with_commit_abort_or_a_dropped_episode(tmp_path: Path) -> None:
+    import gc
+    import threading
+    import time
+
+    others = {t for t in threading.enumerate() if t.name.startswith("eva-encode-")}
+
+    def encoder_threads() -> list[threading.Thread]:
+        return [
+            t for t in threading.enumerate() if t.name.startswith("eva-encode-") and t not in others
+        ]
+
+    scene = SyntheticScene(48, 64)
+    with _open(tmp_path / "raw") as writer:
+        for end in ("commit", "abort", "drop"):
+            ep = writer.begin_episode("t")
+            _add(ep, 0, 5, scene)
+            assert encoder_threads()
+            if end == "commit":
+                ep.commit()
+            elif end == "abort":
+                ep.abort()
+            else:
+                del ep  # never committed nor aborted: collecting it stops its threads
+                gc.collect()
+            deadline = time.monotonic() + 30
+            while encoder_threads():
+                assert time.monotonic() < deadline, (end, encoder_threads())
+                time.sleep(0.01)

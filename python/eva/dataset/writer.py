@@ -42,6 +42,7 @@ import queue
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -853,6 +854,11 @@ class _CameraEncoder:
         return f"camera {self.cam.key}: encoding {self.path.name} failed ({text})"
 
 
+def _abandon_cameras(cameras: list[_CameraEncoder]) -> None:
+    for camera in cameras:
+        camera.request_stop(close=False)  # a no-op for threads already ended
+
+
 class EpisodeWriter:
     """One episode being recorded: ``add_frames`` batches, then ``commit`` or ``abort``."""
 
@@ -883,6 +889,10 @@ class EpisodeWriter:
             self._cameras[cam.key] = _CameraEncoder(
                 cam, self._video_files[cam.key], w.fps, w.video, buffers
             )
+        # An episode dropped without commit/abort must not leave its encoder threads waiting
+        # forever: when it is collected they discard their files and end (the work dir is
+        # removed by the next writer that opens the dataset).
+        weakref.finalize(self, _abandon_cameras, list(self._cameras.values()))
 
     def _raise_on_failure(self) -> None:
         """An encoder failed: abort the whole episode and raise its reason."""
