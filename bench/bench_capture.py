@@ -20,7 +20,8 @@
   camera, against the same with every camera encoded in the calling thread one after the other.
   Then x264's own threading as the other lever, on bare ``VideoEncoder``s: frame threads
   (``thread_type="FRAME"``) vs PyAV's default (sliced threads, one per CPU), cameras one after
-  the other and one thread per camera. Best of 2 interleaved runs (the host is shared).
+  the other and one thread per camera; and one x264 thread per camera thread vs the default.
+  Best of 2 interleaved runs (the host is shared).
 * ``peak RSS``: peak resident memory over the last vs the first quarter of the longest episode,
   and the peak of episodes of increasing length, each recorded in a fresh interpreter with the
   128 KiB mmap threshold ``eva collect`` pins; flat memory: ratios ~1. The same longest session
@@ -290,7 +291,12 @@ def measure_writer_encode(
 
 
 def measure_bare_encode(
-    frames: int, parallel: bool, thread_type: str | None, banks: list[np.ndarray], log_dir: Path
+    frames: int,
+    parallel: bool,
+    thread_type: str | None,
+    banks: list[np.ndarray],
+    log_dir: Path,
+    thread_count: int | None = None,
 ) -> dict[str, float]:
     """``frames`` per camera through bare VideoEncoders (no stats, no copies)."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -298,7 +304,10 @@ def measure_bare_encode(
 
     def encode(k: int) -> None:
         bank = banks[k]
-        with VideoEncoder(log_dir / f"{k}.mp4", W, H, 30, options, thread_type=thread_type) as enc:
+        with VideoEncoder(
+            log_dir / f"{k}.mp4", W, H, 30, options, thread_type=thread_type,
+            thread_count=thread_count,
+        ) as enc:  # fmt: skip
             for start in range(0, frames, 8):
                 i = start % len(bank)
                 enc.write(bank[i : i + min(8, frames - start, len(bank) - i)])
@@ -333,6 +342,7 @@ def encode_rows(frames: int) -> list[dict[str, Any]]:
                 ("bare sequential frame", lambda d: measure_bare_encode(frames, False, "FRAME", banks, d)),
                 ("bare parallel", lambda d: measure_bare_encode(frames, True, None, banks, d)),
                 ("bare parallel frame", lambda d: measure_bare_encode(frames, True, "FRAME", banks, d)),
+                ("bare parallel single", lambda d: measure_bare_encode(frames, True, None, banks, d, 1)),
             ):  # fmt: skip
                 runs.setdefault(name, []).append(run(root / f"{name.replace(' ', '-')}-{rep}"))
     best = {name: max(r, key=lambda x: x["fps"]) for name, r in runs.items()}
@@ -364,6 +374,12 @@ def encode_rows(frames: int) -> list[dict[str, Any]]:
             "encode 3x640x480, thread per camera + x264 frame threads",
             "bare parallel frame", "bare parallel",
             "bare VideoEncoders on 3 threads, thread_type=FRAME vs default",
+        ),
+        row(
+            "encode 3x640x480, thread per camera, one x264 thread each",
+            "bare parallel single", "bare parallel",
+            "bare VideoEncoders on 3 threads, thread_count=1 (what EpisodeWriter uses with at "
+            "least one camera per CPU) vs PyAV's default sliced threads",
         ),
         row(
             "encode 3x640x480, thread per camera vs x264 frame threads alone",

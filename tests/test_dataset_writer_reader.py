@@ -721,6 +721,8 @@ def test_cameras_encode_in_parallel_with_exact_stats_and_order(
 ) -> None:
     """Three cameras, batches larger and smaller than the encoder's batch buffers, and the
     caller's frame buffer reused after every add_frames (as the recorder does)."""
+    import av
+
     from eva.dataset.stats import ImageStats
     from eva.dataset.writer import ENCODE_BATCH_FRAMES
 
@@ -737,7 +739,10 @@ def test_cameras_encode_in_parallel_with_exact_stats_and_order(
         for k, (h, w) in zip(keys, sizes, strict=True)
     }
     root = tmp_path / "raw"
-    with _open(root, cameras=cameras, vectors=[], parallel_encode=parallel_encode) as writer:
+    video = VideoOptions(gop=8)
+    with _open(
+        root, cameras=cameras, vectors=[], parallel_encode=parallel_encode, video=video
+    ) as writer:
         ep = writer.begin_episode("t")
         for a, b in ((0, 3), (3, 3 + ENCODE_BATCH_FRAMES + 3), (3 + ENCODE_BATCH_FRAMES + 3, n)):
             for k in keys:
@@ -755,6 +760,12 @@ def test_cameras_encode_in_parallel_with_exact_stats_and_order(
         diff = np.abs(decoded[:, None].astype(np.int16) - images[None].astype(np.int16))
         assert np.array_equal(diff.mean(axis=(2, 3, 4)).argmin(axis=1), np.arange(n))
         assert reader.count_frames(0, k) == n
+        # Whatever the codec threading the writer picks: fixed GOP, no B-frames.
+        with av.open(str(reader.video_path(0, k))) as container:
+            packets = [p for p in container.demux(video=0) if p.size]
+            assert [i for i, p in enumerate(packets) if p.is_keyframe] == list(range(0, n, 8))
+            pts = [p.pts for p in packets]
+            assert pts == sorted(pts) and [p.dts for p in packets] == pts
         expected = ImageStats()
         expected.update(images)
         want = expected.result()
