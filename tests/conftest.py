@@ -18,7 +18,25 @@ from typing import Any
 
 import pytest
 
+from eva import _native
 from eva.capture.synthetic import write_synthetic_dataset
+
+# Every kernel in eva_fast; the native pass must have all of them, or it would silently test the
+# references twice (tests of a native variant skip only when EVA_PUREPYTHON=1 asks for that).
+NATIVE_KERNELS = ("_buildinfo", "stats", "ring", "align", "h5chunk", "msgpack_image")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _native.pure_python_forced():
+        return
+    missing = [name for name in NATIVE_KERNELS if _native.load(name) is None]
+    if missing:
+        pytest.exit(
+            f"native core incomplete: eva_fast.{', eva_fast.'.join(missing)} not importable "
+            "(run `make build`, or set EVA_PUREPYTHON=1 to test the references)",
+            returncode=1,
+        )
+
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LEROBOT_V21_FIXTURE = FIXTURES / "lerobot_v21_fixture"
