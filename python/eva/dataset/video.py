@@ -97,7 +97,8 @@ class VideoEncoder:
     ``thread_type`` / ``thread_count`` set the codec's own threading (PyAV's default: ``SLICE``
     with one thread per CPU, which libx264 maps to sliced threads); ``"FRAME"`` gives x264 frame
     threads, which only delay packets (no B-frames, the GOP stays fixed: the x264 params decide
-    that). ``bench/bench_capture.py`` measures both levers; the defaults are kept.
+    that). None keeps PyAV's default; ``EpisodeWriter`` passes ``thread_count=1`` when it runs
+    at least one camera thread per CPU (``bench/bench_capture.py`` measures these levers).
     """
 
     def __init__(
