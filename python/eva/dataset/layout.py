@@ -23,6 +23,10 @@ EPISODES_STATS = "meta/episodes_stats.jsonl"
 TASKS = "meta/tasks.jsonl"
 STATS = "meta/stats.json"
 QUALITY_SPLIT = "meta/quality_split.json"
+# eva-owned sidecar: one row per episode, {"episode_index": N, "histograms": {video_key: 3 x 256
+# pixel counts}} of the frames given to the writer (exact image quantiles without decoding). Kept
+# out of episodes_stats.jsonl: LeRobot 0.3.3 asserts image stats have shape (3, 1, 1).
+IMAGE_HISTOGRAMS = "meta/eva_image_histograms.jsonl"
 
 # Work in progress lives here, outside the published layout (hidden, inside the dataset).
 WORK_DIR = ".eva-work"

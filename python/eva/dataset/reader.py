@@ -213,6 +213,37 @@ class DatasetReader:
         return out
 
     @cached_property
+    def all_image_histograms(self) -> dict[int, dict[str, np.ndarray]]:
+        """episode_index -> {video_key: (3, 256) uint64 pixel counts} from eva's sidecar
+        ``meta/eva_image_histograms.jsonl`` (empty if absent, as in LeRobot-written datasets).
+
+        The counts are of the frames as given to the writer (before encoding), like the image
+        mean/std in episodes_stats.jsonl. A re-committed index (a crash left an orphan row before
+        the commit point) keeps its last row; rows of episodes not in episodes.jsonl are dropped.
+        """
+        path = self.root / layout.IMAGE_HISTOGRAMS
+        video_keys = set(self.video_keys)
+        out: dict[int, dict[str, np.ndarray]] = {}
+        for lineno, row in enumerate(self._jsonl(layout.IMAGE_HISTOGRAMS, required=False), 1):
+            ep, hists = row.get("episode_index"), row.get("histograms")
+            if not isinstance(ep, int) or isinstance(ep, bool) or not isinstance(hists, dict):
+                raise DatasetError(
+                    f"{path}: row {lineno}: needs int episode_index and histograms object"
+                )
+            parsed: dict[str, np.ndarray] = {}
+            for key, value in hists.items():
+                if key not in video_keys:
+                    raise DatasetError(f"{path}: row {lineno}: {key!r} is not a video feature")
+                parsed[key] = _histogram_array(value, f"{path}: row {lineno}: {key}")
+            out[ep] = parsed
+        known = set(self.episode_indices)
+        return {ep: h for ep, h in out.items() if ep in known}
+
+    def image_histograms(self, episode_index: int) -> dict[str, np.ndarray] | None:
+        """The episode's recorded per-camera pixel histograms, or None when it has none."""
+        return self.all_image_histograms.get(int(episode_index))
+
+    @cached_property
     def stats(self) -> dict[str, Any]:
         """meta/stats.json (empty dict if absent, as in LeRobot-written v2.1 datasets)."""
         if not (self.root / layout.STATS).exists():
@@ -312,3 +343,23 @@ class DatasetReader:
             return pq.ParquetFile(path).metadata.num_rows
         except (pa.ArrowInvalid, OSError) as e:
             raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
+
+
+def _histogram_array(value: Any, where: str) -> np.ndarray:
+    """A 3 x 256 list of non-negative ints -> (3, 256) uint64; DatasetError naming ``where``."""
+    if (
+        not isinstance(value, list)
+        or len(value) != 3
+        or not all(isinstance(ch, list) and len(ch) == 256 for ch in value)
+        or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**64
+            for ch in value
+            for c in ch
+        )
+    ):
+        raise DatasetError(f"{where}: histogram must be 3 lists of 256 non-negative integers")
+    hist = np.asarray(value, dtype=np.uint64)
+    sums = hist.sum(axis=1)
+    if not (sums == sums[0]).all():
+        raise DatasetError(f"{where}: channel pixel counts differ ({sums.tolist()})")
+    return hist

@@ -19,8 +19,11 @@ join the workers before they return. Publishing order:
 
 1. parquet written under a temporary name, then renamed into ``data/chunk-XXX/``;
 2. MP4s renamed into ``videos/chunk-XXX/<key>/``;
-3. ``tasks.jsonl`` (if the task is new), ``episodes_stats.jsonl``, ``episodes.jsonl`` (the commit
-   point: an episode exists once its row is there): one complete line appended in place, O(1)
+3. ``tasks.jsonl`` (if the task is new), ``eva_image_histograms.jsonl`` (eva's sidecar: each
+   camera's exact 3 x 256 pixel histogram of the frames given to ``add_frames``, for exact image
+   quantiles at export without decoding; not in episodes_stats.jsonl, whose image stats LeRobot
+   requires to be (3, 1, 1)), ``episodes_stats.jsonl``, ``episodes.jsonl`` (the commit point: an
+   episode exists once its row is there): one complete line appended in place, O(1)
    (``atomic.append_jsonl_inplace``; readers ignore an unterminated fragment);
 4. ``stats.json`` and ``info.json`` replaced atomically (temp file + rename) from memory.
 
@@ -39,11 +42,12 @@ import json
 import math
 import os
 import queue
+import re
 import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,8 @@ import pyarrow.parquet as pq
 
 from eva.dataset import atomic, layout
 from eva.dataset.errors import DatasetError
+from eva.dataset.layout import WRITER_LOCK, saving_marker_name
+from eva.dataset.locks import flocked, meta_lock
 from eva.dataset.stats import ImageStats, RunningMerge, VectorStats, merge_stats
 from eva.dataset.video import VideoEncoder, VideoOptions
 
@@ -78,11 +84,8 @@ INDEX_FEATURES: dict[str, str] = {
 CAPTURE_TIME = "capture_time"
 # Episode-row keys the writer owns; extra_row_fields may not override them.
 RESERVED_ROW_KEYS = frozenset({"episode_index", "tasks", "length", "video_keys"})
-LOCK_NAME = "writer.lock"
-# Shared with `eva qc` (docs/design.md "Saving marker"): every read-modify-write of episodes.jsonl
-# holds an exclusive flock on META_LOCK; while episode N is committed, SAVING_MARKER(N) is locked.
-META_LOCK = "meta.lock"
-
+# The start of an eva_image_histograms.jsonl row (json.dumps of {"episode_index": N, ...}).
+_HISTOGRAM_ROW_START = re.compile(rb'\{"episode_index": (\d+),')
 
 # Per camera: batch buffers of ENCODE_BATCH_FRAMES frames cycling between add_frames and the
 # encoder thread (one being encoded, one queued, one being filled): 11 MB per 640x480 camera.
@@ -90,24 +93,6 @@ META_LOCK = "meta.lock"
 # 3x640x480 capture bench, 4x3 ran as fast as 8x3 with 30 MB less peak RSS.
 ENCODE_BATCH_FRAMES = 4
 ENCODE_BUFFERS = 3
-
-
-def saving_marker_name(episode_index: int) -> str:
-    return f"saving-{episode_index:06d}.lock"
-
-
-@contextlib.contextmanager
-def _flocked(path: Path, *, unlink: bool = False) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (created if needed); optionally unlink before release."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        if unlink:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -313,7 +298,7 @@ class DatasetWriter:
         root.mkdir(parents=True, exist_ok=True)
         self.work_root = root / layout.WORK_DIR
         self.work_root.mkdir(exist_ok=True)
-        self._lock_fd = os.open(self.work_root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = os.open(self.work_root / WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -424,9 +409,9 @@ class DatasetWriter:
         self._has_capture_time = CAPTURE_TIME in features
 
         # A writer that died mid-append may have left a torn last line: drop it (O(1), tail only).
-        for rel in (layout.TASKS, layout.EPISODES_STATS):
+        for rel in (layout.TASKS, layout.EPISODES_STATS, layout.IMAGE_HISTOGRAMS):
             atomic.heal_jsonl_tail(self.root / rel, durable=self.durable)
-        with _flocked(self.work_root / META_LOCK):
+        with meta_lock(self.root):
             atomic.heal_jsonl_tail(self.root / layout.EPISODES, durable=self.durable)
         tasks = self._read_jsonl(layout.TASKS)
         self._tasks = {}
@@ -505,6 +490,7 @@ class DatasetWriter:
             atomic.atomic_write_jsonl(
                 self.root / layout.EPISODES_STATS, deduped, durable=self.durable
             )
+        self._prune_image_histograms()
         stats_path = self.root / layout.STATS
         stats = self._read_json(layout.STATS) if stats_path.exists() else None
         counted = None
@@ -525,6 +511,26 @@ class DatasetWriter:
         if any(self.info.get(k) != v for k, v in expected.items()):
             self.info.update(expected)
             atomic.atomic_write_json(self.root / layout.INFO, self.info, durable=self.durable)
+
+    def _prune_image_histograms(self) -> None:
+        """Drop sidecar rows of episodes that never reached episodes.jsonl and the earlier row of
+        a re-committed index. Only each line's leading ``{"episode_index": N`` is looked at (the
+        writer puts it first), so the histograms are not parsed on every open."""
+        path = self.root / layout.IMAGE_HISTOGRAMS
+        try:
+            lines = path.read_bytes().splitlines(keepends=True)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise DatasetError(f"{path}: cannot read ({e})") from None
+        last: dict[int, int] = {}
+        for i, line in enumerate(lines):
+            match = _HISTOGRAM_ROW_START.match(line)
+            if match is not None:
+                last[int(match.group(1))] = i
+        keep = sorted(i for ep, i in last.items() if ep in self._episode_indices)
+        if len(keep) != len(lines):
+            atomic.atomic_write_bytes(path, b"".join(lines[i] for i in keep), durable=self.durable)
 
     def _info_totals(self) -> dict[str, Any]:
         n = len(self._episode_indices)
@@ -599,17 +605,36 @@ class DatasetWriter:
 
     # ---- commit (called by EpisodeWriter) ------------------------------------------------
 
+    def _path_from_template(self, template_key: str, default: str, **fields: Any) -> Path:
+        """``root / info[template_key].format(**fields)``, the template checked first (an opened
+        dataset's info.json is input: no attribute access or huge widths, as in the reader)."""
+        template = self.info.get(template_key) or default
+        try:
+            if not isinstance(template, str):
+                raise TypeError("not a string")
+            layout.check_path_template(template, tuple(fields))
+            rel = template.format(**fields)
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
+            raise DatasetError(
+                f"{self.root / layout.INFO}: field {template_key} {template!r} unusable ({e})"
+            ) from None
+        path = self.root / rel
+        if not layout.is_within(path, self.root):
+            raise DatasetError(f"{path}: {template_key} leads outside the dataset {self.root}")
+        return path
+
     def _data_path(self, episode_index: int) -> Path:
         chunk = layout.episode_chunk(episode_index, self.chunks_size)
-        template = self.info.get("data_path") or layout.DATA_PATH
-        return self.root / template.format(episode_chunk=chunk, episode_index=episode_index)
+        return self._path_from_template(
+            "data_path", layout.DATA_PATH, episode_chunk=chunk, episode_index=episode_index
+        )
 
     def _video_path(self, episode_index: int, key: str) -> Path:
         chunk = layout.episode_chunk(episode_index, self.chunks_size)
-        template = self.info.get("video_path") or layout.VIDEO_PATH
-        return self.root / template.format(
-            episode_chunk=chunk, episode_index=episode_index, video_key=key
-        )
+        return self._path_from_template(
+            "video_path", layout.VIDEO_PATH,
+            episode_chunk=chunk, episode_index=episode_index, video_key=key,
+        )  # fmt: skip
 
     def _commit(self, episode: EpisodeWriter, extra: dict[str, Any]) -> int:
         n = episode.length
@@ -650,6 +675,7 @@ class DatasetWriter:
             )
 
             ep_stats = dict(episode._image_stats_results())
+            histograms = episode._image_histograms()
             for v in self.vectors:
                 ep_stats[v.name] = _finite_row_stats(vectors[v.name])
             scalar_columns = ["timestamp", "frame_index", "episode_index", "index", "task_index"]
@@ -669,7 +695,7 @@ class DatasetWriter:
             moved: list[Path] = []
             rollback: list[tuple[Path, int]] = []
             # `eva qc` refuses a verdict for episode ep while this marker is locked.
-            with _flocked(self.work_root / saving_marker_name(ep), unlink=True):
+            with flocked(self.work_root / saving_marker_name(ep), unlink=True):
                 try:
                     data_path.parent.mkdir(parents=True, exist_ok=True)
                     pq.write_table(table, tmp)
@@ -693,6 +719,13 @@ class DatasetWriter:
                             [{"task_index": task_index, "task": task}],
                             durable=self.durable,
                         )
+                    if histograms:
+                        rollback.append(_size_mark(self.root / layout.IMAGE_HISTOGRAMS))
+                        atomic.append_jsonl_inplace(
+                            self.root / layout.IMAGE_HISTOGRAMS,
+                            [{"episode_index": ep, "histograms": histograms}],
+                            durable=self.durable,
+                        )
                     rollback.append(_size_mark(self.root / layout.EPISODES_STATS))
                     atomic.append_jsonl_inplace(
                         self.root / layout.EPISODES_STATS,
@@ -701,7 +734,7 @@ class DatasetWriter:
                     )
                     # Commit point: from here on the episode exists. The meta lock keeps a
                     # concurrent `eva qc` rewrite of episodes.jsonl from losing this row.
-                    with _flocked(self.work_root / META_LOCK):
+                    with meta_lock(self.root):
                         atomic.append_jsonl_inplace(
                             self.root / layout.EPISODES, [row], durable=self.durable
                         )
@@ -990,6 +1023,10 @@ class EpisodeWriter:
     def _image_stats_results(self) -> dict[str, Any]:
         """Per camera stats (only valid once the encoder threads have been joined)."""
         return {key: camera.stats.result() for key, camera in self._cameras.items()}
+
+    def _image_histograms(self) -> dict[str, list[list[int]]]:
+        """Per camera (3, 256) pixel counts as JSON lists (valid once the threads are joined)."""
+        return {key: camera.stats.histogram().tolist() for key, camera in self._cameras.items()}
 
     def _stop_cameras(self, close: bool) -> None:
         """Finish every camera's encoder (in parallel when threaded) and pool the buffers."""

@@ -14,11 +14,10 @@ still being saved (``.eva-work/saving-<N:06d>.lock`` held by the save worker; do
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,9 @@ from typing import Any
 from eva.dataset import layout
 from eva.dataset.atomic import atomic_write_jsonl, read_jsonl
 from eva.dataset.errors import DatasetError
-from eva.dataset.layout import META_LOCK, WRITER_LOCK
+from eva.dataset.layout import META_LOCK as META_LOCK  # re-exported: the lock qc shares
+from eva.dataset.layout import WRITER_LOCK
+from eva.dataset.locks import meta_lock
 
 ACCEPTED = "accepted"
 REJECTED = "rejected"
@@ -85,19 +86,6 @@ def _lock_is_held(path: Path) -> bool:
 
 def is_being_saved(root: Path, episode_index: int) -> bool:
     return _lock_is_held(saving_marker(root, episode_index))
-
-
-@contextlib.contextmanager
-def meta_lock(root: Path) -> Iterator[None]:
-    """Exclusive lock serialising read-modify-write of ``meta/episodes.jsonl`` with the writer."""
-    work = Path(root) / layout.WORK_DIR
-    work.mkdir(exist_ok=True)
-    fd = os.open(work / META_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def read_episode_rows(root: Path) -> list[dict[str, Any]]:
