@@ -10,7 +10,8 @@ Everything here works on plain dicts and arrow tables, so every format module ca
 - ``rewrite_index_columns(table, episode_index, index_offset, task_remap)``: pyarrow compute, no
   per-row Python;
 - ``write_common_meta(dest, meta, info)``: info.json, episodes.jsonl, episodes_stats.jsonl,
-  tasks.jsonl, stats.json of the subset.
+  tasks.jsonl, stats.json of the subset, and eva's ``eva_image_histograms.jsonl`` sidecar
+  (renumbered) when the source has it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ class SubsetMeta:
     stats: Stats
     info: dict[str, Any]
     video_keys: list[str] = field(default_factory=list)
+    # output episode -> {video_key: (3, 256) pixel counts} from the source's sidecar, for the
+    # episodes that have one (eva-written sources; empty for LeRobot-written ones)
+    image_histograms: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def has_all_image_histograms(self) -> bool:
+        """True when every episode has a recorded histogram for every camera (exact quantiles)."""
+        return all(
+            set(self.video_keys) <= set(self.image_histograms.get(ep, {}))
+            for ep in range(self.total_episodes)
+        )
 
     @property
     def total_episodes(self) -> int:
@@ -119,6 +130,7 @@ def build_subset_meta(
     source_indices: Sequence[int],
     task_index_values: Mapping[int, np.ndarray],
     merge: Any = None,
+    source_image_histograms: Mapping[int, Mapping[str, np.ndarray]] | None = None,
 ) -> SubsetMeta:
     """Describe the subset made of ``source_indices`` (in that order) of a v2.1 source.
 
@@ -126,7 +138,8 @@ def build_subset_meta(
     maps source episode index -> that episode's ``task_index`` column (used for the task remap and
     the renumbered ``task_index`` stats); ``source_episodes_stats`` must hold complete per-episode
     stats (the caller fills features missing there from the table). ``merge`` is the stats merge
-    function (defaults to ``eva.dataset.stats.merge_stats``).
+    function (defaults to ``eva.dataset.stats.merge_stats``). ``source_image_histograms`` maps
+    source episode index -> its recorded pixel histograms (``DatasetReader.all_image_histograms``).
     """
     if merge is None:
         from eva.dataset.stats import merge_stats as merge
@@ -148,6 +161,7 @@ def build_subset_meta(
     lengths: list[int] = []
     offsets: list[int] = []
     episodes_stats: dict[int, Stats] = {}
+    image_histograms: dict[int, dict[str, np.ndarray]] = {}
     offset = 0
     for new, src in enumerate(source_indices):
         # Shallow copies: only top-level keys are replaced, nested values are written unchanged.
@@ -168,6 +182,9 @@ def build_subset_meta(
             if old_values.size:
                 ep_stats["task_index"] = _array_stats(_remap_values(old_values, task_remap))
         episodes_stats[new] = ep_stats
+        histograms = (source_image_histograms or {}).get(src)
+        if histograms:
+            image_histograms[new] = dict(histograms)
         offset += length
 
     stats: Stats = (
@@ -198,6 +215,7 @@ def build_subset_meta(
         stats=stats,
         info=info,
         video_keys=video_keys,
+        image_histograms=image_histograms,
     )
 
 
@@ -262,6 +280,18 @@ def write_common_meta(dest: Path, meta: SubsetMeta, info: Mapping[str, Any]) -> 
         )
     )
     write_staged_json(dest / layout.STATS, meta.stats)
+    if meta.image_histograms:
+        (dest / layout.IMAGE_HISTOGRAMS).write_bytes(
+            b"".join(
+                jsonl_line(
+                    {
+                        "episode_index": i,
+                        "histograms": {k: h.tolist() for k, h in hists.items()},
+                    }
+                )
+                for i, hists in sorted(meta.image_histograms.items())
+            )
+        )
 
 
 def write_staged_json(path: Path, obj: Any) -> None:

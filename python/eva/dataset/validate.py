@@ -106,7 +106,7 @@ def validate_dataset(
     if out.problems and (episodes is None or not info_path.exists() or _has(out, "invalid_info")):
         return out.problems
 
-    for rel in (layout.EPISODES, layout.EPISODES_STATS, layout.TASKS):
+    for rel in (layout.EPISODES, layout.EPISODES_STATS, layout.TASKS, layout.IMAGE_HISTOGRAMS):
         path = root / rel
         if atomic.has_torn_tail(path):
             out.add(
@@ -168,6 +168,7 @@ def validate_dataset(
             on_episode(done, len(episodes))
 
     _check_global_index(reader, numbering, out)
+    _check_image_histograms(reader, out)
     info = reader.info
     expected = {"total_episodes": len(seen), "total_frames": total_frames}
     for key, value in expected.items():
@@ -215,6 +216,43 @@ def _check_global_index(
                 ep,
             )
         expected += rows
+
+
+def _check_image_histograms(reader: DatasetReader, out: _Collector) -> None:
+    """eva's optional ``eva_image_histograms.jsonl`` (absent in LeRobot-written datasets): each
+    row must parse, and each histogram must count every pixel of the episode's frames once."""
+    path = reader.root / layout.IMAGE_HISTOGRAMS
+    try:
+        histograms = reader.all_image_histograms
+    except DatasetError as e:
+        out.add("invalid_image_histograms", str(e), path)
+        return
+    features = reader.features
+    flawed = {p.episode for p in out.problems}  # their length or frames are in doubt already
+    for ep, per_camera in sorted(histograms.items()):
+        if ep in flawed:
+            continue
+        try:
+            length = reader.length(ep)
+        except DatasetError:
+            continue  # the episode row's own problem is reported already
+        for key, hist in per_camera.items():
+            shape = features.get(key, {}).get("shape")
+            if not (isinstance(shape, list) and len(shape) == 3):
+                continue
+            try:
+                pixels = length * int(shape[0]) * int(shape[1])
+            except (TypeError, ValueError):
+                continue
+            counted = int(hist[0].sum())
+            if counted != pixels:
+                out.add(
+                    "invalid_image_histograms",
+                    f"{path}: episode {ep}: {key} histogram counts {counted} pixels, "
+                    f"{length} frames of {shape[1]}x{shape[0]} have {pixels}",
+                    path,
+                    ep,
+                )
 
 
 def _has(out: _Collector, code: str) -> bool:

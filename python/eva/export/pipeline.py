@@ -177,6 +177,7 @@ def prepare(source: Path) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMet
             source_episodes_stats=complete_stats,
             source_indices=plan.indices(subset),
             task_index_values=task_values,
+            source_image_histograms=reader.all_image_histograms,
         )
         for subset in SUBSETS
     }

@@ -31,26 +31,37 @@ discards the staging directory, so nothing is published.
 Quantiles (``stats.json`` and the per-episode ``stats/<feature>/q..`` columns): vector features are
 exact (numpy ``linear`` quantiles over every row; the numeric columns are collected in their own
 dtype for that, about 150 bytes per row for two 14-dim float32 vectors plus the bookkeeping
-columns). Image features come from an exact 256-bin histogram of the frames that are decoded: by
-default a bounded sample of keyframes, whose packets the copy keeps on the way and worker threads
-decode (no seek, no second read; decoding, conversion and the histogram kernel release the GIL, so
-it overlaps the copy). The bound: at most ``image_quantile_keyframes`` keyframes per episode and
-camera (default 1: the episode's middle keyframe; with k, keyframe ``(2j + 1) * m // 2k`` of its
-m, j < k; 0 takes every keyframe, i.e. every GOP-th frame), so at most k x episodes x cameras
-frames are decoded whatever the episode length. Decoding a keyframe costs more than copying a
-whole episode's packets (1-2 ms at 320x240), so the sample is what keeps the export at packet-copy
-speed. That is a systematic sample like LeRobot's own (it samples frames evenly too): the
-quantiles are exact for the sampled frames, and their deviation from the all-frames value is a
-sampling error, not a worst-case bound (on the 50-episode bench dataset: within 0.008 on the 0..1
-scale with the middle keyframe, 0.012 with every keyframe). With ``verify_decode`` every frame is
-decoded anyway and the image quantiles are exact (equal to numpy's ``np.quantile`` on all pixels
-within 1e-12).
+columns). Image features come from exact 256-bin per-channel histograms, per episode and summed
+over the subset:
+
+* Recorded by eva (the default for eva-written sources): when every exported episode has its
+  cameras' histograms in the source's ``meta/eva_image_histograms.jsonl`` (the raw writer records
+  them in the same pass as the image mean/std), those are used and nothing is decoded. They count
+  the frames as given to the writer, before encoding, exactly like the image mean/std (and like
+  LeRobot's own stats, computed from the frames passed to ``add_frame``), so every image stat of a
+  feature describes the same pixels; the quantiles equal ``np.quantile`` over all those pixels.
+  This holds with ``verify_decode`` too (it still decodes every frame, to count them).
+* Otherwise (LeRobot-written or partly eva-written sources) they are sampled: an exact histogram
+  of the frames that are decoded, by default a bounded sample of keyframes, whose packets the copy
+  keeps on the way and worker threads decode (no seek, no second read; decoding, conversion and
+  the histogram kernel release the GIL, so it overlaps the copy). The bound: at most
+  ``image_quantile_keyframes`` keyframes per episode and camera (default 1: the episode's middle
+  keyframe; with k, keyframe ``(2j + 1) * m // 2k`` of its m, j < k; 0 takes every keyframe, i.e.
+  every GOP-th frame), so at most k x episodes x cameras frames are decoded whatever the episode
+  length. Decoding a keyframe costs more than copying a whole episode's packets (1-2 ms at
+  320x240), so the sample is what keeps the export at packet-copy speed. That is a systematic
+  sample like LeRobot's own (it samples frames evenly too): the quantiles are exact for the
+  sampled frames, and their deviation from the all-frames value is a sampling error, not a
+  worst-case bound (on the 50-episode bench dataset: within 0.008 on the 0..1 scale with the
+  middle keyframe, 0.012 with every keyframe). With ``verify_decode`` every frame is decoded
+  anyway and these quantiles are exact over the decoded pixels (equal to numpy's ``np.quantile``
+  on all of them within 1e-12).
 
 Options (``ExportOptions.extra``; CLI ``eva export --format v3``): ``data_files_size_in_mb``
 (100, ``--data-file-size-mb``), ``video_files_size_in_mb`` (200, LeRobot 0.4.4's default,
 ``--video-file-size-mb``), ``chunks_size`` (1000), ``verify_decode`` (``--verify-decode``),
 ``image_quantiles`` ("keyframes", or "none" to skip the keyframe sample: image features then get
-no quantiles unless ``verify_decode`` decodes every frame anyway), ``image_quantile_keyframes``
+no quantiles unless ``verify_decode`` decodes every frame anyway or histograms were recorded), ``image_quantile_keyframes``
 (1; 0 = every keyframe).
 
 An empty subset is a complete dataset with zero-row, schema-only Parquet files (no row group).
@@ -640,6 +651,11 @@ def write_subset(
     episode_rows: list[dict[str, Any]] = []
     keyframe_pool = _KeyframeHistograms()
     params_cache = ParamsCache()
+    # Exact image quantiles from the source's recorded histograms, without decoding anything.
+    recorded = bool(video_keys) and meta.has_all_image_histograms()
+    sample_keyframes = (
+        not recorded and not settings.verify_decode and settings.image_quantiles == "keyframes"
+    )
     try:
         for ep in range(meta.total_episodes):
             source = meta.source_index(ep)
@@ -678,6 +694,7 @@ def write_subset(
                     settings,
                     keyframe_pool,
                     params_cache,
+                    sample_keyframes,
                 )
                 row[f"videos/{key}/chunk_index"] = cam.chunk_index
                 row[f"videos/{key}/file_index"] = cam.file_index
@@ -701,7 +718,11 @@ def write_subset(
     for row in episode_rows:
         ep_stats = row.pop("_stats")
         for key, cam in cameras.items():
-            hist = cam.histograms.get(row["episode_index"])
+            hist = (
+                meta.image_histograms[row["episode_index"]][key]
+                if recorded
+                else cam.histograms.get(row["episode_index"])
+            )
             if hist is None or int(hist.sum()) == 0:
                 continue
             quantiles.add_histogram(key, hist)
@@ -773,6 +794,7 @@ def _append_video(
     settings: V3Settings,
     keyframe_pool: _KeyframeHistograms,
     params_cache: ParamsCache | None = None,
+    sample_keyframes: bool = True,
 ) -> _Placed:
     """Append source episode ``source``'s camera ``key`` to the camera's shard (rolling first)."""
     src_path = Path(reader.video_path(source, key))
@@ -797,10 +819,10 @@ def _append_video(
             cam.roll()
         if cam.writer is None:
             cam.writer = VideoShardWriter(cam.path())
-        # Without verify_decode the keyframes copied on the way are the quantile sample (decoded
-        # in worker threads); with it the whole shard is decoded at close instead.
-        sample = not settings.verify_decode and settings.image_quantiles == "keyframes"
-        keyframes: list[bytes] | None = [] if sample else None
+        # Without recorded histograms or verify_decode, the keyframes copied on the way are the
+        # quantile sample (decoded in worker threads); with verify_decode the whole shard is
+        # decoded at close instead.
+        keyframes: list[bytes] | None = [] if sample_keyframes else None
         try:
             appended = cam.writer.append(video, keyframes)
         except VideoConcatError as e:
@@ -932,6 +954,18 @@ def verify(export_dir: Path) -> list[Any]:
     video_keys = [k for k, f in features.items() if f.get("dtype") == "video"]
     data_tpl = info.get("data_path") or DATA_PATH
     video_tpl = info.get("video_path") or VIDEO_PATH
+    # The templates are input: only plain {field} / {field:03d} replacements get formatted.
+    try:
+        for tpl, fields in (
+            (data_tpl, ("chunk_index", "file_index")),
+            (video_tpl, ("video_key", "chunk_index", "file_index")),
+        ):
+            if not isinstance(tpl, str):
+                raise layout.UnsafeNameError(f"path template {tpl!r} is not a string")
+            layout.check_path_template(tpl, fields)
+    except layout.UnsafeNameError as e:
+        problem("unsafe_path_template", str(e), info_path)
+        return problems
     n_eps = len(locators)
     if [r.get("episode_index") for r in locators] != list(range(n_eps)):
         problem("episode_numbering", "meta/episodes rows are not episodes 0..n-1 in order", root)
