@@ -266,7 +266,7 @@ def stream_and_grid(draw):
     return times, values, grid, tol
 
 
-@pytest.mark.skipif(not NATIVE_ALIGN, reason="native core not built or EVA_PUREPYTHON=1")
+@pytest.mark.native
 @settings(max_examples=300, deadline=None)
 @given(stream_and_grid())
 def test_native_alignment_matches_reference_exactly(case) -> None:
@@ -288,7 +288,7 @@ def test_native_alignment_matches_reference_exactly(case) -> None:
         assert np.array_equal(np.abs(times[idx_r] - grid), best)
 
 
-@pytest.mark.skipif(not NATIVE_ALIGN, reason="native core not built or EVA_PUREPYTHON=1")
+@pytest.mark.native
 def test_missing_stream_and_bad_times_are_refused() -> None:
     with pytest.raises(ValueError, match="no samples"):
         align.nearest_indices(np.array([]), np.array([0.0]), 0.1)

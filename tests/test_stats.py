@@ -102,6 +102,7 @@ def test_vector_stats_batch_fed_equals_numpy_on_concatenation(
     np.testing.assert_allclose(batched["std"], whole["std"], rtol=1e-9, atol=1e-12 * scale)
 
 
+@pytest.mark.native
 @HYPOTHESIS
 @given(data=vector_batches())
 def test_vector_native_equals_reference(data: tuple[np.ndarray, list[int]]) -> None:
@@ -246,6 +247,7 @@ def test_image_stats_batch_fed_equals_numpy_on_concatenation(
     np.testing.assert_array_equal(histogram, expected_histogram)
 
 
+@pytest.mark.native
 @HYPOTHESIS
 @given(data=frame_batches())
 def test_image_native_equals_reference(data: tuple[np.ndarray, list[int]]) -> None:
@@ -258,6 +260,7 @@ def test_image_native_equals_reference(data: tuple[np.ndarray, list[int]]) -> No
     assert native.result() == reference.result()
 
 
+@pytest.mark.native
 def test_image_native_large_frames_equal_reference() -> None:
     """Full-size frames exercise the 4-pixel unrolled path and the channel phase of the tail."""
     if _native.load("stats") is None:
