@@ -22,6 +22,7 @@ import numpy as np
 
 from eva.dataset import mp4box
 from eva.dataset.errors import DatasetError
+from eva.dataset.rgb import FrameConverter
 
 SUPPORTED_CODECS = ("libx264", "libsvtav1")
 X264_PRESETS = (
@@ -30,6 +31,10 @@ X264_PRESETS = (
 )  # fmt: skip
 # Codec name as LeRobot records it in info.json `video.codec`.
 CODEC_INFO_NAME = {"libx264": "h264", "libsvtav1": "av1"}
+
+
+class FrameSizeError(DatasetError):
+    """A video's frames do not have the expected size (the out buffer's, or the stream's)."""
 
 
 @dataclass(frozen=True)
@@ -280,6 +285,9 @@ def iter_frame_batches(
 ) -> Iterator[np.ndarray]:
     """Yield (n, H, W, 3) uint8 RGB batches of at most ``batch_size`` frames.
 
+    ``FrameSizeError`` (a ``DatasetError`` naming the file) when ``out`` does not fit the
+    stream's frames or a frame changes size mid-file.
+
     Every batch is a view of ONE preallocated buffer (``out`` if given, shape
     (batch_size, H, W, 3)) that is overwritten by the next batch: copy a batch if you keep it
     past the next iteration. This keeps memory bounded and avoids touching fresh pages per batch.
@@ -294,19 +302,29 @@ def iter_frame_batches(
         if out is None:
             out = np.empty((batch_size, height, width, 3), dtype=np.uint8)
         elif out.shape[1:] != (height, width, 3) or out.dtype != np.uint8 or len(out) < 1:
-            raise ValueError(
-                f"out buffer {out.shape} {out.dtype} does not fit {height}x{width}x3 uint8"
+            raise FrameSizeError(
+                f"{path}: frames are {width}x{height}, the out buffer {out.shape} {out.dtype} "
+                f"does not fit them"
             )
         capacity = min(batch_size, len(out))
         filled = 0
+        # Straight into the batch slot (no frame-sized temporary per frame): the native
+        # yuv420p converter, calibrated against PyAV and self-checked on the first frame, or
+        # PyAV's own conversion for anything else (same pixels either way).
+        converter = FrameConverter()
+        started = False
         try:
-            for frame in container.decode(stream):
+            for number, frame in enumerate(container.decode(stream)):
                 if frame.width != width or frame.height != height:
-                    raise DatasetError(
-                        f"{path}: frame {frame.index} is {frame.width}x{frame.height}, "
+                    raise FrameSizeError(
+                        f"{path}: frame {number} is {frame.width}x{frame.height}, "
                         f"stream is {width}x{height}"
                     )
-                np.copyto(out[filled], frame.to_ndarray(format="rgb24"))
+                if started:
+                    converter.convert(frame, out, filled)
+                else:
+                    converter.start_video(frame, out, filled)
+                    started = True
                 filled += 1
                 if filled == capacity:
                     yield out[:filled]

@@ -67,6 +67,7 @@ from eva.dataset.msgpack_codec import (
     packb,
     unpackb,
 )
+from eva.dataset.video import FrameSizeError
 from eva.progress import ProgressSink
 
 FORMAT = "mcap"
@@ -819,13 +820,11 @@ def _camera_batches(
     out = buffers.get(key)
     try:
         yield from reader.iter_frames(episode_index, key, batch_size, out=out)
-    except DatasetError:
-        raise
-    except ValueError:
+    except FrameSizeError as e:
         # The reused buffer has the info.json shape; this video has another frame size.
         raise DatasetError(
             f"{label}: camera {key}: video frames are not {out.shape[1:] if out is not None else '?'}"
-            " as declared in info.json"
+            f" as declared in info.json ({e})"
         ) from None
 
 
