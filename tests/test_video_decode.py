@@ -1,0 +1,74 @@
+"""``iter_frame_batches``: pixels identical to PyAV's own rgb24 conversion (the batch is filled
+in place by ``rgb.FrameConverter``), and frame-size errors that name the file."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from eva.dataset.errors import DatasetError
+from eva.dataset.video import FrameSizeError, VideoEncoder, iter_frame_batches
+
+
+def _noise(n: int, h: int, w: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 4, y * 5, (x + y) * 2], axis=-1)
+    return np.clip(base[None] + rng.integers(-30, 30, (n, h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def _pyav_frames(path: Path) -> np.ndarray:
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+@pytest.mark.parametrize("pix_fmt", ["yuv420p", "yuv444p"])
+def test_batches_equal_pyav_pixels(tmp_path: Path, pix_fmt: str) -> None:
+    # yuv420p: the native converter's path; yuv444p: PyAV's conversion (eva never writes it).
+    path = tmp_path / f"{pix_fmt}.mp4"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, pix_fmt
+        for frame in _noise(11, 48, 64):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    want = _pyav_frames(path)
+    out = np.empty((4, 48, 64, 3), np.uint8)
+    got = [b.copy() for b in iter_frame_batches(path, 4, out=out)]
+    assert [len(b) for b in got] == [4, 4, 3]
+    np.testing.assert_array_equal(np.concatenate(got), want)
+
+
+def test_out_buffer_of_another_size_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "v.mp4"
+    with VideoEncoder(path, 64, 48, 30) as encoder:
+        encoder.write(_noise(3, 48, 64))
+    with pytest.raises(FrameSizeError, match=str(path)):
+        list(iter_frame_batches(path, 2, out=np.empty((2, 16, 32, 3), np.uint8)))
+
+
+def _raw_h264(w: int, h: int, n: int) -> bytes:
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="h264") as container:
+        stream = container.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        for frame in _noise(n, h, w):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def test_frame_size_change_mid_file_is_a_dataset_error(tmp_path: Path) -> None:
+    # Two H.264 streams back to back: the decoder switches size at the second SPS.
+    path = tmp_path / "sizechange.h264"
+    path.write_bytes(_raw_h264(64, 48, 3) + _raw_h264(32, 16, 3))
+    with pytest.raises(DatasetError, match=rf"{path}: frame 3 is 32x16, stream is 64x48"):
+        list(iter_frame_batches(path, 2))
