@@ -10,14 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eva._native import load
 from eva.capture import align
 from eva.capture.ring import ReferenceRing, make_ring
 
 pytestmark = pytest.mark.kernels
 
-NATIVE_RING = load("ring") is not None
-NATIVE_ALIGN = load("align") is not None
 
 ring_impls = pytest.mark.parametrize(
     "native",
@@ -29,8 +26,6 @@ ring_impls = pytest.mark.parametrize(
 
 
 def _ring(native: bool, *args, **kwargs):
-    if native and not NATIVE_RING:
-        pytest.skip("native core not built or EVA_PUREPYTHON=1")
     return make_ring(*args, native=native, **kwargs)
 
 
@@ -177,14 +172,8 @@ align_impls = pytest.mark.parametrize(
 )
 
 
-def _need(native: bool) -> None:
-    if native and not NATIVE_ALIGN:
-        pytest.skip("native core not built or EVA_PUREPYTHON=1")
-
-
 @align_impls
 def test_nearest_tie_takes_earlier_and_flags_skew(native: bool) -> None:
-    _need(native)
     times = np.array([0.0, 0.1, 0.2, 0.5])
     grid = np.array([0.0, 0.05, 0.15, 0.3, 0.35, 0.4, 0.6])
     idx, skew = align.nearest_indices(times, grid, 0.06, native=native)
@@ -201,7 +190,6 @@ def test_nearest_tie_takes_earlier_and_flags_skew(native: bool) -> None:
 
 @align_impls
 def test_hold_and_interp_basics(native: bool) -> None:
-    _need(native)
     times = np.array([1.0, 2.0, 4.0])
     values = np.array([[0.0, 10.0], [1.0, 20.0], [3.0, 0.0]])
     grid = np.array([0.5, 1.0, 1.5, 3.0, 4.0, 5.0])

@@ -66,8 +66,6 @@ ENCODERS: dict[str, Callable[[np.ndarray], bytes]] = {
 
 @pytest.fixture(scope="module", params=list(ENCODERS))
 def encoder(request: pytest.FixtureRequest) -> Callable[[np.ndarray], bytes]:
-    if request.param.startswith("native") and _native is None:
-        pytest.skip("native core not loaded (EVA_PUREPYTHON=1 or no build)")
     return ENCODERS[request.param]
 
 

@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from eva import _native
 from eva.dataset import stats
 
 pytestmark = pytest.mark.kernels
@@ -32,8 +31,6 @@ HYPOTHESIS = settings(
 def impl(request: pytest.FixtureRequest) -> tuple[type, type]:
     """(VectorStats class, ImageStats class) of one backend."""
     if request.param == "native":
-        if _native.load("stats") is None:
-            pytest.skip("native core not built or EVA_PUREPYTHON=1")
         return stats.VectorStats, stats.ImageStats
     return stats.ReferenceVectorStats, stats.ReferenceImageStats
 
@@ -106,8 +103,6 @@ def test_vector_stats_batch_fed_equals_numpy_on_concatenation(
 @HYPOTHESIS
 @given(data=vector_batches())
 def test_vector_native_equals_reference(data: tuple[np.ndarray, list[int]]) -> None:
-    if _native.load("stats") is None:
-        pytest.skip("native core not built or EVA_PUREPYTHON=1")
     values, cuts = data
     dim = values.shape[1]
     native = _feed(stats.VectorStats(dim), _split(values, cuts)).result()
@@ -251,8 +246,6 @@ def test_image_stats_batch_fed_equals_numpy_on_concatenation(
 @HYPOTHESIS
 @given(data=frame_batches())
 def test_image_native_equals_reference(data: tuple[np.ndarray, list[int]]) -> None:
-    if _native.load("stats") is None:
-        pytest.skip("native core not built or EVA_PUREPYTHON=1")
     frames, cuts = data
     native = _feed(stats.ImageStats(), _split(frames, cuts))
     reference = _feed(stats.ReferenceImageStats(), _split(frames, cuts))
@@ -263,8 +256,6 @@ def test_image_native_equals_reference(data: tuple[np.ndarray, list[int]]) -> No
 @pytest.mark.native
 def test_image_native_large_frames_equal_reference() -> None:
     """Full-size frames exercise the 4-pixel unrolled path and the channel phase of the tail."""
-    if _native.load("stats") is None:
-        pytest.skip("native core not built or EVA_PUREPYTHON=1")
     rng = np.random.default_rng(11)
     frames = rng.integers(0, 256, size=(3, 97, 131, 3), dtype=np.uint8)
     frames[1, :40] = 200  # long runs of one value (flat regions)
