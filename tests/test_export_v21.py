@@ -26,7 +26,7 @@ from eva.export.pipeline import export_dataset
 from eva.export.registry import FormatUnavailable, availability, load_format
 from eva.export.verify import verify_export
 from eva.jobs import read_job
-from eva.publish import ExportBusy
+from eva.publish import ExportBusy, staging_dir
 
 # Episode plan: 0 green, 1 red+pass, 2 red, 3 green+fail, 4 green with a note only, 5 RED (case).
 QUALITY = ["green", "red", "red", "green", "green", "red"]
@@ -442,3 +442,19 @@ def test_lerobot_written_source(tmp_path: Path, lerobot_fixture_dir: Path) -> No
     for subset_dir in (result.accepted_dir, rejected):
         r = runner.invoke(main, ["verify", str(subset_dir)])
         assert r.exit_code == 0, r.output
+
+
+def test_cli_cleanup_removes_a_crash_leftover_and_reports_json(source: Path) -> None:
+    export_dataset(source, "lerobot_v21")
+    root = layout.export_root(source, "lerobot_v21")
+    # What a kill -9 in the middle of staging leaves: a hidden, incomplete staging tree.
+    leftover = staging_dir(root, "20261130T000000Z-deadbeef")
+    (leftover / "accepted" / "meta").mkdir(parents=True)
+    r = CliRunner().invoke(main, ["cleanup", str(source), "--format", "v21", "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    assert report["actions"]["lerobot_v21"] == [f"removed {leftover}"]
+    assert not leftover.exists()
+    assert verify_export(root / "accepted") == [] and verify_export(root / "rejected") == []
+    r = CliRunner().invoke(main, ["cleanup", str(source)])
+    assert r.exit_code == 0 and "nothing to clean up" in r.output

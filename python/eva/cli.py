@@ -746,8 +746,14 @@ def verify_command(export_dir: Path, source: Path | None, fmt: str | None, as_js
 @main.command("cleanup")
 @click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--format", "fmt", default=None, help="Only this format (default: all).")
-def cleanup_command(dataset: Path, fmt: str | None) -> None:
-    """Finish or undo interrupted exports of DATASET and remove hidden staging/backup dirs."""
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
+    """Finish or undo interrupted exports of DATASET and remove hidden staging/backup dirs.
+
+    \b
+    Example:
+      eva cleanup data/pick/raw --format hdf5
+    """
     from eva.dataset.errors import DatasetError
     from eva.export.pipeline import cleanup
 
@@ -755,6 +761,9 @@ def cleanup_command(dataset: Path, fmt: str | None) -> None:
         actions = cleanup(dataset, fmt)
     except (DatasetError, ValueError) as e:
         fail(str(e))
+    if as_json:
+        emit_json({"dataset": str(dataset), "actions": actions})
+        return
     count = 0
     for name, lines in actions.items():
         for line in lines:
