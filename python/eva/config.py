@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from eva.dataset import layout
+from eva.dataset.video import VideoOptions
 
 DEFAULT_CAMERAS: tuple[tuple[str, int, int], ...] = (
     ("observation.images.cam_high", 640, 480),
@@ -74,10 +75,11 @@ class VectorConfig:
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    codec: str = "libx264"
-    crf: int = 23
-    preset: str = "veryfast"
-    gop: int = 30
+    # The defaults are the raw writer's (VideoOptions), stated once there.
+    codec: str = VideoOptions.codec
+    crf: int = VideoOptions.crf
+    preset: str = VideoOptions.preset
+    gop: int = VideoOptions.gop
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,11 @@ from typing import Any
 
 from eva.dataset.atomic import atomic_write_json
 from eva.progress import Progress
+from eva.timestamps import utc_now
 
 STATES = ("queued", "running", "completed", "failed")
 EXPORT_JOB = "job.json"
 UPLOAD_JOB = "upload_job.json"
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def new_job_id() -> str:

@@ -14,7 +14,6 @@ verdict for N meanwhile. A stale marker left by a crash is removed by the next r
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import fcntl
 import itertools
 import os
@@ -26,6 +25,7 @@ from typing import Any
 
 from eva.dataset import layout
 from eva.dataset.writer import DatasetWriter, EpisodeWriter
+from eva.timestamps import utc_now
 
 QUEUED = "queued"
 SAVING = "saving"
@@ -33,10 +33,6 @@ SAVED = "saved"
 FAILED = "failed"
 
 _job_ids = itertools.count(1)
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass
