@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from eva.dataset.errors import DatasetError
+from eva.dataset.reader import DatasetReader
 from eva.dataset.video import FrameSizeError, VideoEncoder, iter_frame_batches
+from eva.dataset.writer import CameraSpec, DatasetWriter
+from eva.formats.mcap import _camera_batches
 
 
 def _noise(n: int, h: int, w: int, seed: int = 0) -> np.ndarray:
@@ -72,3 +75,26 @@ def test_frame_size_change_mid_file_is_a_dataset_error(tmp_path: Path) -> None:
     path.write_bytes(_raw_h264(64, 48, 3) + _raw_h264(32, 16, 3))
     with pytest.raises(DatasetError, match=rf"{path}: frame 3 is 32x16, stream is 64x48"):
         list(iter_frame_batches(path, 2))
+
+
+def test_mcap_reports_a_shape_mismatch_only_for_frame_size_errors(tmp_path: Path) -> None:
+    key = "observation.images.front"
+    root = tmp_path / "raw"
+    with DatasetWriter.create_or_open(
+        root, fps=30, cameras=[CameraSpec(key, 48, 64)], durable=False
+    ) as writer:
+        for _ in range(2):
+            with writer.begin_episode("pick") as episode:
+                episode.add_frames({key: _noise(4, 48, 64)})
+                episode.commit()
+    reader = DatasetReader(root)
+    buffers = {key: np.empty((4, 48, 64, 3), np.uint8)}
+    with VideoEncoder(reader.video_path(0, key), 32, 16, 30) as encoder:  # not info.json's size
+        encoder.write(_noise(4, 16, 32))
+    with pytest.raises(DatasetError, match="as declared in info.json") as info:
+        list(_camera_batches(reader, 0, key, 4, buffers, "episode 0"))
+    assert str(reader.video_path(0, key)) in str(info.value)
+    reader.video_path(1, key).write_bytes(b"not a video")
+    with pytest.raises(DatasetError) as info:
+        list(_camera_batches(reader, 1, key, 4, buffers, "episode 1"))
+    assert "as declared" not in str(info.value)
