@@ -5,16 +5,17 @@ frames at 320x240; quick: 12 x 3 x 45 at 160x120; cached in the temp dir between
 accepted subset is the whole dataset, then measures in this run:
 
 * ``eva export --format v3`` (``export_dataset``: source validation, split, v3 writer with packet
-  copy from the MP4 sample tables + histograms of one keyframe per episode and camera, one
-  ``syncfs``, publication) against LeRobot 0.4.4's
+  copy from the MP4 sample tables, exact image quantiles from the histograms the capture writer
+  recorded (no decode), one ``syncfs``, publication) against LeRobot 0.4.4's
   ``convert_dataset_v21_to_v30.convert_dataset`` on a copy of the same v2.1 dataset, run offline
   in the oracle venv in a subprocess; its time is measured inside that process around
   ``convert_dataset`` only (imports excluded). ``ratio`` = LeRobot / eva (> 1: eva is faster).
 * the v3 writer alone (``write_subset`` of the accepted subset, metadata prepared beforehand)
   against the same LeRobot time: the like-for-like part of the comparison.
-* the writer with ``image_quantiles="none"`` (no keyframe decoding), like LeRobot's converter,
-  which computes no quantiles at all, and with ``image_quantile_keyframes=0`` (every keyframe
-  decoded: the sample before it was bounded).
+* the writer on the same source without its recorded histograms (as for a LeRobot-written
+  source): image quantiles from one keyframe per episode and camera; with
+  ``image_quantiles="none"`` (no keyframe decoding), like LeRobot's converter, which computes no
+  quantiles at all; and with ``image_quantile_keyframes=0`` (every keyframe decoded).
 * bytes written: the accepted v3 directory against LeRobot's converted directory (ratio = LeRobot
   bytes / eva bytes; eva also writes quantile stats and the kept jsonl metadata).
 * ``cp -r`` of the v2.1 source: the practical limit of any converter that must read and rewrite
@@ -26,6 +27,7 @@ Without the LeRobot venv the LeRobot rows say so in their note (baseline None), 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -101,13 +103,18 @@ def eva_export_seconds(source: Path, work: Path, **extra: Any) -> tuple[float, P
     return seconds, result.accepted_dir
 
 
-def writer_seconds(source: Path, work: Path, **extra: Any) -> float:
+def writer_seconds(source: Path, work: Path, *, recorded: bool = True, **extra: Any) -> float:
     """The v3 writer alone (``write_subset`` of the accepted subset): the part that corresponds to
-    LeRobot's converter, without eva's source validation, split and publication."""
+    LeRobot's converter, without eva's source validation, split and publication.
+    ``recorded=False`` drops the source's recorded image histograms, as for a LeRobot-written
+    source (image quantiles then come from the keyframe sample)."""
     shutil.rmtree(work, ignore_errors=True)
     reader, _plan, metas = prepare(source)
+    meta = metas["accepted"]
+    if not recorded:
+        meta = dataclasses.replace(meta, image_histograms={})
     start = time.perf_counter()
-    lerobot_v3.write_subset(reader, metas["accepted"], work, Progress(), ExportOptions(extra=extra))
+    lerobot_v3.write_subset(reader, meta, work, Progress(), ExportOptions(extra=extra))
     return time.perf_counter() - start
 
 
@@ -170,12 +177,15 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
         eva_bytes = dir_bytes(accepted)
         shards = len(list((accepted / "videos").rglob("*.mp4")))
         write_s = min(writer_seconds(source, work / f"writer{i}") for i in range(repeats))
+        sampled_s = min(
+            writer_seconds(source, work / f"sampled{i}", recorded=False) for i in range(repeats)
+        )
         bare_s = min(
-            writer_seconds(source, work / f"bare{i}", image_quantiles="none")
+            writer_seconds(source, work / f"bare{i}", recorded=False, image_quantiles="none")
             for i in range(repeats)
         )
         every_s = min(
-            writer_seconds(source, work / f"every{i}", image_quantile_keyframes=0)
+            writer_seconds(source, work / f"every{i}", recorded=False, image_quantile_keyframes=0)
             for i in range(repeats)
         )
         lr_s, lr_bytes, lr_note = lerobot_convert(source, work / "lerobot")
@@ -200,8 +210,20 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
                 lr_s,
                 "s",
                 f"{size}; write_subset of the accepted subset (packet copy, parquet shards, "
-                "metadata, histograms of 1 keyframe per episode and camera in worker threads)",
+                "metadata; exact image quantiles from the histograms recorded at capture, no "
+                "decode)",
                 None if lr_s is None else lr_s / write_s,
+            )
+        )
+        rows.append(
+            _row(
+                "v3 writer, foreign source (keyframe sample) vs LeRobot converter",
+                sampled_s,
+                lr_s,
+                "s",
+                f"{size}; without recorded histograms (as for a LeRobot-written source): image "
+                "quantiles from 1 keyframe per episode and camera, decoded in worker threads",
+                None if lr_s is None else lr_s / sampled_s,
             )
         )
         rows.append(
@@ -210,8 +232,9 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
                 bare_s,
                 lr_s,
                 "s",
-                f"{size}; image_quantiles=none: what LeRobot's converter does (it computes no "
-                "quantiles); the keyframe sample costs the difference to the row above",
+                f"{size}; foreign source, image_quantiles=none: what LeRobot's converter does (it "
+                "computes no image quantiles); the keyframe sample costs the difference to the "
+                "foreign-source row",
                 None if lr_s is None else lr_s / bare_s,
             )
         )
@@ -221,7 +244,8 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
                 every_s,
                 lr_s,
                 "s",
-                f"{size}; image_quantile_keyframes=0: every GOP-th frame decoded for the image "
+                f"{size}; foreign source, image_quantile_keyframes=0: every GOP-th frame decoded "
+                "for the image "
                 "quantiles instead of the default bound of one keyframe per episode and camera",
                 None if lr_s is None else lr_s / every_s,
             )
