@@ -10,7 +10,7 @@
 * the metadata work a naive writer would add per append at 200 episodes (re-reading
   episodes.jsonl + episodes_stats.jsonl and re-merging all stats), against the append itself.
 * one jsonl row appended to a 2000-row episodes_stats.jsonl in place (what the writer does)
-  against copy + rename (``atomic.atomic_append_jsonl``), whose cost grows with the file.
+  against copy + rename (``atomic.atomic_append_lines``), whose cost grows with the file.
 * reader side: ``iter_frame_batches`` at 640x480 (decode, rgb24, copy into the reused buffer)
   against decoding alone (no pixel conversion).
 * ``count_frames`` (MP4 box parse, what the validator calls per camera per episode) against
@@ -185,7 +185,12 @@ def jsonl_append_rows(tmp: Path, root: Path, rows_in_file: int) -> list[dict[str
     times = {}
     for name, append in (
         ("in place", atomic.append_jsonl_inplace),
-        ("copy+rename", atomic.atomic_append_jsonl),
+        (
+            "copy+rename",
+            lambda path, rows, durable: atomic.atomic_append_lines(
+                path, b"".join(atomic.jsonl_line(r) for r in rows), durable=durable
+            ),
+        ),
     ):
         path = tmp / f"stats-{name.replace(' ', '_').replace('+', '_')}.jsonl"
         path.write_bytes(line * rows_in_file)
