@@ -4,8 +4,8 @@
 
 * ``push 640x480 frame p50/p99``: ``SnapshotRing.push`` of a 640x480x3 frame while a consumer
   thread drains the ring, against ``queue.Queue.put(frame.copy())`` (the usual handoff of a frame
-  the producer will reuse) drained the same way; the ring copies with the GIL released (the
-  default for frames) or kept. Also with one busy pure-Python thread in the process, the case
+  the producer will reuse) drained the same way; the ring copies with the GIL released or kept
+  (the default below 32 MiB). Also with one busy pure-Python thread in the process, the case
   where a released GIL must be waited for.
 * ``push frames/s``: producer-side throughput of the same two.
 * ``push vector p50/p99``: a 14-dim float64 sample through ``Recorder.push_vector`` (lock, shape
@@ -85,7 +85,7 @@ class _Busy:
 def measure_ring_push(n: int, busy: bool, release_gil: bool = True) -> dict[str, float]:
     ring = make_ring(
         (H, W, 3), np.uint8, block_slots=16, initial_blocks=4, max_bytes=1 << 30,
-        release_gil_min_bytes=None if release_gil else 1 << 40,
+        release_gil_min_bytes=0 if release_gil else 1 << 40,
     )  # fmt: skip
     frame = np.random.default_rng(0).integers(0, 255, (H, W, 3), dtype=np.uint8)
     done = threading.Event()

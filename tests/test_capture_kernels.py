@@ -160,6 +160,48 @@ def test_ring_grows_and_reuses_blocks_under_a_slow_consumer(native: bool) -> Non
     assert ring.capacity > 4 and ring.overflow_count == 0
 
 
+@pytest.mark.native
+def test_native_ring_with_the_gil_released_loses_nothing() -> None:
+    """The copy-without-GIL path (release_gil_min_bytes=0): producer and consumer copy frames
+    concurrently while neither holds the GIL; every frame arrives intact and in order."""
+    n = 400
+    ring = make_ring(
+        (24, 32, 3),
+        np.uint8,
+        block_slots=8,
+        initial_blocks=1,
+        max_bytes=1 << 24,
+        release_gil_min_bytes=0,
+        native=True,
+    )
+    assert ring.release_gil
+    assert not make_ring((24, 32, 3), np.uint8, native=True).release_gil  # default keeps it
+    got: list[int] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        out = np.zeros((7, 24, 32, 3), np.uint8)
+        times = np.zeros(7)
+        while True:
+            finished = done.is_set()
+            k = ring.pop_batch(out, times)
+            for frame, t in zip(out[:k], times[:k], strict=True):
+                assert (frame == int(t) % 251).all()
+                got.append(int(t))
+            if not k and finished:
+                return
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    frame = np.zeros((24, 32, 3), np.uint8)
+    for i in range(n):
+        frame[...] = i % 251
+        assert ring.push(float(i), frame)
+    done.set()
+    consumer.join()
+    assert got == list(range(n)) and ring.overflow_count == 0
+
+
 def test_reference_ring_is_what_make_ring_gives_without_native(monkeypatch) -> None:
     monkeypatch.setenv("EVA_PUREPYTHON", "1")
     assert isinstance(make_ring((3,), np.float64), ReferenceRing)

@@ -188,7 +188,8 @@ def make_ring(
 
     ``native=True`` demands the native ring (ImportError without it); ``False`` forces the
     reference. ``release_gil_min_bytes``: samples at least this big are copied with the GIL
-    released (native ring; default 64 KiB, so frames yes, vectors no).
+    released (native ring; default 32 MiB: re-taking the GIL after a release can wait a whole
+    switch interval when another Python thread is busy, which costs far more than the copy).
     """
     mod = load("ring") if native is not False else None
     if native is True and mod is None:
