@@ -268,6 +268,17 @@ def test_verify_finds_tampering(source: Path) -> None:
     assert r.exit_code == 1 and "total_frames" in r.output
 
 
+def test_verify_refuses_a_video_key_that_leaves_the_export(source: Path) -> None:
+    out = export_dataset(source, "lerobot_v21").accepted_dir
+    info = json.loads((out / layout.INFO).read_text())
+    features = dict(info["features"])
+    features["../../../escape"] = features.pop("observation.images.cam1")
+    atomic_write_json(out / layout.INFO, {**info, "features": features})
+    problems = load_format("lerobot_v21").verify(out)
+    assert [p.code for p in problems if p.code in ("video_key", "missing_video")] == ["video_key"]
+    assert "total_videos" not in {p.code for p in problems}
+
+
 def test_rewrite_index_columns_is_columnwise_and_checks_tasks() -> None:
     table = pa.table(
         {

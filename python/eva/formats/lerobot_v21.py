@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from eva.dataset import layout
 from eva.dataset.atomic import read_jsonl
+from eva.dataset.embedded import read_export_meta
 from eva.dataset.errors import DatasetError
 from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
 from eva.dataset.validate import Problem
@@ -153,10 +154,7 @@ def verify(export_dir: Path) -> list[Problem]:
         problems.append(Problem(code, f"{where}: {message}", str(path), episode))
 
     try:
-        import json
-
-        info = json.loads((root / layout.INFO).read_text(encoding="utf-8"))
-        episodes = read_jsonl(root / layout.EPISODES)
+        info, episodes = read_export_meta(root)
         tasks = {int(r["task_index"]) for r in read_jsonl(root / layout.TASKS)}
     except (OSError, ValueError, KeyError, TypeError) as e:
         problem("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR)
@@ -168,7 +166,16 @@ def verify(export_dir: Path) -> list[Problem]:
             root / layout.INFO,
         )
     features = info.get("features", {})
-    video_keys = [k for k, f in features.items() if f.get("dtype") == "video"]
+    video_keys = []
+    for key, feature in features.items():
+        if feature.get("dtype") != "video":
+            continue
+        # The key becomes a directory name below: a hostile info.json must not steer the
+        # reads outside the export (``../..``).
+        try:
+            video_keys.append(layout.check_video_key(key))
+        except layout.UnsafeNameError as e:
+            problem("video_key", str(e), root / layout.INFO)
     chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
     indices = [r.get("episode_index") for r in episodes]
     if indices != list(range(len(episodes))):
@@ -187,10 +194,11 @@ def verify(export_dir: Path) -> list[Problem]:
             f"info total_tasks {info.get('total_tasks')} but {len(tasks)} tasks",
             root / layout.INFO,
         )
-    if info.get("total_videos") != len(episodes) * len(video_keys):
+    videos = len(episodes) * sum(1 for f in features.values() if f.get("dtype") == "video")
+    if info.get("total_videos") != videos:
         problem(
             "total_videos",
-            f"info total_videos {info.get('total_videos')} but {len(episodes) * len(video_keys)} videos",
+            f"info total_videos {info.get('total_videos')} but {videos} videos",
             root / layout.INFO,
         )
     total_rows = 0
