@@ -66,6 +66,7 @@ from eva.capture.ring import Ring, make_ring
 from eva.capture.save_worker import (
     FAILED,
     QUEUED,
+    SAVED,
     SAVING,
     SaveJob,
     commit_episode,
@@ -74,7 +75,7 @@ from eva.capture.save_worker import (
     utc_now,
 )
 from eva.config import CollectionConfig
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.video import VideoOptions
 from eva.dataset.writer import CameraSpec, DatasetWriter, EpisodeWriter, VectorSpec
 
@@ -479,7 +480,7 @@ class Recorder:
             / 1e6,
             "dropped": sum(s.ring.overflow_count for s in self._streams.values()),
             "save_queue": sum(1 for j in self.jobs if j.state in (QUEUED, SAVING)),
-            "saved": sum(1 for j in self.jobs if j.state == "saved"),
+            "saved": sum(1 for j in self.jobs if j.state == SAVED),
             "failed": sum(1 for j in self.jobs if j.state == FAILED),
             "camera_fps": camera_fps,
             "consumer_error": self._consumer_error,
@@ -502,7 +503,7 @@ class Recorder:
                 with self._state_lock:
                     self._sessions.popleft()
         except BaseException as e:  # keep the reason visible to status() and start()
-            self._consumer_error = f"{type(e).__name__}: {e}".splitlines()[0]
+            self._consumer_error = error_line(e)
             log.exception("capture consumer stopped")
             with self._state_lock:
                 for s in self._sessions:
@@ -605,12 +606,12 @@ class _EpisodeConsumer:
                         continue
                     time.sleep(IDLE_SLEEP_S)
         except BaseException as e:
+            message = error_line(e)
             if self.episode is not None:
                 self.episode.abort()
             if s.job is not None and not s.job.finished:
-                s.job._finish(FAILED, f"{type(e).__name__}: {e}".splitlines()[0])
+                s.job._finish(FAILED, message)
             if isinstance(e, DatasetError | OSError | ValueError):
-                message = f"{type(e).__name__}: {e}".splitlines()[0]
                 log.error("capture: episode failed: %s", message)
                 # Drop what is left of this episode so the next one starts clean; the job that
                 # STOP creates meanwhile reports the failure.

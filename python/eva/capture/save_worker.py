@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eva.dataset import layout
+from eva.dataset.errors import error_line
 from eva.dataset.writer import DatasetWriter, EpisodeWriter
 from eva.timestamps import utc_now
 
@@ -136,4 +137,4 @@ def commit_episode(
         job._finish(SAVED)
     except Exception as e:  # the job records the failure; the recorder keeps running
         episode.abort()
-        job._finish(FAILED, f"{type(e).__name__}: {e}".splitlines()[0])
+        job._finish(FAILED, error_line(e))

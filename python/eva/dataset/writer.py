@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eva.dataset import atomic, layout
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.layout import WRITER_LOCK, saving_marker_name
 from eva.dataset.locks import flocked, meta_lock
 from eva.dataset.stats import ImageStats, RunningMerge, VectorStats, merge_stats
@@ -885,8 +885,7 @@ class _CameraEncoder:
     def failure(self) -> str | None:
         if self.error is None:
             return None
-        e = self.error
-        text = f"{type(e).__name__}: {e}".splitlines()[0]
+        text = error_line(self.error)
         return f"camera {self.cam.key}: encoding {self.path.name} failed ({text})"
 
 
