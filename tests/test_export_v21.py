@@ -279,6 +279,21 @@ def test_verify_refuses_a_video_key_that_leaves_the_export(source: Path) -> None
     assert "total_videos" not in {p.code for p in problems}
 
 
+def test_missing_vector_stats_are_computed_from_the_table(source: Path) -> None:
+    from eva.dataset.reader import DatasetReader
+    from eva.export.pipeline import complete_episode_stats
+
+    rows = read_jsonl(source / layout.EPISODES_STATS)
+    written = rows[1]["stats"].pop("observation.state")
+    rows[1]["stats"].pop("timestamp")
+    atomic_write_jsonl(source / layout.EPISODES_STATS, rows)
+    stats = complete_episode_stats(DatasetReader(source), 1)
+    for key in ("min", "max", "mean", "std"):
+        np.testing.assert_allclose(stats["observation.state"][key], written[key], rtol=1e-5)
+    assert stats["observation.state"]["count"] == written["count"]
+    assert stats["timestamp"]["count"] == [FRAMES[1]]
+
+
 def test_rewrite_index_columns_is_columnwise_and_checks_tasks() -> None:
     table = pa.table(
         {

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from eva import __version__
 from eva.dataset import layout
@@ -132,7 +133,8 @@ def complete_episode_stats(reader: DatasetReader, episode: int) -> dict[str, Any
                 "no per-episode stats and it cannot be computed from the table"
             )
         table_columns.append(feature)
-    schema_names = set(reader.read_table(episode, columns=[]).schema.names)
+    # The footer's schema: ``read_table(columns=[])`` would give an empty one.
+    schema_names = set(pq.read_schema(reader.data_path(episode)).names)
     absent = [c for c in table_columns if c not in schema_names]
     if absent:
         raise DatasetError(
