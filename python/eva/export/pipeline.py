@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from eva import __version__
 from eva.dataset import layout
+from eva.dataset.columns import fixed_size_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, build_subset_meta, write_staged_json
@@ -42,13 +43,13 @@ from eva.jobs import (
     job_path,
     pid_alive,
     read_job,
-    utc_now,
     write_job,
 )
 from eva.progress import Progress
 from eva.publish import export_lock, make_staging, mark_complete, publish_pair, recover
 from eva.quality.split import SplitPlan, plan_split
 from eva.quality.verdicts import RULE
+from eva.timestamps import utc_now
 
 SUBSETS = layout.SUBSETS
 
@@ -103,14 +104,13 @@ def _check_version(reader: DatasetReader) -> None:
         raise DatasetError(f"{path}: dataset_format {fmt!r}: the source must be lerobot_v21")
 
 
-def _column_stats(column: pa.ChunkedArray) -> dict[str, list[Any]]:
+def _column_stats(column: pa.ChunkedArray, where: str) -> dict[str, list[Any]]:
     from eva.dataset.stats import VectorStats
 
-    arr = column.combine_chunks()
-    if pa.types.is_fixed_size_list(arr.type):
-        values = arr.flatten().to_numpy(zero_copy_only=False).reshape(len(arr), arr.type.list_size)
-    else:
-        values = arr.to_numpy(zero_copy_only=False).reshape(len(arr), 1)
+    values = fixed_size_values(column.combine_chunks())
+    if values is None:
+        raise DatasetError(f"{where}: no per-episode stats and the column is not numeric")
+    values = values.reshape(len(values), -1)
     stats = VectorStats(values.shape[1])
     stats.update(values)
     return stats.result()
@@ -143,7 +143,8 @@ def complete_episode_stats(reader: DatasetReader, episode: int) -> dict[str, Any
         )
     table = reader.read_table(episode, columns=table_columns)
     for name in table_columns:
-        stats[name] = _column_stats(table.column(name))
+        where = f"{reader.data_path(episode)}: episode {episode}: field {name!r}"
+        stats[name] = _column_stats(table.column(name), where)
     return stats
 
 
