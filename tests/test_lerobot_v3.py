@@ -473,3 +473,23 @@ def test_verify_reports_wrong_locators(source: Path, tmp_path: Path) -> None:
     pq.write_table(table, path)
     problems = lerobot_v3.verify(dest)
     assert {(p.code, p.episode) for p in problems} >= {("timestamp_range", 2), ("row_range", 1)}
+
+
+def test_column_matrix_reads_vector_columns_from_arrow_buffers() -> None:
+    rows = [[1.0, 2.0], [3.0, 4.5], [5.0, 6.0]]
+    table = pa.table(
+        {
+            "fixed": pa.array(rows, pa.list_(pa.float32(), 2)),
+            "variable": pa.array(rows, pa.list_(pa.float32())),
+            "scalar": pa.array([1, 2, 3], pa.int64()),
+            "ragged": pa.array([[1.0], [2.0, 3.0], [4.0]], pa.list_(pa.float64())),
+        }
+    )
+    fixed = lerobot_v3._column_matrix(table, "fixed", "f.parquet: episode 0")
+    assert fixed.dtype == np.float32 and fixed.tolist() == rows
+    variable = lerobot_v3._column_matrix(table, "variable", "f.parquet: episode 0")
+    assert variable.dtype == np.float64 and variable.tolist() == rows
+    scalar = lerobot_v3._column_matrix(table, "scalar", "f.parquet: episode 0")
+    assert scalar.shape == (3, 1) and scalar.dtype == np.int64
+    with pytest.raises(DatasetError, match=r"f\.parquet: episode 0: field 'ragged'"):
+        lerobot_v3._column_matrix(table, "ragged", "f.parquet: episode 0")

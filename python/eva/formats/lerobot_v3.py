@@ -82,9 +82,11 @@ from typing import Any
 import av
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eva.dataset import layout
+from eva.dataset.columns import fixed_size_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.stats import (
     DEFAULT_QUANTILES,
@@ -383,15 +385,22 @@ def _numeric_vector_columns(table: pa.Table, features: Mapping[str, Any]) -> lis
     return names
 
 
-def _column_matrix(table: pa.Table, name: str) -> np.ndarray:
-    """(rows, dim) numpy view of a scalar or fixed-size-list column (dtype kept)."""
+def _column_matrix(table: pa.Table, name: str, where: str) -> np.ndarray:
+    """(rows, dim) numpy array of a scalar or fixed-size-list column (dtype kept), or of a
+    variable-list column whose rows all have one length (LeRobot writes vectors that way; as
+    float64), from the Arrow buffers. ``where`` names the file and episode in errors."""
     column = table.column(name).combine_chunks()
-    if pa.types.is_fixed_size_list(column.type):
-        dim = column.type.list_size
-        return column.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
     if pa.types.is_list(column.type):
-        return np.stack([np.asarray(v, dtype=np.float64) for v in column.to_pylist()])
-    return column.to_numpy(zero_copy_only=False).reshape(-1, 1)
+        lengths = pc.list_value_length(column)
+        bounds = pc.min_max(lengths).as_py()
+        if column.null_count or bounds["min"] != bounds["max"]:
+            raise DatasetError(f"{where}: field {name!r}: rows are not vectors of one length")
+        flat = column.flatten().to_numpy(zero_copy_only=False)
+        return np.asarray(flat, np.float64).reshape(len(column), -1)
+    values = fixed_size_values(column)
+    if values is None:
+        raise DatasetError(f"{where}: field {name!r}: null values")
+    return values.reshape(len(column), -1)
 
 
 def _episode_quantiles(columns: Mapping[str, np.ndarray]) -> dict[str, dict[str, list[float]]]:
@@ -674,7 +683,9 @@ def write_subset(
             ep_stats = {k: dict(v) for k, v in meta.episodes_stats.get(ep, {}).items()}
             episode_vectors: dict[str, np.ndarray] = {}
             for name in _numeric_vector_columns(table, features):
-                values = _column_matrix(table, name)
+                values = _column_matrix(
+                    table, name, f"{reader.data_path(source)}: episode {source}"
+                )
                 quantiles.add_vectors(name, values)
                 if name in ep_stats:
                     episode_vectors[name] = values
