@@ -13,10 +13,11 @@ import pytest
 
 from eva.capture import align
 from eva.capture.recorder import Recorder, RecorderError
-from eva.capture.save_worker import FAILED, SAVED
+from eva.capture.save_worker import FAILED, SAVED, remove_stale_markers
 from eva.capture.sources import SimulatedRig
 from eva.config import CollectionConfig, config_from_dict
 from eva.dataset import layout
+from eva.dataset.locks import flocked
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate import validate_dataset
 
@@ -520,3 +521,16 @@ def test_one_camera_encoder_failure_fails_the_job_and_publishes_nothing(rec: Rec
     assert not (root / "data").exists() and not (root / "videos").exists()
     assert rec.status()["consumer_error"] is None
     assert record(rec)["episode_index"] == 0  # the next episode records normally
+
+
+def test_remove_stale_markers_keeps_a_held_marker(tmp_path: Path) -> None:
+    work = tmp_path / layout.WORK_DIR
+    work.mkdir()
+    stale = work / layout.saving_marker_name(1)
+    stale.touch()
+    held = work / layout.saving_marker_name(2)
+    with flocked(held):  # a writer committing episode 2 right now
+        removed = remove_stale_markers(tmp_path)
+    assert removed == [stale]
+    assert not stale.exists()
+    assert held.exists()

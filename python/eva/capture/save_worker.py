@@ -14,7 +14,6 @@ verdict for N meanwhile. A stale marker left by a crash is removed by the next r
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import os
 import threading
@@ -25,6 +24,7 @@ from typing import Any
 
 from eva.dataset import layout
 from eva.dataset.errors import error_line
+from eva.dataset.locks import try_flock
 from eva.dataset.writer import DatasetWriter, EpisodeWriter
 from eva.timestamps import utc_now
 
@@ -91,19 +91,17 @@ def remove_stale_markers(dataset_dir: Path) -> list[Path]:
         return removed
     for path in sorted(work.glob("saving-*.lock")):
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = try_flock(path, create=False)
         except FileNotFoundError:
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        if fd is None:  # a writer is committing that episode right now
             continue
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed.append(path)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(path)
+        finally:
+            os.close(fd)
     return removed
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from eva.dataset import layout
 
-__all__ = ["flocked", "meta_lock"]
+__all__ = ["flocked", "meta_lock", "try_flock"]
 
 
 @contextlib.contextmanager
@@ -30,6 +30,22 @@ def flocked(path: Path, *, unlink: bool = False) -> Iterator[None]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         os.close(fd)
+
+
+def try_flock(path: Path, *, create: bool = True) -> int | None:
+    """Take an exclusive flock on ``path`` without waiting: the open fd that holds it (closing it
+    releases the lock), or None when another open file holds the lock. Without ``create`` a
+    missing file raises ``FileNotFoundError``."""
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @contextlib.contextmanager

@@ -59,7 +59,7 @@ import pyarrow.parquet as pq
 from eva.dataset import atomic, layout
 from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.layout import WRITER_LOCK, saving_marker_name
-from eva.dataset.locks import flocked, meta_lock
+from eva.dataset.locks import flocked, meta_lock, try_flock
 from eva.dataset.stats import ImageStats, RunningMerge, VectorStats, merge_stats
 from eva.dataset.video import VideoEncoder, VideoOptions
 
@@ -298,12 +298,10 @@ class DatasetWriter:
         root.mkdir(parents=True, exist_ok=True)
         self.work_root = root / layout.WORK_DIR
         self.work_root.mkdir(exist_ok=True)
-        self._lock_fd = os.open(self.work_root / WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            raise DatasetError(f"{root}: another writer has this dataset open") from None
+        lock_fd = try_flock(self.work_root / WRITER_LOCK)
+        if lock_fd is None:
+            raise DatasetError(f"{root}: another writer has this dataset open")
+        self._lock_fd = lock_fd
         try:
             self._clean_stale_work()
             if (root / layout.INFO).exists():
