@@ -670,12 +670,13 @@ def write_subset(
             source = meta.source_index(ep)
             progress(current=f"episode {ep} (source {source})")
             table = _read_episode_table(reader, source)
+            where = f"{reader.data_path(source)}: episode {source}"
             n = table.num_rows
             if n == 0:
-                raise DatasetError(f"episode {source}: empty episode (0 rows) cannot be exported")
+                raise DatasetError(f"{where}: empty episode (0 rows) cannot be exported")
             if n != meta.lengths[ep]:
                 raise DatasetError(
-                    f"episode {source}: table has {n} rows, episodes.jsonl says {meta.lengths[ep]}"
+                    f"{where}: table has {n} rows, episodes.jsonl says {meta.lengths[ep]}"
                 )
             table = rewrite_index_columns(table, ep, meta.index_offsets[ep], meta.task_remap)
             data_rolled = data.add(table)
@@ -683,9 +684,7 @@ def write_subset(
             ep_stats = {k: dict(v) for k, v in meta.episodes_stats.get(ep, {}).items()}
             episode_vectors: dict[str, np.ndarray] = {}
             for name in _numeric_vector_columns(table, features):
-                values = _column_matrix(
-                    table, name, f"{reader.data_path(source)}: episode {source}"
-                )
+                values = _column_matrix(table, name, where)
                 quantiles.add_vectors(name, values)
                 if name in ep_stats:
                     episode_vectors[name] = values
@@ -817,7 +816,7 @@ def _append_video(
         info = video.info
         if info.frames and info.frames != rows:
             raise DatasetError(
-                f"episode {source}, camera {key}: {src_path.name} holds {info.frames} frames, "
+                f"{src_path}: episode {source}, camera {key}: holds {info.frames} frames, "
                 f"the table has {rows} rows"
             )
         writer = cam.writer
@@ -840,7 +839,7 @@ def _append_video(
             raise DatasetError(f"episode {source}, camera {key}: {e}") from None
     if appended.packets != rows:
         raise DatasetError(
-            f"episode {source}, camera {key}: {src_path.name} holds {appended.packets} frames, "
+            f"{src_path}: episode {source}, camera {key}: holds {appended.packets} frames, "
             f"the table has {rows} rows"
         )
     placed = _Placed(ep, appended.from_timestamp, appended.to_timestamp, rows)
