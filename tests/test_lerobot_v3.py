@@ -365,9 +365,22 @@ def test_verify_reports_a_broken_shard(source: Path, tmp_path: Path) -> None:
     data = dest / "data/chunk-000/file-000.parquet"
     table = pq.read_table(data)
     pq.write_table(table.slice(0, table.num_rows - 1), data)
-    codes = {p.code for p in lerobot_v3.verify(dest)}
+    problems = lerobot_v3.verify(dest)
+    codes = {p.code for p in problems}
     assert "unreadable_video" in codes
     assert "row_range" in codes or "row_count" in codes
+    # Each message (what ``eva verify`` prints) starts with the file it is about.
+    assert all(p.message.startswith(f"{p.path}: ") for p in problems)
+
+
+def test_verify_refuses_a_video_key_that_leaves_the_export(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    export(source, dest)
+    info = json.loads((dest / "meta/info.json").read_text())
+    info["features"]["../../escape"] = info["features"].pop(CAMS[0])
+    (dest / "meta/info.json").write_text(json.dumps(info))
+    problems = lerobot_v3.verify(dest)
+    assert [p.code for p in problems] == ["video_key"]
 
 
 def test_pipeline_publishes_both_subsets_or_nothing(tmp_path: Path) -> None:

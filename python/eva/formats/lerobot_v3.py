@@ -945,7 +945,11 @@ def verify(export_dir: Path) -> list[Any]:
     problems: list[Problem] = []
 
     def problem(code: str, message: str, path: Path, episode: int | None = None) -> None:
-        problems.append(Problem(code=code, message=message, path=path, episode=episode))
+        # The message is what the CLI prints: it starts with the file (and episode) it is about.
+        where = f"{path}: episode {episode}" if episode is not None else str(path)
+        problems.append(
+            Problem(code=code, message=f"{where}: {message}", path=str(path), episode=episode)
+        )
 
     info_path = root / layout.INFO
     try:
@@ -961,7 +965,15 @@ def verify(export_dir: Path) -> list[Any]:
         problem("wrong_format", f"dataset_format {info.get('dataset_format')!r}", info_path)
     fps = float(info.get("fps") or 0)
     features = info.get("features", {})
-    video_keys = [k for k, f in features.items() if f.get("dtype") == "video"]
+    video_keys = []
+    for key, feature in features.items():
+        if feature.get("dtype") != "video":
+            continue
+        # The key is formatted into video_path below: ``../..`` must not lead outside the export.
+        try:
+            video_keys.append(layout.check_video_key(key))
+        except layout.UnsafeNameError as e:
+            problem("video_key", str(e), info_path)
     data_tpl = info.get("data_path") or DATA_PATH
     video_tpl = info.get("video_path") or VIDEO_PATH
     # The templates are input: only plain {field} / {field:03d} replacements get formatted.
