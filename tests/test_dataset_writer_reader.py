@@ -173,6 +173,26 @@ def test_reader_falls_back_to_chunk_000(tmp_path: Path) -> None:
     assert reader.info["video_path"] is None and reader.video_keys == []
 
 
+@pytest.mark.parametrize("video_path", ["{video_key:03d}.mp4", 7])
+def test_unusable_video_path_template_names_info_json(tmp_path: Path, video_path: object) -> None:
+    """A template that passes the field-name check but cannot format (a numeric spec on the text
+    field) or is no string is refused by reader and writer alike, naming the field."""
+    root = tmp_path / "raw"
+    with _open(root) as writer:
+        ep = writer.begin_episode("t")
+        _add(ep, 0, 2, SyntheticScene(48, 64))
+        ep.commit()
+    info = json.loads((root / layout.INFO).read_text())
+    info["video_path"] = video_path
+    (root / layout.INFO).write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match=r"info.json: field video_path .* unusable"):
+        DatasetReader(root).video_path(0, FRONT)
+    with _open(root) as writer, pytest.raises(DatasetError, match=r"field video_path .* unusable"):
+        ep = writer.begin_episode("t")
+        _add(ep, 0, 2, SyntheticScene(48, 64))
+        ep.commit()
+
+
 def test_zero_frame_commit_writes_nothing(tmp_path: Path) -> None:
     root = tmp_path / "raw"
     with _open(root) as writer:

@@ -123,6 +123,18 @@ def check_path_template(template: str, fields: tuple[str, ...]) -> str:
     return template
 
 
+def format_path_template(template: object, **fields: object) -> str:
+    """The relative path a dataset's ``data_path`` / ``video_path`` template gives for ``fields``,
+    after ``check_path_template``; ``UnsafeNameError`` (naming the template) otherwise."""
+    if not isinstance(template, str):
+        raise UnsafeNameError(f"path template {template!r} is not a string")
+    check_path_template(template, tuple(fields))
+    try:
+        return template.format(**fields)
+    except ValueError as e:  # a numeric spec on a text field: {video_key:03d}
+        raise UnsafeNameError(f"path template {template!r}: {e}") from None
+
+
 def episode_chunk(episode_index: int, chunks_size: int = DEFAULT_CHUNKS_SIZE) -> int:
     return episode_index // chunks_size
 

@@ -261,11 +261,10 @@ class DatasetReader:
         template = self.info.get(template_key) or default
         chunk = layout.episode_chunk(episode_index, self.chunks_size)
         try:
-            if not isinstance(template, str):
-                raise TypeError("not a string")
-            layout.check_path_template(template, ("episode_chunk", "episode_index", *fields))
-            rel = template.format(episode_chunk=chunk, episode_index=episode_index, **fields)
-        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
+            rel = layout.format_path_template(
+                template, episode_chunk=chunk, episode_index=episode_index, **fields
+            )
+        except layout.UnsafeNameError as e:
             raise DatasetError(
                 f"{self.root / layout.INFO}: field {template_key} {template!r} unusable ({e})"
             ) from None
@@ -273,7 +272,9 @@ class DatasetReader:
         if chunk != 0 and not path.exists():
             # Older writers put every episode into chunk-000 regardless of chunks_size.
             fallback = self._path(
-                template.format(episode_chunk=0, episode_index=episode_index, **fields)
+                layout.format_path_template(
+                    template, episode_chunk=0, episode_index=episode_index, **fields
+                )
             )
             if fallback.exists():
                 return fallback

@@ -608,11 +608,8 @@ class DatasetWriter:
         dataset's info.json is input: no attribute access or huge widths, as in the reader)."""
         template = self.info.get(template_key) or default
         try:
-            if not isinstance(template, str):
-                raise TypeError("not a string")
-            layout.check_path_template(template, tuple(fields))
-            rel = template.format(**fields)
-        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
+            rel = layout.format_path_template(template, **fields)
+        except layout.UnsafeNameError as e:
             raise DatasetError(
                 f"{self.root / layout.INFO}: field {template_key} {template!r} unusable ({e})"
             ) from None
