@@ -395,20 +395,10 @@ class VideoShardWriter:
                 i = j
         finally:
             os.close(fd)
-        start = int(times[0])
         end = max(self._next_start, int(np.max(times + np.maximum(samples.durations, 1))))
         self._last_dts = int(times[-1])
-        self._next_start = end
-        self.episodes += 1
-        payload = int(samples.sizes.sum())
-        self.payload_bytes += payload
-        tb = self.params.time_base
-        return AppendedEpisode(
-            from_timestamp=float(start * tb),
-            to_timestamp=float(end * tb),
-            packets=n,
-            container_frames=samples.track.sample_count,
-            bytes=payload,
+        return self._finish_episode(
+            int(times[0]), end, n, samples.track.sample_count, int(samples.sizes.sum())
         )
 
     def _copy_packets(
@@ -462,8 +452,14 @@ class VideoShardWriter:
             packets += 1
         if packets == 0:
             raise VideoConcatError(f"{source}: no video packets")
-        assert self.params is not None
         start = self._next_start if first_pts is None else first_pts
+        return self._finish_episode(start, end, packets, container_frames, payload)
+
+    def _finish_episode(
+        self, start: int, end: int, packets: int, container_frames: int, payload: int
+    ) -> AppendedEpisode:
+        """Account one appended episode spanning ``[start, end)`` (shard time base ticks)."""
+        assert self.params is not None
         self._next_start = end
         self.episodes += 1
         self.payload_bytes += payload
