@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -379,12 +382,27 @@ def test_crash_before_commit_point_leaves_dataset_unchanged(
     assert (root / layout.EPISODES).read_bytes().count(b"\n") == 2
 
 
+def _commit_in_killed_process(root: Path, task: str, patch: str) -> None:
+    """Commit a 2-frame episode in a child process whose ``patch`` (Python run first) SIGKILLs
+    it part-way through the commit: a real process death, not an exception."""
+    commit = f"""
+        import numpy as np
+        from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
+        w = DatasetWriter.create_or_open({str(root)!r}, fps=30,
+            cameras=[CameraSpec({FRONT!r}, 48, 64)],
+            vectors=[VectorSpec("observation.state", 3), VectorSpec("action", 3)])
+        ep = w.begin_episode({task!r})
+        ep.add_frames(images={{{FRONT!r}: np.zeros((2, 48, 64, 3), np.uint8)}},
+                      vectors={{"observation.state": np.zeros((2, 3)), "action": np.zeros((2, 3))}})
+        ep.commit()
+        """
+    script = textwrap.dedent(patch) + textwrap.dedent(commit)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr.decode()
+
+
 def test_killed_mid_append_is_repaired_on_reopen(tmp_path: Path) -> None:
     """SIGKILL half-way through writing the episodes.jsonl row (a real process death)."""
-    import subprocess
-    import sys
-    import textwrap
-
     from eva.dataset.validate import validate_dataset
 
     root = tmp_path / "raw"
@@ -393,30 +411,18 @@ def test_killed_mid_append_is_repaired_on_reopen(tmp_path: Path) -> None:
         _add(ep, 0, 3, SyntheticScene(48, 64))
         ep.commit()
     episodes_before = (root / layout.EPISODES).read_bytes()
-    script = textwrap.dedent(
-        f"""
+    torn_episodes_row = """
         import os, signal
-        import numpy as np
         from eva.dataset import atomic
-        from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
         real = atomic._write_all
         def torn(fd, data):
-            if os.readlink(f"/proc/self/fd/{{fd}}").endswith("episodes.jsonl"):
+            if os.readlink(f"/proc/self/fd/{fd}").endswith("episodes.jsonl"):
                 real(fd, data[: len(data) // 2])
                 os.kill(os.getpid(), signal.SIGKILL)
             real(fd, data)
         atomic._write_all = torn
-        w = DatasetWriter.create_or_open({str(root)!r}, fps=30,
-            cameras=[CameraSpec({FRONT!r}, 48, 64)],
-            vectors=[VectorSpec("observation.state", 3), VectorSpec("action", 3)])
-        ep = w.begin_episode("b")
-        ep.add_frames(images={{{FRONT!r}: np.zeros((2, 48, 64, 3), np.uint8)}},
-                      vectors={{"observation.state": np.zeros((2, 3)), "action": np.zeros((2, 3))}})
-        ep.commit()
         """
-    )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
-    assert proc.returncode == -9, proc.stderr.decode()
+    _commit_in_killed_process(root, "b", torn_episodes_row)
     assert (root / layout.EPISODES).read_bytes() != episodes_before  # torn fragment on disk
     reader = DatasetReader(root)
     assert reader.episode_indices == [0]  # readers ignore it, the validator reports it
@@ -430,39 +436,23 @@ def test_killed_mid_append_is_repaired_on_reopen(tmp_path: Path) -> None:
 
 def test_killed_writer_process_leaves_old_metadata_intact(tmp_path: Path) -> None:
     """A real process killed (SIGKILL) between temp write and rename of info.json."""
-    import subprocess
-    import sys
-    import textwrap
-
     root = tmp_path / "raw"
     with _open(root) as writer:
         ep = writer.begin_episode("a")
         _add(ep, 0, 3, SyntheticScene(48, 64))
         ep.commit()
     info_before = (root / layout.INFO).read_bytes()
-    script = textwrap.dedent(
-        f"""
+    killed_before_info_rename = """
         import os, signal
         from pathlib import Path
-        import numpy as np
-        from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
         real = os.replace
         def replace(src, dst, *a, **k):
             if Path(dst).name == "info.json":
                 os.kill(os.getpid(), signal.SIGKILL)  # dies with the temp file written
             return real(src, dst, *a, **k)
         os.replace = replace
-        w = DatasetWriter.create_or_open({str(root)!r}, fps=30,
-            cameras=[CameraSpec({FRONT!r}, 48, 64)],
-            vectors=[VectorSpec("observation.state", 3), VectorSpec("action", 3)])
-        ep = w.begin_episode("a")
-        ep.add_frames(images={{{FRONT!r}: np.zeros((2, 48, 64, 3), np.uint8)}},
-                      vectors={{"observation.state": np.zeros((2, 3)), "action": np.zeros((2, 3))}})
-        ep.commit()
         """
-    )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
-    assert proc.returncode == -9, proc.stderr.decode()
+    _commit_in_killed_process(root, "a", killed_before_info_rename)
     assert (root / layout.INFO).read_bytes() == info_before
     leftovers = [p for p in (root / "meta").iterdir() if p.name.startswith(atomic.TMP_PREFIX)]
     assert leftovers  # the torn temp file exists, but under a name no reader looks at
