@@ -1084,14 +1084,14 @@ def verify(export_dir: Path) -> list[Any]:
                 value = np.asarray(part.column(name)[0].as_py(), dtype=np.float64).reshape(-1)
                 if list(value.shape) != [int(np.prod(features[name].get("shape", [value.size])))]:
                     problem("bad_value", f"{name} has {value.size} values", path, ep)
+    rows_used: dict[tuple[int, int], int] = {}
+    for r in locators:
+        key = (int(r["data/chunk_index"]), int(r["data/file_index"]))
+        rows_used[key] = rows_used.get(key, 0) + int(r["length"])
     for key, table in data_cache.items():
         if table is None:
             continue
-        used = sum(
-            int(r["length"])
-            for r in locators
-            if (int(r["data/chunk_index"]), int(r["data/file_index"])) == key
-        )
+        used = rows_used[key]
         if table.num_rows != used:
             path = root / data_tpl.format(chunk_index=key[0], file_index=key[1])
             problem("row_count", f"{table.num_rows} rows, its episodes account for {used}", path)
