@@ -485,16 +485,18 @@ def test_streams_on_different_clocks_are_reported(tmp_path: Path, caplog) -> Non
     assert "aligned no frame" in caplog.text
 
 
-def test_failure_while_recording_fails_the_job_and_recorder_goes_on(rec: Recorder) -> None:
-    root = rec.start()
+def _wait_for_episode_dir(root: Path) -> Path:
+    """The episode work dir the consumer creates under .eva-work once START is processed."""
     work = root / layout.WORK_DIR
     deadline = time.monotonic() + 30
-    while not any(p.name.startswith("ep-") for p in work.iterdir()):
+    while not (found := [p for p in work.iterdir() if p.name.startswith("ep-")]):
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    for p in work.iterdir():  # the encoder cannot create its MP4 any more
-        if p.name.startswith("ep-"):
-            p.rmdir()
+    return found[0]
+
+
+def test_failure_while_recording_fails_the_job_and_recorder_goes_on(rec: Recorder) -> None:
+    _wait_for_episode_dir(rec.start()).rmdir()  # the encoder cannot create its MP4 any more
     push_timeline(rec, timeline(0.0, 1.0))
     job = rec.stop()
     assert job.wait(30) and job.state == FAILED and job.error
@@ -505,12 +507,7 @@ def test_failure_while_recording_fails_the_job_and_recorder_goes_on(rec: Recorde
 def test_one_camera_encoder_failure_fails_the_job_and_publishes_nothing(rec: Recorder) -> None:
     """A real failure in one camera's encoder thread (its MP4 path is taken by a directory)."""
     root = rec.start()
-    work = root / layout.WORK_DIR
-    deadline = time.monotonic() + 30
-    while not any(p.name.startswith("ep-") for p in work.iterdir()):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    episode_dir = next(p for p in work.iterdir() if p.name.startswith("ep-"))
+    episode_dir = _wait_for_episode_dir(root)
     (episode_dir / "01.mp4").mkdir()  # WRIST is the second camera; encoders open on first rows
     push_timeline(rec, timeline(0.0, 1.0))
     job = rec.stop()
