@@ -310,6 +310,8 @@ def test_rewrite_index_columns_is_columnwise_and_checks_tasks() -> None:
     assert out.schema == table.schema and out.column("x").equals(table.column("x"))
     with pytest.raises(DatasetError, match="task_index 2"):
         rewrite_index_columns(table, 1, 10, {5: 0})
+    with pytest.raises(DatasetError, match=r"^src\.parquet: episode 7: task_index 2"):
+        rewrite_index_columns(table, 1, 10, {5: 0}, where="src.parquet: episode 7")
 
 
 def _drop_file(rel: str):

@@ -228,17 +228,24 @@ def _replace_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
 
 
 def rewrite_index_columns(
-    table: pa.Table, episode_index: int, index_offset: int, task_remap: Mapping[int, int]
+    table: pa.Table,
+    episode_index: int,
+    index_offset: int,
+    task_remap: Mapping[int, int],
+    *,
+    where: str | None = None,
 ) -> pa.Table:
     """Return ``table`` with ``episode_index``, ``index`` and ``task_index`` renumbered.
 
     Column-wise (numpy/pyarrow compute); field types and schema metadata are kept. A ``task_index``
-    value missing from ``task_remap`` raises ``DatasetError``.
+    value missing from ``task_remap`` raises ``DatasetError``, whose message starts with ``where``
+    (the caller's source file and episode; by default the output episode).
     """
+    where = where or f"episode {episode_index}"
     n = table.num_rows
     for name in ("episode_index", "index"):
         if table.schema.get_field_index(name) < 0:
-            raise DatasetError(f"episode {episode_index}: table has no {name!r} column")
+            raise DatasetError(f"{where}: table has no {name!r} column")
     table = _replace_column(
         table, "episode_index", pa.array(np.full(n, episode_index, dtype=np.int64))
     )
@@ -252,9 +259,7 @@ def rewrite_index_columns(
         positions = pc.index_in(column, value_set=keys)
         if positions.null_count:
             bad = pc.filter(column, pc.is_null(positions))[0].as_py()
-            raise DatasetError(
-                f"episode {episode_index}: task_index {bad} is not in the subset task table"
-            )
+            raise DatasetError(f"{where}: task_index {bad} is not in the subset task table")
         table = _replace_column(table, "task_index", pc.take(values, positions))
     return table
 

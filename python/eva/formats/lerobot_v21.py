@@ -79,7 +79,13 @@ def _export_episode(
             f"{src_path}: episode {src}: {table.num_rows} rows but episodes.jsonl length "
             f"{meta.lengths[new]}"
         )
-    table = rewrite_index_columns(table, new, meta.index_offsets[new], meta.task_remap)
+    table = rewrite_index_columns(
+        table,
+        new,
+        meta.index_offsets[new],
+        meta.task_remap,
+        where=f"{src_path}: episode {src}",
+    )
     dest = staging_dir / layout.DATA_PATH.format(episode_chunk=chunk, episode_index=new)
     dest.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, dest, use_dictionary=False)

@@ -678,7 +678,9 @@ def write_subset(
                 raise DatasetError(
                     f"{where}: table has {n} rows, episodes.jsonl says {meta.lengths[ep]}"
                 )
-            table = rewrite_index_columns(table, ep, meta.index_offsets[ep], meta.task_remap)
+            table = rewrite_index_columns(
+                table, ep, meta.index_offsets[ep], meta.task_remap, where=where
+            )
             data_rolled = data.add(table)
             row = _episode_row(meta, ep, table, data)
             ep_stats = {k: dict(v) for k, v in meta.episodes_stats.get(ep, {}).items()}
