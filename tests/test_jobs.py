@@ -67,6 +67,7 @@ def test_unreadable_or_live_jobs(tmp_path: Path) -> None:
     assert read_job(path) is None
     path.write_text("{not json")
     assert read_job(path) is None
+    assert read_job(tmp_path) is None  # a directory: unreadable too
     job = Job(kind="export", source_dir="/d/raw", format="v3")
     job.start()  # pid = this live process
     write_job(path, job)

@@ -109,7 +109,7 @@ def read_job(path: Path) -> Job | None:
     """The job stored at ``path``, or None when there is none (or it is unreadable)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):  # OSError: also a directory there
         return None
     if not isinstance(data, dict) or data.get("state") not in STATES:
         return None
