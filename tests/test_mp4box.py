@@ -131,7 +131,8 @@ def test_lerobot_fixture_counts_from_boxes_equal_decoded(lerobot_fixture_dir: Pa
         assert_counts(path)
 
 
-def test_v3_packet_copied_shard(tmp_path: Path) -> None:
+def packet_copied_shard(tmp_path: Path) -> Path:
+    """Two eva episodes (7 + 12 frames) concatenated by the v3 exporter's packet copy."""
     parts = [
         eva_video(tmp_path / f"e{i}.mp4", n, VideoOptions(gop=5)) for i, n in enumerate((7, 12))
     ]
@@ -139,8 +140,13 @@ def test_v3_packet_copied_shard(tmp_path: Path) -> None:
     for part in parts:
         writer.append(part)
     writer.close()
-    assert mp4box.count_video_samples(tmp_path / "shard.mp4") == 19
-    assert_counts(tmp_path / "shard.mp4", 19)
+    return tmp_path / "shard.mp4"
+
+
+def test_v3_packet_copied_shard(tmp_path: Path) -> None:
+    shard = packet_copied_shard(tmp_path)
+    assert mp4box.count_video_samples(shard) == 19
+    assert_counts(shard, 19)
 
 
 def test_moov_after_mdat_by_default_and_first_with_faststart(tmp_path: Path) -> None:
@@ -464,14 +470,7 @@ def test_samples_of_plain_pyav_files_moov_last_and_first(tmp_path: Path) -> None
 
 
 def test_samples_of_a_packet_copied_shard(tmp_path: Path) -> None:
-    parts = [
-        eva_video(tmp_path / f"e{i}.mp4", n, VideoOptions(gop=5)) for i, n in enumerate((7, 12))
-    ]
-    writer = VideoShardWriter(tmp_path / "shard.mp4")
-    for part in parts:
-        writer.append(part)
-    writer.close()
-    assert len(assert_samples_equal_demuxed(tmp_path / "shard.mp4").sizes) == 19
+    assert len(assert_samples_equal_demuxed(packet_copied_shard(tmp_path)).sizes) == 19
 
 
 def test_samples_refuse_bframes(tmp_path: Path) -> None:
