@@ -584,8 +584,7 @@ class _EpisodeConsumer:
         for st in self.streams.values():
             st.ring.reset_high_water()
         try:
-            if s.task:
-                self.episode = s.writer.begin_episode(s.task)
+            self.episode = s.writer.begin_episode(s.task)  # START refuses an empty task
             while True:
                 if self.rec.consumer_throttle_s:
                     time.sleep(self.rec.consumer_throttle_s)
@@ -825,9 +824,10 @@ class _EpisodeConsumer:
             if st.name not in self.first_t or p.n == 0:
                 vectors[st.name] = np.zeros((m, st.shape[0]), np.float32)
                 continue
+            # float64 as aligned: add_frames makes its own float32 copy (a second one here is waste)
             vectors[st.name] = align.align_vector(
                 p.times[: p.n], p.values[: p.n], grid, st.discrete
-            ).astype(np.float32)
+            )
         if capture_time is None:
             capture_time = grid
         self.episode.add_frames(images=images, vectors=vectors, capture_time=capture_time)

@@ -278,7 +278,7 @@ class ReplaySource:
         vectors = [
             VectorConfig(k, int(features[k]["shape"][0]))
             for k in self.reader.vector_keys
-            if k != "capture_time" and features[k].get("shape") and len(features[k]["shape"]) == 1
+            if features[k].get("shape") and len(features[k]["shape"]) == 1
         ]
         return cameras, vectors
 
