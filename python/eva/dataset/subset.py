@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,8 +264,9 @@ def rewrite_index_columns(
     return table
 
 
-def write_common_meta(dest: Path, meta: SubsetMeta, info: Mapping[str, Any]) -> None:
-    """Write the subset's common metadata under ``dest/meta`` (info as given: formats adapt it).
+def write_common_meta(dest: Path, meta: SubsetMeta, info: Mapping[str, Any]) -> int:
+    """Write the subset's common metadata under ``dest/meta`` (info as given: formats adapt it);
+    returns how many files that was (for progress).
 
     ``dest`` is a staging directory: nothing in it is visible before publication swaps it in as a
     whole (after one ``syncfs`` when durable), so its files are written in place, without the
@@ -273,30 +274,24 @@ def write_common_meta(dest: Path, meta: SubsetMeta, info: Mapping[str, Any]) -> 
     """
     dest = Path(dest)
     (dest / layout.META_DIR).mkdir(parents=True, exist_ok=True)
-    write_staged_json(dest / layout.INFO, dict(info))
-    (dest / layout.EPISODES).write_bytes(b"".join(jsonl_line(row) for row in meta.episodes))
-    (dest / layout.TASKS).write_bytes(
-        b"".join(jsonl_line({"task_index": i, "task": t}) for i, t in sorted(meta.tasks.items()))
-    )
-    (dest / layout.EPISODES_STATS).write_bytes(
-        b"".join(
-            jsonl_line({"episode_index": i, "stats": s})
-            for i, s in sorted(meta.episodes_stats.items())
-        )
-    )
-    write_staged_json(dest / layout.STATS, meta.stats)
+    jsonl_files: dict[str, Iterable[Any]] = {
+        layout.EPISODES: meta.episodes,
+        layout.TASKS: ({"task_index": i, "task": t} for i, t in sorted(meta.tasks.items())),
+        layout.EPISODES_STATS: (
+            {"episode_index": i, "stats": s} for i, s in sorted(meta.episodes_stats.items())
+        ),
+    }
     if meta.image_histograms:
-        (dest / layout.IMAGE_HISTOGRAMS).write_bytes(
-            b"".join(
-                jsonl_line(
-                    {
-                        "episode_index": i,
-                        "histograms": {k: h.tolist() for k, h in hists.items()},
-                    }
-                )
-                for i, hists in sorted(meta.image_histograms.items())
-            )
+        jsonl_files[layout.IMAGE_HISTOGRAMS] = (
+            {"episode_index": i, "histograms": {k: h.tolist() for k, h in hists.items()}}
+            for i, hists in sorted(meta.image_histograms.items())
         )
+    json_files = {layout.INFO: dict(info), layout.STATS: meta.stats}
+    for rel, obj in json_files.items():
+        write_staged_json(dest / rel, obj)
+    for rel, rows in jsonl_files.items():
+        (dest / rel).write_bytes(b"".join(jsonl_line(row) for row in rows))
+    return len(json_files) + len(jsonl_files)
 
 
 def write_staged_json(path: Path, obj: Any) -> None:

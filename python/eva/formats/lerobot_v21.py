@@ -129,8 +129,7 @@ def write_subset(
             for future in futures:
                 future.cancel()
             raise
-    write_common_meta(staging_dir, meta, info)
-    progress(files=5)
+    progress(files=write_common_meta(staging_dir, meta, info))
 
 
 def _first_frame(path: Path) -> np.ndarray | None:
