@@ -531,3 +531,18 @@ def test_remove_stale_markers_keeps_a_held_marker(tmp_path: Path) -> None:
     assert removed == [stale]
     assert not stale.exists()
     assert held.exists()
+
+
+def test_stop_after_the_consumer_died_fails_the_job_at_once(rec: Recorder) -> None:
+    """A job nobody will process must not stay queued (job.wait() would never return)."""
+    rec.start()
+    rec.consumer_throttle_s = "slow"  # type: ignore[assignment]  # a real TypeError in its loop
+    deadline = time.monotonic() + 30
+    while rec.status()["consumer_error"] is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    job = rec.stop()
+    assert job.wait(5) and job.state == FAILED
+    assert job.error and "capture consumer failed" in job.error and "TypeError" in job.error
+    with pytest.raises(RecorderError, match="capture consumer failed"):
+        rec.start()

@@ -384,6 +384,8 @@ class Recorder:
             if not cancelled:
                 session.job = SaveJob(session.dataset_dir, session.task)
                 self.jobs.append(session.job)
+                if self._consumer_error is not None:  # nobody will ever process this job
+                    session.job._finish(FAILED, f"capture consumer failed: {self._consumer_error}")
             session.limit = limit  # last: the consumer treats a set limit as "episode ended"
             self._current = None
         self._wake.set()
