@@ -164,12 +164,7 @@ def prepare(source: Path) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMet
                     f"{reader.data_path(ep)}: episode {ep}: column task_index missing"
                 )
             task_values[ep] = np.zeros(0, np.int64)
-        unknown = set(np.unique(task_values[ep]).tolist()) - set(reader.tasks)
-        if unknown:
-            raise DatasetError(
-                f"{reader.data_path(ep)}: episode {ep}: field 'task_index': value "
-                f"{min(unknown)} not in {layout.TASKS}"
-            )
+        # Unknown task_index values were refused by the validation (unknown_task_index).
         complete_stats[ep] = complete_episode_stats(reader, ep)
     metas = {
         subset: build_subset_meta(
