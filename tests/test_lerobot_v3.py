@@ -506,3 +506,24 @@ def test_column_matrix_reads_vector_columns_from_arrow_buffers() -> None:
     assert scalar.shape == (3, 1) and scalar.dtype == np.int64
     with pytest.raises(DatasetError, match=r"f\.parquet: episode 0: field 'ragged'"):
         lerobot_v3._column_matrix(table, "ragged", "f.parquet: episode 0")
+
+
+def test_episode_tasks_come_from_the_table_when_the_row_has_none(
+    source: Path, tmp_path: Path
+) -> None:
+    reader = DatasetReader(source)
+    meta = subset_meta(reader, [1, 0])
+    for row in meta.episodes:
+        row.pop("tasks", None)
+    lerobot_v3.write_subset(reader, meta, tmp_path / "v3", Progress(), ExportOptions())
+    tasks_of = {r["episode_index"]: r["tasks"] for r in locators(tmp_path / "v3")}
+    expected = {
+        new: [
+            meta.tasks[i]
+            for i in sorted(
+                {meta.task_remap[int(t)] for t in reader.read_vector(src, "task_index")}
+            )
+        ]
+        for new, src in enumerate(meta.source_episode_indices)
+    }
+    assert tasks_of == expected

@@ -780,7 +780,8 @@ def _episode_row(meta: SubsetMeta, ep: int, table: pa.Table, data: _DataShards) 
     source_row = meta.episodes[ep]
     tasks = source_row.get("tasks")
     if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
-        tasks = [meta.tasks[i] for i in sorted(set(table.column("task_index").to_pylist()))]
+        used = pc.unique(table.column("task_index")).to_pylist()
+        tasks = [meta.tasks[i] for i in sorted(used)]
     start = meta.index_offsets[ep]
     return {
         "episode_index": ep,
