@@ -546,3 +546,14 @@ def test_stop_after_the_consumer_died_fails_the_job_at_once(rec: Recorder) -> No
     assert job.error and "capture consumer failed" in job.error and "TypeError" in job.error
     with pytest.raises(RecorderError, match="capture consumer failed"):
         rec.start()
+
+
+def test_live_episode_of_another_recorder_is_not_reported_as_leftover(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path)
+    with Recorder(cfg, durable=False) as first, Recorder(cfg, durable=False) as second:
+        episode_dir = _wait_for_episode_dir(first.start())
+        with pytest.raises(RecorderError, match="another writer"):
+            second.start()
+        assert second.recovered == []
+        assert episode_dir.exists()
+        first.cancel()

@@ -395,14 +395,9 @@ class Recorder:
         writer = self._writers.get(root)
         if writer is not None:
             return writer
-        for path in leftover_work(root):
-            msg = f"{root}: removed leftovers of an interrupted capture session: {path.name}"
-            log.warning(msg)
-            self.recovered.append(msg)
-        for path in remove_stale_markers(root):
-            msg = f"{root}: removed stale saving marker {path.name}"
-            log.warning(msg)
-            self.recovered.append(msg)
+        # Listed before the writer opens (it removes them), reported only once it holds the
+        # dataset: the work dirs of another live writer are not leftovers.
+        leftovers = leftover_work(root)
         cfg = self.config
         try:
             writer = DatasetWriter.create_or_open(
@@ -421,6 +416,14 @@ class Recorder:
             )
         except (DatasetError, ValueError) as e:
             raise RecorderError(str(e)) from None
+        for path in leftovers:
+            msg = f"{root}: removed leftovers of an interrupted capture session: {path.name}"
+            log.warning(msg)
+            self.recovered.append(msg)
+        for path in remove_stale_markers(root):
+            msg = f"{root}: removed stale saving marker {path.name}"
+            log.warning(msg)
+            self.recovered.append(msg)
         self._writers[root] = writer
         return writer
 
