@@ -200,7 +200,6 @@ class _DataShards:
         self.tables: list[pa.Table] = []
         self.buffered_bytes = 0
         self.schema: pa.Schema | None = None
-        self.files_written = 0
 
     def add(self, table: pa.Table) -> bool:
         """Queue one episode; returns True when it starts a new file (after the first one)."""
@@ -229,7 +228,6 @@ class _DataShards:
         pq.write_table(pa.concat_tables(self.tables), path, compression="snappy")
         self.tables = []
         self.buffered_bytes = 0
-        self.files_written += 1
         self.progress(files=1, bytes=path.stat().st_size)
 
 
