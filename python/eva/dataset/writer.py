@@ -689,6 +689,13 @@ class DatasetWriter:
             tmp = data_path.with_name(atomic.TMP_PREFIX + data_path.name)
             moved: list[Path] = []
             rollback: list[tuple[Path, int]] = []
+
+            def append_row(rel: str, row: dict[str, Any]) -> None:
+                """Append one jsonl row, remembering the old size to take it back on failure."""
+                path = self.root / rel
+                rollback.append(_size_mark(path))
+                atomic.append_jsonl_inplace(path, [row], durable=self.durable)
+
             # `eva qc` refuses a verdict for episode ep while this marker is locked.
             with flocked(self.work_root / saving_marker_name(ep), unlink=True):
                 try:
@@ -708,25 +715,12 @@ class DatasetWriter:
                         for d in {p.parent for p in moved}:
                             atomic.fsync_dir(d)
                     if new_task:
-                        rollback.append(_size_mark(self.root / layout.TASKS))
-                        atomic.append_jsonl_inplace(
-                            self.root / layout.TASKS,
-                            [{"task_index": task_index, "task": task}],
-                            durable=self.durable,
-                        )
+                        append_row(layout.TASKS, {"task_index": task_index, "task": task})
                     if histograms:
-                        rollback.append(_size_mark(self.root / layout.IMAGE_HISTOGRAMS))
-                        atomic.append_jsonl_inplace(
-                            self.root / layout.IMAGE_HISTOGRAMS,
-                            [{"episode_index": ep, "histograms": histograms}],
-                            durable=self.durable,
+                        append_row(
+                            layout.IMAGE_HISTOGRAMS, {"episode_index": ep, "histograms": histograms}
                         )
-                    rollback.append(_size_mark(self.root / layout.EPISODES_STATS))
-                    atomic.append_jsonl_inplace(
-                        self.root / layout.EPISODES_STATS,
-                        [{"episode_index": ep, "stats": ep_stats}],
-                        durable=self.durable,
-                    )
+                    append_row(layout.EPISODES_STATS, {"episode_index": ep, "stats": ep_stats})
                     # Commit point: from here on the episode exists. The meta lock keeps a
                     # concurrent `eva qc` rewrite of episodes.jsonl from losing this row.
                     with meta_lock(self.root):
