@@ -8,10 +8,10 @@ import av
 import numpy as np
 import pytest
 
+from eva.dataset.video import count_decoded_frames
 from eva.formats._v3_video import (
     VideoConcatError,
     VideoShardWriter,
-    decode_count_frames,
     decode_frame_times,
     probe,
 )
@@ -111,7 +111,7 @@ def test_timestamps_are_continuous_and_counts_agree(
     np.testing.assert_allclose(times, np.arange(total) / FPS, atol=1e-9)
     info = probe(shard)
     assert info.frames == total
-    assert decode_count_frames(shard) == total
+    assert count_decoded_frames(shard) == total
     assert writer.duration_s == pytest.approx(total / FPS)
 
 
@@ -130,7 +130,7 @@ def test_incompatible_stream_is_refused_and_names_the_difference(
     # A refused episode leaves the shard usable.
     writer.append(episodes[1][0])
     writer.close()
-    assert decode_count_frames(tmp_path / "shard.mp4") == episodes[0][1] + episodes[1][1]
+    assert count_decoded_frames(tmp_path / "shard.mp4") == episodes[0][1] + episodes[1][1]
 
 
 def test_abort_removes_the_partial_shard(tmp_path: Path, episodes: list[tuple[Path, int]]) -> None:

@@ -18,8 +18,8 @@ LeRobot addresses files per episode anyway). ``StreamParams.compatible_with`` is
 
 Frame counting without decoding is sound for MP4: a video sample is one coded frame, so the number
 of demuxed video packets is the frame count. It is checked against the container's sample count
-(``stream.frames``, from the sample table) and against the table rows by the caller. With
-``decode_count_frames`` every frame is decoded instead (the ``--verify-decode`` option).
+(``stream.frames``, from the sample table) and against the table rows by the caller. With the
+``--verify-decode`` option every frame of a finished shard is decoded instead.
 
 No FFmpeg open per episode: opening an MP4 with PyAV probes it by decoding its first frame (4 ms
 for 320x240, more for larger frames), which cost more than the whole packet copy. An episode is
@@ -140,17 +140,6 @@ def probe(path: Path) -> EpisodeVideoInfo:
             )
     except av.error.FFmpegError as e:
         raise VideoConcatError(f"{path}: cannot open video ({e})") from None
-
-
-def decode_count_frames(path: Path) -> int:
-    """Decode every frame of ``path`` and count them (no pixel conversion: that is most of the cost)."""
-    n = 0
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        for _ in container.decode(stream):
-            n += 1
-    return n
 
 
 class ParamsCache:
