@@ -111,10 +111,10 @@ class EpisodeVideoInfo:
     size_bytes: int
 
 
-def _stream_params(stream: av.video.stream.VideoStream) -> StreamParams:
+def _stream_params(stream: av.video.stream.VideoStream, path: Path) -> StreamParams:
     ctx = stream.codec_context
     if stream.time_base is None:
-        raise VideoConcatError("video stream has no time base")
+        raise VideoConcatError(f"{path}: video stream has no time base")
     return StreamParams(
         codec=ctx.name,
         width=int(ctx.width),
@@ -134,7 +134,7 @@ def probe(path: Path) -> EpisodeVideoInfo:
                 raise VideoConcatError(f"{path}: no video stream")
             stream = container.streams.video[0]
             return EpisodeVideoInfo(
-                params=_stream_params(stream),
+                params=_stream_params(stream, path),
                 frames=int(stream.frames or 0),
                 size_bytes=path.stat().st_size,
             )
@@ -194,11 +194,18 @@ class EpisodeVideo:
             raise VideoConcatError(str(e)) from None
         except OSError as e:
             raise VideoConcatError(f"{self.path}: cannot read video ({e.strerror or e})") from None
+        try:
+            self.info = self._info(params_cache)
+        except BaseException:
+            self.close()  # the caller's ``with`` has not started: nothing else would close it
+            raise
+
+    def _info(self, params_cache: ParamsCache | None) -> EpisodeVideoInfo:
         params = None
         if self.samples is not None and params_cache is not None:
             params = params_cache.get(self.samples)
         if params is None:
-            params = _stream_params(self.stream)
+            params = _stream_params(self.stream, self.path)
             if self.samples is not None and params_cache is not None:
                 params_cache.opens += 1
                 params_cache.put(self.samples, params)
@@ -207,9 +214,7 @@ class EpisodeVideo:
             if self.samples is not None
             else stream_frames(self.stream)
         )
-        self.info = EpisodeVideoInfo(
-            params=params, frames=frames, size_bytes=self.path.stat().st_size
-        )
+        return EpisodeVideoInfo(params=params, frames=frames, size_bytes=self.path.stat().st_size)
 
     @property
     def stream(self) -> av.video.stream.VideoStream:
