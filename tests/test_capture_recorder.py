@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from eva.capture import align
+from eva.capture.quality_checks import IssueLog, StreamCheck
 from eva.capture.recorder import Recorder, RecorderError
 from eva.capture.save_worker import FAILED, SAVED, remove_stale_markers
 from eva.capture.sources import SimulatedRig
@@ -557,3 +558,17 @@ def test_live_episode_of_another_recorder_is_not_reported_as_leftover(tmp_path: 
         assert second.recovered == []
         assert episode_dir.exists()
         first.cancel()
+
+
+def test_frozen_camera_names_the_first_identical_sample_across_a_left_out_one() -> None:
+    """The freeze starts at the previous usable sample, not at the one just before (sample 2
+    here is left out for its time, so the identical pair is samples 1 and 3)."""
+    check = StreamCheck(FRONT, "camera", clock_jump_s=1.0, frozen_s=0.05)
+    issues = IssueLog()
+    frames = np.zeros((6, 4, 4, 3), np.uint8)
+    frames[0] = 7  # then 1..5 are identical
+    times = np.array([0.0, 0.1, 0.05, 0.2, 0.3, 0.4])
+    ok = check.filter(times, frames, issues, lambda t: "")
+    assert ok.tolist() == [True, True, False, True, True, True]
+    details = {r["code"]: r["detail"] for r in issues.records()}
+    assert "identical images from sample 1 (t=0.100 s)" in details["frozen_camera"]

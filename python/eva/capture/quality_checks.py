@@ -100,6 +100,7 @@ class StreamCheck:
     frozen_flagged: bool = False
     _prev_frame: np.ndarray | None = None
     _prev_t: float = 0.0
+    _prev_sample: int = 0  # number of the sample _prev_frame holds
 
     def filter(
         self, times: np.ndarray, values: np.ndarray, issues: IssueLog, frame_at: Any
@@ -187,7 +188,7 @@ class StreamCheck:
             if prev is not None and _same_image(prev, frame):
                 if self.frozen_since is None:
                     self.frozen_since = self._prev_t
-                    self.frozen_since_sample = self.samples_seen + int(i) - 1
+                    self.frozen_since_sample = self._prev_sample
                 if not self.frozen_flagged and t - self.frozen_since >= self.frozen_s:
                     self.frozen_flagged = True
                     issues.add(
@@ -204,3 +205,4 @@ class StreamCheck:
                 else:
                     np.copyto(prev, frame)
             self._prev_t = t
+            self._prev_sample = self.samples_seen + int(i)
