@@ -175,7 +175,8 @@ def publish_pair(
     except BaseException:
         if not root.exists():
             os.rename(backup, root)
-        fsync_dir(parent)
+        with contextlib.suppress(OSError):  # must not mask the error being re-raised
+            fsync_dir(parent)
         raise
     with contextlib.suppress(OSError):
         fsync_dir(parent)
