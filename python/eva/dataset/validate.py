@@ -85,24 +85,13 @@ def validate_dataset(
         return out.problems
     reader = DatasetReader(root)
     info_path = root / layout.INFO
-    if not info_path.exists():
-        out.add("missing_info", f"{info_path}: missing", info_path)
-    else:
-        try:
-            info = reader.info
-        except DatasetError as e:
-            out.add("invalid_info", str(e), info_path)
-        else:
-            _check_info(info, info_path, out)
+    info = _read_meta(out, info_path, "info", lambda: reader.info)
+    if info is not None:
+        _check_info(info, info_path, out)
     episodes_path = root / layout.EPISODES
-    episodes: list[dict[str, Any]] | None = None
-    if not episodes_path.exists():
-        out.add("missing_episodes", f"{episodes_path}: missing", episodes_path)
-    else:
-        try:
-            episodes = reader.episodes
-        except DatasetError as e:
-            out.add("invalid_episodes", str(e), episodes_path)
+    episodes: list[dict[str, Any]] | None = _read_meta(
+        out, episodes_path, "episodes", lambda: reader.episodes
+    )
     if out.problems and (episodes is None or not info_path.exists() or _has(out, "invalid_info")):
         return out.problems
 
@@ -179,6 +168,19 @@ def validate_dataset(
                 info_path,
             )
     return out.problems
+
+
+def _read_meta(out: _Collector, path: Path, what: str, read: Callable[[], Any]) -> Any:
+    """``read()`` of a required metadata file, or None after reporting ``missing_<what>`` /
+    ``invalid_<what>``."""
+    if not path.exists():
+        out.add(f"missing_{what}", f"{path}: missing", path)
+        return None
+    try:
+        return read()
+    except DatasetError as e:
+        out.add(f"invalid_{what}", str(e), path)
+        return None
 
 
 def _safe_video_keys(reader: DatasetReader, out: _Collector) -> list[str]:
