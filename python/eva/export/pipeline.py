@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from eva import __version__
 from eva.dataset import layout
 from eva.dataset.columns import fixed_size_values
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, build_subset_meta, write_staged_json
 from eva.export.registry import ExportOptions, load_format
@@ -202,11 +202,11 @@ def quality_split_record(
 
 
 def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    message = text[0] if text else type(error).__name__
+    """The job record's error: a ``DatasetError`` names file/episode/field on its own; anything
+    else is ``Type: message`` (``eva.dataset.errors.error_line``)."""
     if isinstance(error, DatasetError):
-        return message
-    return f"{type(error).__name__}: {message}"
+        return (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return error_line(error)
 
 
 def export_dataset(
