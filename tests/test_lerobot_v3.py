@@ -527,3 +527,24 @@ def test_episode_tasks_come_from_the_table_when_the_row_has_none(
         for new, src in enumerate(meta.source_episode_indices)
     }
     assert tasks_of == expected
+
+
+def test_verify_keeps_info_paths_inside_the_export(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "v3"
+    export(source, dest)
+    info_path = dest / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    for field, template in (
+        ("video_path", "videos/{video_key:03d}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"),
+        ("data_path", "../data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"),
+    ):
+        info_path.write_text(json.dumps({**info, field: template}))
+        problems = lerobot_v3.verify(dest)
+        assert [p.code for p in problems] == ["unsafe_path_template"], field
+    info_path.write_text(json.dumps(info))
+    # A shard replaced by a symlink to a file outside the export is reported, not read.
+    outside = tmp_path / "outside.parquet"
+    data = dest / "data/chunk-000/file-000.parquet"
+    data.rename(outside)
+    data.symlink_to(outside)
+    assert "unsafe_path" in {p.code for p in lerobot_v3.verify(dest)}

@@ -977,15 +977,16 @@ def verify(export_dir: Path) -> list[Any]:
             problem("video_key", str(e), info_path)
     data_tpl = info.get("data_path") or DATA_PATH
     video_tpl = info.get("video_path") or VIDEO_PATH
-    # The templates are input: only plain {field} / {field:03d} replacements get formatted.
+    # The templates are input: only plain {field} / {field:03d} replacements that format, and
+    # no literal text leading out of the export (``../``).
     try:
-        for tpl, fields in (
-            (data_tpl, ("chunk_index", "file_index")),
-            (video_tpl, ("video_key", "chunk_index", "file_index")),
+        for tpl, sample in (
+            (data_tpl, {"chunk_index": 0, "file_index": 0}),
+            (video_tpl, {"video_key": "key", "chunk_index": 0, "file_index": 0}),
         ):
-            if not isinstance(tpl, str):
-                raise layout.UnsafeNameError(f"path template {tpl!r} is not a string")
-            layout.check_path_template(tpl, fields)
+            rel = os.path.normpath(layout.format_path_template(tpl, **sample))
+            if os.path.isabs(rel) or rel.split(os.sep, 1)[0] == os.pardir:
+                raise layout.UnsafeNameError(f"path template {tpl!r} leads outside {root}")
     except layout.UnsafeNameError as e:
         problem("unsafe_path_template", str(e), info_path)
         return problems
@@ -1023,6 +1024,10 @@ def verify(export_dir: Path) -> list[Any]:
     for ep, row in enumerate(locators):
         key = (int(row["data/chunk_index"]), int(row["data/file_index"]))
         path = root / data_tpl.format(chunk_index=key[0], file_index=key[1])
+        if key not in data_cache and not layout.is_within(path, root):
+            data_cache[key] = None  # a symlink out of the export: not followed
+            problem("unsafe_path", "leads outside the export", path, ep)
+            file_start[key] = int(row["dataset_from_index"])
         if key not in data_cache:
             try:
                 # Only the columns checked here: a data shard can be ~100 MB of other features.
@@ -1111,6 +1116,9 @@ def verify(export_dir: Path) -> list[Any]:
         shape = tuple(features[cam].get("shape", ()))
         for key, eps in shards.items():
             path = root / video_tpl.format(video_key=cam, chunk_index=key[0], file_index=key[1])
+            if not layout.is_within(path, root):
+                problem("unsafe_path", "leads outside the export", path, eps[0])
+                continue
             try:
                 shard = probe(path)
             except VideoConcatError as e:
