@@ -279,6 +279,16 @@ def test_verify_refuses_a_video_key_that_leaves_the_export(source: Path) -> None
     assert "total_videos" not in {p.code for p in problems}
 
 
+def test_verify_does_not_follow_links_out_of_the_export(source: Path, tmp_path: Path) -> None:
+    out = export_dataset(source, "lerobot_v21").accepted_dir
+    video = out / "videos/chunk-000/observation.images.cam1/episode_000001.mp4"
+    outside = tmp_path / "outside.mp4"
+    video.rename(outside)
+    video.symlink_to(outside)
+    problems = load_format("lerobot_v21").verify(out)
+    assert [(p.code, p.episode) for p in problems] == [("unsafe_path", 1)]
+
+
 def test_missing_vector_stats_are_computed_from_the_table(source: Path) -> None:
     from eva.dataset.reader import DatasetReader
     from eva.export.pipeline import complete_episode_stats

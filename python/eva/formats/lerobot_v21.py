@@ -213,6 +213,9 @@ def verify(export_dir: Path) -> list[Problem]:
         if not data.is_file():
             problem("missing_parquet", "episode table missing", data, ep)
             continue
+        if not layout.is_within(data, root):
+            problem("unsafe_path", "a link leading outside the export (not read)", data, ep)
+            continue
         try:
             with pq.ParquetFile(data) as parquet:
                 table = parquet.read()
@@ -257,6 +260,11 @@ def verify(export_dir: Path) -> list[Problem]:
             )
             if not video.is_file():
                 problem("missing_video", f"camera {key!r}: video missing", video, ep)
+                continue
+            if not layout.is_within(video, root):
+                problem(
+                    "unsafe_path", f"camera {key!r}: a link leading outside the export", video, ep
+                )
                 continue
             try:
                 frames = _count_frames(video)
