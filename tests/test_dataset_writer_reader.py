@@ -289,8 +289,9 @@ def test_bad_frames_are_refused_with_field_names(tmp_path: Path) -> None:
                 images={FRONT: np.zeros((2, 48, 64, 3), np.uint8)},
                 vectors={"observation.state": np.zeros((2, 3)), "action": np.zeros((2, 4))},
             )
-        with pytest.raises(DatasetError, match="frame counts"):
+        with pytest.raises(DatasetError, match="frame counts") as refused:
             ep.add_frames(images={FRONT: np.zeros((3, 48, 64, 3), np.uint8)}, vectors=good)
+        assert str(refused.value).startswith(f"{tmp_path / 'raw'}: add_frames: ")  # the dataset
         with pytest.raises(DatasetError, match="may not set"):
             ep.commit({"length": 5})
         ep.abort()

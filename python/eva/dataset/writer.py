@@ -956,27 +956,26 @@ class EpisodeWriter:
         images = dict(images or {})
         vectors = dict(vectors or {})
         w = self.writer
+        where = f"{w.root}: add_frames"  # errors name the dataset and the field
         want_cams = {c.key for c in w.cameras}
         want_vecs = {v.name for v in w.vectors}
         if set(images) != want_cams:
             raise DatasetError(
-                f"add_frames: images for {sorted(images)}, dataset cameras are {sorted(want_cams)}"
+                f"{where}: images for {sorted(images)}, dataset cameras are {sorted(want_cams)}"
             )
         if set(vectors) != want_vecs:
             raise DatasetError(
-                f"add_frames: vectors {sorted(vectors)}, dataset vectors are {sorted(want_vecs)}"
+                f"{where}: vectors {sorted(vectors)}, dataset vectors are {sorted(want_vecs)}"
             )
         counts = {k: len(a) for k, a in {**images, **vectors}.items()}
         if capture_time is not None:
             capture_time = np.asarray(capture_time, dtype=np.float64).reshape(-1)
             counts["capture_time"] = len(capture_time)
         if not counts:
-            raise DatasetError(
-                "add_frames: a dataset without cameras or vectors needs capture_time"
-            )
+            raise DatasetError(f"{where}: a dataset without cameras or vectors needs capture_time")
         n = next(iter(counts.values()))
         if any(c != n for c in counts.values()):
-            raise DatasetError(f"add_frames: frame counts differ between fields {counts}")
+            raise DatasetError(f"{where}: frame counts differ between fields {counts}")
         if n == 0:
             return
         batches: dict[str, np.ndarray] = {}
@@ -984,7 +983,7 @@ class EpisodeWriter:
             batch = np.asarray(images[cam.key])
             if batch.dtype != np.uint8 or batch.shape != (n, cam.height, cam.width, 3):
                 raise DatasetError(
-                    f"add_frames: camera {cam.key} batch is {batch.dtype}{tuple(batch.shape)}, "
+                    f"{where}: camera {cam.key} batch is {batch.dtype}{tuple(batch.shape)}, "
                     f"expected uint8({n}, {cam.height}, {cam.width}, 3)"
                 )
             batches[cam.key] = batch
@@ -993,7 +992,7 @@ class EpisodeWriter:
             arr = np.asarray(vectors[vec.name])
             if arr.shape != (n, vec.dim):
                 raise DatasetError(
-                    f"add_frames: vector {vec.name} shape {tuple(arr.shape)} != ({n}, {vec.dim})"
+                    f"{where}: vector {vec.name} shape {tuple(arr.shape)} != ({n}, {vec.dim})"
                 )
             checked[vec.name] = arr.astype(np.float32, copy=True)
         if capture_time is None:
