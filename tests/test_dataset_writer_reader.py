@@ -883,3 +883,31 @@ def test_encoder_threads_end_with_commit_abort_or_a_dropped_episode(tmp_path: Pa
             while encoder_threads():
                 assert time.monotonic() < deadline, (end, encoder_threads())
                 time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [[0.5, 1.25, -2.0], [3.0, 4.5, 5.0], [6.0, 7.0, 8.5]],  # uniform: the fast path
+        [[0.5, None], [2.0, 3.0], [4.0, 5.0]],  # a null value: the per-element path
+    ],
+)
+def test_read_vector_of_list_column_matches_to_pylist(tmp_path: Path, rows: list) -> None:
+    """LeRobot stores vectors as list<float> (not fixed-size lists): read_vector gives what
+    np.asarray(to_pylist()) gives, float32 values widened to float64, across row groups."""
+    root = tmp_path / "raw"
+    with _open(root, cameras=[]) as writer:
+        ep = writer.begin_episode("t")
+        ep.add_frames(vectors={"observation.state": np.zeros((3, 3)), "action": np.zeros((3, 3))})
+        ep.commit()
+    column = pa.array(rows, type=pa.list_(pa.float32()))
+    path = DatasetReader(root).data_path(0)
+    table = pq.read_table(path).set_column(0, "observation.state", column)
+    pq.write_table(table, path, row_group_size=2)  # two chunks, the second one offset
+    got = DatasetReader(root).read_vector(0, "observation.state")
+    want = np.asarray(column.to_pylist())
+    if got.dtype == object or want.dtype == object:
+        assert got.tolist() == want.tolist()
+    else:
+        assert got.dtype == want.dtype == np.float64
+        np.testing.assert_array_equal(got, want)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eva.dataset import atomic, layout, video
@@ -312,7 +313,8 @@ class DatasetReader:
                 arr.flatten().to_numpy(zero_copy_only=False).reshape(len(arr), arr.type.list_size)
             )
         if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-            return np.asarray(arr.to_pylist())
+            rows = _uniform_float_rows(arr)
+            return rows if rows is not None else np.asarray(arr.to_pylist())
         return arr.to_numpy(zero_copy_only=False)
 
     def iter_frames(
@@ -344,6 +346,22 @@ class DatasetReader:
             return pq.ParquetFile(path).metadata.num_rows
         except (pa.ArrowInvalid, OSError) as e:
             raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
+
+
+def _uniform_float_rows(arr: pa.Array) -> np.ndarray | None:
+    """(n, dim) float64 from a list column whose rows all hold ``dim`` floats (how LeRobot
+    stores vectors), equal to ``np.asarray(arr.to_pylist())`` without a Python float per
+    element; None for anything else (nulls, ragged or empty rows, non-float values)."""
+    if len(arr) == 0 or arr.null_count or not pa.types.is_floating(arr.type.value_type):
+        return None
+    values = arr.flatten()  # honours the array's offset, unlike .values
+    if values.null_count:
+        return None
+    bounds = pc.min_max(pc.list_value_length(arr))
+    dim = bounds["min"].as_py()
+    if dim != bounds["max"].as_py() or dim == 0:
+        return None
+    return values.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(arr), dim)
 
 
 def _histogram_array(value: Any, where: str) -> np.ndarray:
