@@ -890,6 +890,7 @@ def test_encoder_threads_end_with_commit_abort_or_a_dropped_episode(tmp_path: Pa
     [
         [[0.5, 1.25, -2.0], [3.0, 4.5, 5.0], [6.0, 7.0, 8.5]],  # uniform: the fast path
         [[0.5, None], [2.0, 3.0], [4.0, 5.0]],  # a null value: the per-element path
+        [[0.5, 1.0], [2.0], [3.0, 4.0]],  # ragged: refused, naming file, episode and column
     ],
 )
 def test_read_vector_of_list_column_matches_to_pylist(tmp_path: Path, rows: list) -> None:
@@ -904,6 +905,10 @@ def test_read_vector_of_list_column_matches_to_pylist(tmp_path: Path, rows: list
     path = DatasetReader(root).data_path(0)
     table = pq.read_table(path).set_column(0, "observation.state", column)
     pq.write_table(table, path, row_group_size=2)  # two chunks, the second one offset
+    if len({len(r) for r in rows}) > 1:
+        with pytest.raises(DatasetError, match=r"episode_000000.parquet: episode 0: column obs"):
+            DatasetReader(root).read_vector(0, "observation.state")
+        return
     got = DatasetReader(root).read_vector(0, "observation.state")
     want = np.asarray(column.to_pylist())
     if got.dtype == object or want.dtype == object:

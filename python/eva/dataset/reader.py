@@ -314,7 +314,15 @@ class DatasetReader:
             )
         if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
             rows = _uniform_float_rows(arr)
-            return rows if rows is not None else np.asarray(arr.to_pylist())
+            if rows is not None:
+                return rows
+            try:
+                return np.asarray(arr.to_pylist())
+            except ValueError:  # ragged rows
+                raise DatasetError(
+                    f"{self.data_path(episode_index)}: episode {episode_index}: column {column} "
+                    "has rows of different lengths"
+                ) from None
         return arr.to_numpy(zero_copy_only=False)
 
     def iter_frames(
