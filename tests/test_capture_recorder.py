@@ -142,6 +142,10 @@ def test_clean_episode_is_green_and_complete(rec: Recorder) -> None:
     table = reader.read_table(0)
     assert table.num_rows == 20
     assert reader.count_frames(0, FRONT) == 20 and reader.count_frames(0, WRIST) == 20
+    # The frames handed to the encoder are exactly the pushed ones (the sidecar counts them).
+    pushed = np.stack([frame(i) for i in range(20)])
+    want = [np.bincount(pushed[..., c].ravel(), minlength=256) for c in range(3)]
+    np.testing.assert_array_equal(reader.image_histograms(0)[FRONT], want)
     # capture_time is the chosen FRONT image's time; timestamp is the even grid.
     capture = table.column("capture_time").to_numpy()
     assert np.allclose(capture, 0.0 + np.arange(20) / FPS, atol=1e-9)

@@ -808,10 +808,16 @@ class _EpisodeConsumer:
                 images[st.name] = buf
                 continue
             idx, skew = align.nearest_indices(p.times[: p.n], grid, self.tol, native=None)
-            # mode="clip": with the default mode numpy buffers ``out`` (a frame-sized temporary);
-            # the indices come from the aligner and are always in range.
-            np.take(p.values[: p.n], idx, axis=0, out=buf, mode="clip")
-            images[st.name] = buf
+            first = int(idx[0])
+            if m == 1 or bool((np.diff(idx) == 1).all()):
+                # One sample per row (the usual case): hand the pending samples themselves,
+                # add_frames copies them into its encoder buffers before it returns.
+                images[st.name] = p.values[first : first + m]
+            else:
+                # mode="clip": with the default mode numpy buffers ``out`` (a frame-sized
+                # temporary); the indices come from the aligner and are always in range.
+                np.take(p.values[: p.n], idx, axis=0, out=buf, mode="clip")
+                images[st.name] = buf
             chosen = p.times[idx]
             dist = np.abs(chosen - grid)
             violations = int(skew.sum())
