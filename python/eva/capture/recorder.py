@@ -33,6 +33,7 @@ crash leaves it behind; the next ``start`` into that dataset reports (``logging`
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
@@ -444,7 +445,8 @@ class Recorder:
     def close(self, timeout: float | None = None) -> None:
         """CANCEL a recording episode, finish queued saves, stop the consumer, close writers."""
         if self._current is not None:
-            self.cancel()
+            with contextlib.suppress(RecorderError):  # another thread STOPped it meanwhile
+                self.cancel()
         self.wait_idle(timeout)
         self._closing = True
         self._wake.set()
