@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 CODEBASE_VERSION = "v2.1"
 DATASET_FORMAT = "lerobot_v21"
@@ -97,6 +99,21 @@ def sanitize_dataset_name(name: str) -> str:
 def check_video_key(key: str) -> str:
     """Video keys become directory names (``observation.images.front``): one safe component."""
     return check_component(key, "video key")
+
+
+def safe_video_keys(features: Mapping[str, Any]) -> tuple[list[str], list[UnsafeNameError]]:
+    """The ``dtype: video`` keys of an info.json ``features`` map that are safe path components,
+    and one error per key that is not (a hostile info.json must not steer reads with ``../``)."""
+    keys: list[str] = []
+    refused: list[UnsafeNameError] = []
+    for key, feature in features.items():
+        if feature.get("dtype") != "video":
+            continue
+        try:
+            keys.append(check_video_key(key))
+        except UnsafeNameError as e:
+            refused.append(e)
+    return keys, refused
 
 
 _FIELD_SPEC = re.compile(r"0?[0-9]{0,2}d?")

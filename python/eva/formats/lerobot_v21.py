@@ -171,16 +171,9 @@ def verify(export_dir: Path) -> list[Problem]:
             root / layout.INFO,
         )
     features = info.get("features", {})
-    video_keys = []
-    for key, feature in features.items():
-        if feature.get("dtype") != "video":
-            continue
-        # The key becomes a directory name below: a hostile info.json must not steer the
-        # reads outside the export (``../..``).
-        try:
-            video_keys.append(layout.check_video_key(key))
-        except layout.UnsafeNameError as e:
-            problem("video_key", str(e), root / layout.INFO)
+    video_keys, refused = layout.safe_video_keys(features)
+    for e in refused:
+        problem("video_key", str(e), root / layout.INFO)
     chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
     indices = [r.get("episode_index") for r in episodes]
     if indices != list(range(len(episodes))):

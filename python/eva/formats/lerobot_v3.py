@@ -966,15 +966,9 @@ def verify(export_dir: Path) -> list[Any]:
         problem("wrong_format", f"dataset_format {info.get('dataset_format')!r}", info_path)
     fps = float(info.get("fps") or 0)
     features = info.get("features", {})
-    video_keys = []
-    for key, feature in features.items():
-        if feature.get("dtype") != "video":
-            continue
-        # The key is formatted into video_path below: ``../..`` must not lead outside the export.
-        try:
-            video_keys.append(layout.check_video_key(key))
-        except layout.UnsafeNameError as e:
-            problem("video_key", str(e), info_path)
+    video_keys, refused = layout.safe_video_keys(features)
+    for e in refused:
+        problem("video_key", str(e), info_path)
     data_tpl = info.get("data_path") or DATA_PATH
     video_tpl = info.get("video_path") or VIDEO_PATH
     # The templates are input: only plain {field} / {field:03d} replacements that format, and
