@@ -18,8 +18,8 @@ $(PY):
 
 # Dependencies are installed once; the native core is rebuilt (incrementally) when sources change.
 $(VENV)/.eva-deps: pyproject.toml | $(PY)
-	$(PIP) install -q numpy pyarrow av h5py mcap msgpack paramiko click \
-	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff
+	$(PIP) install -q numpy pyarrow av h5py mcap msgpack paramiko click starlette uvicorn \
+	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff httpx selenium
 	touch $@
 
 NATIVE_SOURCES := $(wildcard native/*.cpp native/*.hpp src/eva_fast/*.pyx src/eva_fast/*.pxd) CMakeLists.txt pyproject.toml

@@ -155,9 +155,7 @@ def _collect_setup(
 ) -> tuple[Any, Any]:
     """(CollectionConfig, source): the config, and the source built from it (the streams adapted
     to a replayed dataset)."""
-    import dataclasses
-
-    from eva.capture.sources import ReplaySource, SimulatedRig
+    from eva.capture.sources import SourceSpecError, source_from_spec
     from eva.config import ConfigError, load_config
 
     try:
@@ -166,28 +164,13 @@ def _collect_setup(
         fail(str(e), EXIT_USAGE)
     if dataset is not None and dataset not in cfg.tasks:
         fail(f"dataset {dataset!r} is not in collection.tasks of {config_path}", EXIT_USAGE)
-    if source == "sim":
-        return cfg, SimulatedRig.from_config(cfg, realtime=True, seed=seed)
-    if source.startswith("replay:"):
-        path = Path(source[len("replay:") :]).expanduser()
-        try:
-            replay = ReplaySource(path, realtime=True, loop=True)
-            cameras, vectors = replay.stream_config()
-        except Exception as e:  # DatasetError / OSError: one line
-            fail(f"--source {source}: {e}", EXIT_USAGE)
-        discrete = {v.name: v.discrete for v in cfg.vectors}
-        vectors = [dataclasses.replace(v, discrete=discrete.get(v.name, ())) for v in vectors]
-        if (cfg.cameras, cfg.vectors, cfg.fps) != (tuple(cameras), tuple(vectors), replay.fps):
-            click.echo(
-                f"eva: note: recording the replayed dataset's streams ({len(cameras)} cameras, "
-                f"{len(vectors)} vectors, {replay.fps} fps) instead of the config's",
-                err=True,
-            )
-            cfg = dataclasses.replace(
-                cfg, cameras=tuple(cameras), vectors=tuple(vectors), fps=replay.fps
-            )
-        return cfg, replay
-    fail(f"--source {source!r}: use 'sim' or 'replay:PATH'", EXIT_USAGE)
+    try:
+        cfg, rig, note = source_from_spec(cfg, source, seed=seed)
+    except SourceSpecError as e:
+        fail(str(e), EXIT_USAGE)
+    if note:
+        click.echo(f"eva: note: {note}", err=True)
+    return cfg, rig
 
 
 def _collect_status_line(status: dict[str, Any]) -> str:
@@ -432,6 +415,7 @@ def _qc_list_line(entry: dict[str, Any]) -> str:
 @click.argument("episode", type=int, required=False)
 @click.option("--pass", "pass_", is_flag=True, help="Accept the episode (overrides red).")
 @click.option("--fail", "fail_", is_flag=True, help="Reject the episode.")
+@click.option("--clear", "clear_", is_flag=True, help="Remove the verdict (quality decides again).")
 @click.option("--note", default=None, help="Replace the operator note (alone: note-only update).")
 @click.option("--list", "list_", is_flag=True, help="Show every episode's review and subset.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -440,6 +424,7 @@ def qc_command(
     episode: int | None,
     pass_: bool,
     fail_: bool,
+    clear_: bool,
     note: str | None,
     list_: bool,
     as_json: bool,
@@ -450,17 +435,18 @@ def qc_command(
     Examples:
       eva qc data/pick/raw 3 --pass --note "red flag was a glitch"
       eva qc data/pick/raw 4 --note "check lighting"      (note only, verdict unchanged)
+      eva qc data/pick/raw 4 --clear                      (no verdict: quality decides)
       eva qc data/pick/raw --list
     """
     from eva.dataset.errors import DatasetError
     from eva.quality.verdicts import read_episode_rows, review_episode, review_table
 
-    if pass_ and fail_:
-        fail("qc: --pass and --fail exclude each other", EXIT_USAGE)
+    if pass_ + fail_ + clear_ > 1:
+        fail("qc: --pass, --fail and --clear exclude each other", EXIT_USAGE)
     verdict = "pass" if pass_ else "fail" if fail_ else None
     try:
         if list_:
-            if episode is not None or verdict or note is not None:
+            if episode is not None or verdict or clear_ or note is not None:
                 fail("qc --list takes no episode, verdict or note", EXIT_USAGE)
             table = review_table(read_episode_rows(dataset))
             if as_json:
@@ -477,9 +463,9 @@ def qc_command(
             return
         if episode is None:
             fail("qc needs an EPISODE index (or --list)", EXIT_USAGE)
-        if verdict is None and note is None:
-            fail("qc needs --pass, --fail or --note", EXIT_USAGE)
-        update = review_episode(dataset, episode, verdict=verdict, note=note)
+        if verdict is None and note is None and not clear_:
+            fail("qc needs --pass, --fail, --clear or --note", EXIT_USAGE)
+        update = review_episode(dataset, episode, verdict=verdict, note=note, clear_verdict=clear_)
     except DatasetError as e:
         fail(str(e))
     from eva.quality.verdicts import subset_of
@@ -771,6 +757,85 @@ def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
             count += 1
     if not count:
         click.echo("nothing to clean up")
+
+
+# [console: the operator's browser UI and HTTP API]
+
+
+@main.command("console")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; anything but loopback must be given explicitly.")  # fmt: skip
+@click.option("--port", type=click.IntRange(0, 65535), default=8750, show_default=True,
+              help="TCP port (0: any free port; the printed URL names it).")  # fmt: skip
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where to write the access token, mode 0600 (default: <log_dir>.console-token "
+              "beside the log directory).")  # fmt: skip
+@click.option("--source", default="sim", show_default=True, help="sim | replay:PATH (a v2.1 dataset).")
+@click.option("--seed", type=int, default=0, help="Seed of the simulated rig.")
+@click.option("--known-hosts", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="known_hosts for uploads (default: storage.sftp.known_hosts).")  # fmt: skip
+def console_command(
+    config: Path,
+    host: str,
+    port: int,
+    token_file: Path | None,
+    source: str,
+    seed: int,
+    known_hosts: Path | None,
+) -> None:
+    """Serve the operator console: COLLECT, QUALITY CHECK, EXPORT and UPLOAD in a browser.
+
+    It prints a URL with a fresh access token; scripts send it as `Authorization: Bearer TOKEN`
+    (the token is also written to --token-file). The JSON API is the same control channel as the
+    page: see docs/console.md.
+    \b
+    Example:
+      eva console rig.toml
+      curl -H "Authorization: Bearer $(cat /data/eva.console-token)" http://127.0.0.1:8750/api/status
+    """
+    import os
+
+    from eva.capture.recorder import pin_mmap_threshold
+    from eva.capture.sources import SourceSpecError
+
+    try:
+        from eva.console.server import default_token_file, new_token, serve, write_token_file
+        from eva.console.session import ConsoleError, ConsoleSession
+    except ImportError as e:
+        fail(f"eva console needs the console extra (pip install 'eva[console]'): {e}", EXIT_USAGE)
+    if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
+        pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
+    try:
+        session = ConsoleSession(config, source=source, seed=seed, sftp_known_hosts=known_hosts)
+    except (ConsoleError, SourceSpecError) as e:
+        fail(str(e), EXIT_USAGE)
+    except Exception as e:  # noqa: BLE001 - a recorder that cannot start: one line
+        fail(f"console: {first_line(str(e)) or type(e).__name__}")
+    token = new_token()
+    path = token_file or default_token_file(session.config.log_dir)
+    try:
+        write_token_file(path, token)
+    except OSError as e:
+        session.close()
+        fail(f"--token-file {path}: {e.strerror or e}")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"eva: warning: serving on {host}: reachable from other hosts", err=True)
+    if session.source_note:
+        click.echo(f"eva: note: {session.source_note}", err=True)
+
+    def ready(url: str) -> None:
+        click.echo(f"eva console: recording from {session.status()['source']}", err=True)
+        click.echo(f"eva console: token written to {path}", err=True)
+        click.echo(url)
+        sys.stdout.flush()
+
+    try:
+        serve(session, host=host, port=port, token=token, on_ready=ready)
+    except OSError as e:
+        fail(f"console: cannot listen on {host}:{port}: {e.strerror or e}")
+    finally:
+        session.close()
 
 
 # [upload commands: upload]

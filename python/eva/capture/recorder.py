@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from eva.capture import align
+from eva.capture.preview import PreviewTap
 from eva.capture.quality_checks import (
     CAPTURE_BACKLOG_OVERFLOW,
     EPISODE_TOO_SHORT,
@@ -219,8 +220,20 @@ class Recorder:
         self._active_rows = 0
         self._fps_marks: dict[str, tuple[float, int]] = {}
         self._consumer_error: str | None = None
+        self.preview: PreviewTap | None = None
         self._consumer = threading.Thread(target=self._consume, name="eva-capture", daemon=True)
         self._consumer.start()
+
+    def enable_preview(self, *, max_fps: float = 5.0, max_width: int = 320) -> PreviewTap:
+        """Keep downscaled latest frames for an operator screen (``capture/preview.py``); they
+        are taken only while a viewer calls ``preview.want()``, recording or not."""
+        if self.preview is None:
+            self.preview = PreviewTap(
+                {c.key: (c.height, c.width) for c in self.config.cameras},
+                max_fps=max_fps,
+                max_width=max_width,
+            )
+        return self.preview
 
     # ---- setup ---------------------------------------------------------------------------
 
@@ -262,17 +275,23 @@ class Recorder:
                 with self._unexpected_lock:
                     self._unexpected[camera] = self._unexpected.get(camera, 0) + 1
             return False
+        tap = self.preview
         with stream.lock:
-            if not stream.open:
-                return False
             if (
                 getattr(frame, "shape", None) != stream.shape
                 or getattr(frame, "dtype", None) != np.uint8
             ):
-                self._note_bad_shape(stream, frame, "(H, W, 3) uint8")
+                if stream.open:
+                    self._note_bad_shape(stream, frame, "(H, W, 3) uint8")
+                return False
+            if not stream.open:
+                if tap is not None:
+                    tap.offer(camera, t, frame)
                 return False
             ok = stream.ring.push(t, frame)
             stream.last_pushed_t = t
+        if tap is not None:  # outside the lock: the caller's frame stays valid until we return
+            tap.offer(camera, t, frame)
         return ok
 
     def push_vector(self, stream_name: str, t: float, values: Any) -> bool:

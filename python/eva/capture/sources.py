@@ -347,3 +347,49 @@ class ReplaySource:
                     offset += float(stamps[-1]) + 1.0 / fps
             if not self.loop:
                 return
+
+
+class SourceSpecError(ValueError):
+    """A ``--source`` value that names no usable source (the message says why in one line)."""
+
+
+def source_from_spec(
+    config: CollectionConfig, spec: str, *, seed: int = 0
+) -> tuple[CollectionConfig, Source, str | None]:
+    """``(config, source, note)`` for a source spec: ``sim`` or ``replay:PATH``.
+
+    A replayed dataset's streams replace the config's cameras, vectors and fps (the recorder must
+    expect what the replay delivers); ``note`` then says so in one line for the operator.
+    Both ``eva collect`` and ``eva console`` build their source here.
+    """
+    import dataclasses
+
+    if spec == "sim":
+        return config, SimulatedRig.from_config(config, realtime=True, seed=seed), None
+    if not spec.startswith("replay:"):
+        raise SourceSpecError(f"--source {spec!r}: use 'sim' or 'replay:PATH'")
+    path = Path(spec[len("replay:") :]).expanduser()
+    try:
+        replay = ReplaySource(path, realtime=True, loop=True)
+        cameras, vectors = replay.stream_config()
+    except Exception as e:  # DatasetError / OSError: one line
+        raise SourceSpecError(f"--source {spec}: {e}") from None
+    discrete = {v.name: v.discrete for v in config.vectors}
+    vectors = [dataclasses.replace(v, discrete=discrete.get(v.name, ())) for v in vectors]
+    if (config.cameras, config.vectors, config.fps) == (tuple(cameras), tuple(vectors), replay.fps):
+        return config, replay, None
+    note = (
+        f"recording the replayed dataset's streams ({len(cameras)} cameras, "
+        f"{len(vectors)} vectors, {replay.fps} fps) instead of the config's"
+    )
+    config = dataclasses.replace(
+        config, cameras=tuple(cameras), vectors=tuple(vectors), fps=replay.fps
+    )
+    return config, replay, note
+
+
+def describe_source(spec: str) -> str:
+    """What the operator is recording from, for status lines and the console."""
+    if spec == "sim":
+        return "simulated rig (--source sim)"
+    return f"replay of {spec[len('replay:') :]}"

@@ -19,6 +19,7 @@ pair untouched, records the error and removes the staging dir.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -216,8 +217,12 @@ def export_dataset(
     options: ExportOptions | None = None,
     on_progress: Callable[[Progress, Job], None] | None = None,
     exchange: bool = True,
+    job_id: str | None = None,
 ) -> ExportResult:
     """Run one quality export of ``source_dir`` to ``fmt``; returns where the pair went.
+
+    ``job_id`` names the job (and the pair's ``export_id``) when the caller has announced it
+    already, as the console does; by default a new one is made.
 
     Raises ``DatasetError`` (bad source, busy lock, unavailable format) or the writer's error;
     in every failure case the previously published pair is left as it was.
@@ -248,6 +253,11 @@ def export_dataset(
             accepted_dir=str(root / "accepted"),
             rejected_dir=str(root / "rejected"),
         )
+        if job_id is not None:
+            # It names the staging directory: letters, digits and dashes only.
+            if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z-]{0,63}", job_id):
+                raise DatasetError(f"export job id {job_id!r}: letters, digits and '-' only")
+            job.job_id = job_id
         recorder = JobRecorder(job, root / EXPORT_JOB)
         # The queued -> running records need no fsync: after a power loss a "running" job whose
         # pid is gone is marked failed by recover(); the final record is made durable below.

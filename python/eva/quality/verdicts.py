@@ -119,15 +119,19 @@ def review_episode(
     *,
     verdict: str | None = None,
     note: str | None = None,
+    clear_verdict: bool = False,
 ) -> ReviewUpdate:
     """Set ``qc_verdict`` (``"pass"``/``"fail"``, any case) and/or replace ``qc_note``.
 
     ``verdict=None`` with a note is a note-only update: the verdict (or its absence) is left alone.
+    ``clear_verdict=True`` removes the verdict, so the automatic quality decides again.
     Refused while the episode is being saved. The file is rewritten atomically.
     """
     root = Path(root)
-    if verdict is None and note is None:
-        raise DatasetError("qc: give a verdict (--pass/--fail) or a note (--note)")
+    if verdict is not None and clear_verdict:
+        raise DatasetError("qc: a verdict and clearing the verdict exclude each other")
+    if verdict is None and note is None and not clear_verdict:
+        raise DatasetError("qc: give a verdict (--pass/--fail/--clear) or a note (--note)")
     if verdict is not None:
         verdict = verdict.strip().lower()
         if verdict not in VERDICTS:
@@ -159,6 +163,8 @@ def review_episode(
         before = dict(row)
         if verdict is not None:
             row["qc_verdict"] = verdict
+        elif clear_verdict:
+            row.pop("qc_verdict", None)
         if note is not None:
             row["qc_note"] = note
         changed = row != before

@@ -1,0 +1,384 @@
+"""The console's HTTP side: a Starlette app over :class:`~eva.console.session.ConsoleSession`.
+
+Security model (docs/console.md):
+- it binds 127.0.0.1 unless another address is given explicitly;
+- every request needs the start-up token: ``Authorization: Bearer <token>`` (scripts), or the
+  ``eva_console_token`` cookie (HttpOnly, SameSite=Strict) that ``GET /?token=<token>`` sets for
+  the page; the token is compared in constant time;
+- a mutating request (POST/PUT/PATCH/DELETE) that carries an ``Origin`` must come from the
+  console's own origin, and one without ``Origin`` must use the Bearer header: a cookie alone
+  never authorises a cross-site write;
+- clients name datasets as in ``collection.tasks``; the session derives every path.
+
+Blocking work (file reads, exports, JPEG encoding) runs in the thread pool, never on the event
+loop; the recorder's capture threads do not wait for any of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from eva.console.session import ConsoleError, ConsoleSession
+from eva.dataset.errors import error_line
+
+log = logging.getLogger("eva.console")
+
+STATIC_DIR = Path(__file__).parent / "static"
+COOKIE = "eva_console_token"
+MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
+MAX_BODY = 64 * 1024
+EVENT_TICK_S = 0.5
+EVENT_HEARTBEAT_S = 10.0
+STATUS_CODES = {"bad_request": 400, "not_found": 404, "conflict": 409}
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def write_token_file(path: Path, token: str) -> Path:
+    """Write ``token`` to ``path`` readable by its owner only (0600), never through a symlink:
+    a new file is created exclusively beside it and renamed over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, (token + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    return path
+
+
+def default_token_file(log_dir: Path) -> Path:
+    """``<log_dir>.console-token``: beside the log directory (not inside it, where datasets are)."""
+    log_dir = Path(log_dir)
+    return log_dir.parent / f"{log_dir.name}.console-token"
+
+
+def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message, "field": field}}, status_code=status
+    )
+
+
+class TokenGuard:
+    """ASGI middleware enforcing the token and the Origin rule on every HTTP request."""
+
+    def __init__(self, app: ASGIApp, token: str, origins: set[str]) -> None:
+        self.app = app
+        self.token = token.encode()
+        self.origins = origins
+
+    def _valid(self, candidate: str | None) -> bool:
+        return bool(candidate) and hmac.compare_digest(candidate.encode(), self.token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        method = scope["method"]
+        path = scope["path"]
+        if (
+            method == "GET"
+            and path == "/"
+            and "token" in parse_qs(scope.get("query_string", b"").decode())
+        ):
+            token = parse_qs(scope["query_string"].decode())["token"][0]
+            if not self._valid(token):
+                await PlainTextResponse("invalid token", status_code=401)(scope, receive, send)
+                return
+            # The token leaves the address bar (and the history) for an HttpOnly cookie.
+            response = RedirectResponse("/", status_code=303)
+            response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+            await response(scope, receive, send)
+            return
+        header = request.headers.get("authorization", "")
+        bearer = header[7:].strip() if header.lower().startswith("bearer ") else None
+        by_header = self._valid(bearer)
+        by_cookie = self._valid(request.cookies.get(COOKIE))
+        if not (by_header or by_cookie):
+            if path.startswith("/api/"):
+                response: Response = _error(401, "unauthorized", "missing or invalid token")
+            else:
+                response = PlainTextResponse(
+                    "eva console: open the URL with ?token=... that `eva console` printed "
+                    "(or read the token file)",
+                    status_code=401,
+                )
+            await response(scope, receive, send)
+            return
+        if method in MUTATING:
+            origin = request.headers.get("origin")
+            if origin is not None and origin not in self.origins:
+                await _error(403, "bad_origin", f"origin {origin!r} is not this console")(
+                    scope, receive, send
+                )
+                return
+            if origin is None and not by_header:
+                await _error(
+                    403, "bad_origin", "a cookie-authorised change needs an Origin header"
+                )(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _handler(
+    fn: Callable[..., Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """Turn a ConsoleError into its 4xx JSON answer."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except ConsoleError as e:
+            return _error(STATUS_CODES.get(e.kind, 400), e.code, str(e), e.field)
+        except Exception as e:  # a bug: still one JSON line, and the traceback in the log
+            log.exception("%s %s failed", request.method, request.url.path)
+            return _error(500, "internal_error", error_line(e))
+
+    return wrapped
+
+
+async def _body(request: Request) -> Any:
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise ConsoleError("bad_request", "body_too_large", f"request body over {MAX_BODY} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConsoleError("bad_request", "bad_json", f"body is not JSON: {e}") from None
+
+
+def create_app(session: ConsoleSession, token: str, origins: set[str]) -> Starlette:
+    """The console's ASGI app (routes listed in docs/console.md)."""
+
+    def call(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        return run_in_threadpool(fn, *args)
+
+    async def index(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-store"})
+
+    async def status(request: Request) -> Response:
+        return JSONResponse(await call(session.status))
+
+    async def datasets(request: Request) -> Response:
+        return JSONResponse({"datasets": await call(session.datasets)})
+
+    async def formats(request: Request) -> Response:
+        return JSONResponse({"formats": session.format_options()})
+
+    async def collect_start(request: Request) -> Response:
+        body = await _body(request)
+        if not isinstance(body, dict):
+            raise ConsoleError("bad_request", "bad_body", "the body must be a JSON object")
+        unknown = sorted(set(body) - {"dataset", "task"})
+        if unknown:
+            raise ConsoleError(
+                "bad_request", "bad_field", f"{unknown[0]}: not a field (use dataset, task)",
+                unknown[0],
+            )  # fmt: skip
+        return JSONResponse(await call(session.start, body.get("dataset"), body.get("task")))
+
+    async def collect_stop(request: Request) -> Response:
+        return JSONResponse(await call(session.stop))
+
+    async def collect_cancel(request: Request) -> Response:
+        return JSONResponse(await call(session.cancel))
+
+    async def preview(request: Request) -> Response:
+        key = request.path_params["camera"]
+        after = request.query_params.get("after")
+        result = await call(session.preview_jpeg, key)
+        if result is None:
+            return Response(status_code=204)
+        seq, t, data = result
+        if after is not None and after.isdigit() and int(after) >= seq:
+            return Response(status_code=204, headers={"x-preview-seq": str(seq)})
+        return Response(
+            data,
+            media_type="image/jpeg",
+            headers={
+                "x-preview-seq": str(seq),
+                "x-capture-time": repr(t),
+                "cache-control": "no-store",
+            },
+        )
+
+    async def episodes(request: Request) -> Response:
+        return JSONResponse(await call(session.episodes, request.path_params["name"]))
+
+    async def review(request: Request) -> Response:
+        body = await _body(request)
+        p = request.path_params
+        return JSONResponse(await call(session.set_review, p["name"], p["index"], body))
+
+    async def video(request: Request) -> Response:
+        p = request.path_params
+        path = await call(session.video_file, p["name"], p["index"], p["video_key"])
+        return FileResponse(path, media_type="video/mp4", headers={"cache-control": "no-cache"})
+
+    async def series(request: Request) -> Response:
+        p = request.path_params
+        return JSONResponse(
+            await call(
+                session.series, p["name"], p["index"], request.query_params.get("max_points")
+            )
+        )
+
+    async def exports(request: Request) -> Response:
+        return JSONResponse(await call(session.exports, request.path_params["name"]))
+
+    async def export(request: Request) -> Response:
+        body = await _body(request)
+        job = await call(session.start_export, request.path_params["name"], body)
+        return JSONResponse(
+            job, status_code=202, headers={"location": f"/api/jobs/{job['job_id']}"}
+        )
+
+    async def upload(request: Request) -> Response:
+        body = await _body(request)
+        job = await call(session.start_upload, request.path_params["name"], body)
+        return JSONResponse(
+            job, status_code=202, headers={"location": f"/api/jobs/{job['job_id']}"}
+        )
+
+    async def jobs(request: Request) -> Response:
+        return JSONResponse({"jobs": session.jobs()})
+
+    async def job(request: Request) -> Response:
+        return JSONResponse(session.job(request.path_params["id"]))
+
+    async def events(request: Request) -> Response:
+        async def stream() -> Any:
+            yield "retry: 2000\n\n"
+            sent_version = -1
+            sent_job: str | None = None
+            quiet = 0.0
+            while True:
+                if await request.is_disconnected():
+                    return
+                status = await call(session.status)
+                live = status["state"] != "idle" or (
+                    status["active_job"] is not None
+                    and status["active_job"]["state"] in ("queued", "running")
+                )
+                if live or status["version"] != sent_version or quiet >= EVENT_HEARTBEAT_S:
+                    yield f"event: status\ndata: {json.dumps(status)}\n\n"
+                    sent_version = status["version"]
+                    quiet = 0.0
+                    job_text = json.dumps(status["active_job"]) if status["active_job"] else None
+                    if job_text is not None and job_text != sent_job:
+                        yield f"event: job\ndata: {job_text}\n\n"
+                        sent_job = job_text
+                else:
+                    quiet += EVENT_TICK_S
+                await asyncio.sleep(EVENT_TICK_S)
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+        )
+
+    async def not_found(request: Request) -> Response:
+        return _error(404, "not_found", f"no such endpoint: {request.method} {request.url.path}")
+
+    h = _handler
+    routes = [
+        Route("/", h(index), methods=["GET"]),
+        Route("/api/status", h(status), methods=["GET"]),
+        Route("/api/datasets", h(datasets), methods=["GET"]),
+        Route("/api/formats", h(formats), methods=["GET"]),
+        Route("/api/collect/start", h(collect_start), methods=["POST"]),
+        Route("/api/collect/stop", h(collect_stop), methods=["POST"]),
+        Route("/api/collect/cancel", h(collect_cancel), methods=["POST"]),
+        Route("/api/preview/{camera}", h(preview), methods=["GET"]),
+        Route("/api/datasets/{name}/episodes", h(episodes), methods=["GET"]),
+        Route("/api/datasets/{name}/episodes/{index}/qc", h(review), methods=["PUT"]),
+        Route("/api/datasets/{name}/episodes/{index}/video/{video_key}", h(video), methods=["GET"]),
+        Route("/api/datasets/{name}/episodes/{index}/series", h(series), methods=["GET"]),
+        Route("/api/datasets/{name}/exports", h(exports), methods=["GET"]),
+        Route("/api/datasets/{name}/export", h(export), methods=["POST"]),
+        Route("/api/datasets/{name}/upload", h(upload), methods=["POST"]),
+        Route("/api/jobs", h(jobs), methods=["GET"]),
+        Route("/api/jobs/{id}", h(job), methods=["GET"]),
+        Route("/api/events", h(events), methods=["GET"]),
+        Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
+        Route("/api/{rest:path}", not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+    ]
+    app = Starlette(routes=routes)
+    app.add_middleware(TokenGuard, token=token, origins=origins)
+    return app
+
+
+def allowed_origins(host: str, port: int) -> set[str]:
+    """The console's own origins: the bound address, and the loopback names when it is loopback."""
+    names = {host if ":" not in host else f"[{host}]"}
+    if host in ("127.0.0.1", "localhost", "::1"):
+        names |= {"127.0.0.1", "localhost", "[::1]"}
+    return {f"http://{name}:{port}" for name in names}
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: any free port; the URL names the real one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(
+    session: ConsoleSession,
+    *,
+    host: str,
+    port: int,
+    token: str,
+    on_ready: Callable[[str], None],
+) -> None:
+    """Serve until SIGINT/SIGTERM; ``on_ready(url)`` is called once the socket listens."""
+    import uvicorn
+
+    sock = bind(host, port)
+    actual_port = sock.getsockname()[1]
+    url_host = host if ":" not in host else f"[{host}]"
+    app = create_app(session, token, allowed_origins(host, actual_port))
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
+    on_ready(f"http://{url_host}:{actual_port}/?token={token}")
+    server.run(sockets=[sock])
