@@ -158,6 +158,7 @@ class ConsoleSession:
         self._jpeg: dict[str, tuple[int, bytes]] = {}
         self._jpeg_lock = threading.Lock()
         self._seen_saves: set[int] = set()
+        self._counts: dict[Path, tuple[tuple[int, int, int], int]] = {}
         self.warnings = _WarningLog(self.changed)
         logging.getLogger("eva.capture").addHandler(self.warnings)
         self.recorder = Recorder(self.config, durable=durable)
@@ -209,12 +210,21 @@ class ConsoleSession:
         return root
 
     def _episode_count(self, root: Path) -> int | None:
+        """Rows of episodes.jsonl, re-counted only when the file's size or mtime changed (the
+        status is built several times a second)."""
         path = root / layout.EPISODES
         try:
+            st = path.stat()
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            cached = self._counts.get(path)
+            if cached is not None and cached[0] == key:
+                return cached[1]
             with path.open("rb") as f:
-                return sum(1 for line in f if line.strip())
+                count = sum(1 for line in f if line.strip())
         except OSError:
             return None
+        self._counts[path] = (key, count)
+        return count
 
     def datasets(self) -> list[dict[str, Any]]:
         out = []
