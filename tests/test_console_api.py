@@ -164,6 +164,8 @@ def test_collect_refusals(api: httpx.Client, recorded: list[dict]) -> None:
         assert status["state"] == "recording" and status["dataset"] == "fold"
         assert status["task"] == "fold the towel"
         wait_for(lambda: api.get("/api/status").json()["frames"] > 0)
+        samples = api.get("/api/status").json()["samples"]
+        assert all(samples[key] > 0 for key in (*CAMERAS, "observation.state", "action"))
     finally:
         cancel = api.post("/api/collect/cancel")
     assert cancel.status_code == 200 and cancel.json()["cancelled"]

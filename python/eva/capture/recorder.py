@@ -501,6 +501,11 @@ class Recorder:
             "task": session.task if session else None,
             "elapsed_s": (now - session.started_mono) if session else 0.0,
             "frames": self._active_rows if (session is not None and self._active is session) else 0,
+            # samples received per stream since START (the live counts an operator watches)
+            "samples": {
+                name: (st.ring.pushed - session.base.get(name, st.ring.pushed)) if session else 0
+                for name, st in self._streams.items()
+            },
             "backlog": {name: len(s.ring) for name, s in self._streams.items()},
             "backlog_mb": sum(len(s.ring) * s.ring.item_bytes for s in self._streams.values())
             / 1e6,

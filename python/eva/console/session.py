@@ -283,6 +283,7 @@ class ConsoleSession:
             "task": rec["task"],
             "elapsed_s": round(rec["elapsed_s"], 3),
             "frames": rec["frames"],
+            "samples": rec["samples"],
             "fps": self.config.fps,
             "camera_fps": {k: round(v, 2) for k, v in rec["camera_fps"].items()},
             "backlog": rec["backlog"],
