@@ -494,3 +494,21 @@ def test_no_backend_refuses_upload_without_a_thread(tmp_path: Path) -> None:
         assert [j["kind"] for j in api.get("/api/jobs").json()["jobs"]] == ["export"]
         raw = Path(api.get("/api/datasets/pick/episodes").json()["dir"])
         assert not (raw.parent / "export" / "lerobot_v21" / "upload_job.json").exists()
+
+
+def test_another_address_must_be_explicit_and_matches_its_host(tmp_path: Path) -> None:
+    """127.0.0.2 is loopback too, but not the default: it stands in for a rig's LAN address."""
+    config = write_console_config(tmp_path / "rig.toml", tmp_path / "logs")
+    with ConsoleServer(config, tmp_path / "token", ("--host", "127.0.0.2")) as console:
+        assert console.base.startswith("http://127.0.0.2:")
+        assert "reachable from other hosts" in console.log_path.read_text()
+        browser = console.client(auth=False)
+        browser.get(f"/?token={console.token}", follow_redirects=False)
+        own = {"Origin": console.base}
+        assert (
+            error_of(browser.post("/api/collect/stop", headers=own), 409)["code"] == "not_recording"
+        )
+        evil = {"Origin": "http://127.0.0.1:1"}
+        assert (
+            error_of(browser.post("/api/collect/stop", headers=evil), 403)["code"] == "bad_origin"
+        )

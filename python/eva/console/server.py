@@ -54,6 +54,7 @@ MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 MAX_BODY = 64 * 1024
 EVENT_TICK_S = 0.5
 EVENT_HEARTBEAT_S = 10.0
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 STATUS_CODES = {"bad_request": 400, "not_found": 404, "conflict": 409}
 
 
@@ -92,10 +93,15 @@ def _error(status: int, code: str, message: str, field: str | None = None) -> JS
 class TokenGuard:
     """ASGI middleware enforcing the token and the Origin rule on every HTTP request."""
 
-    def __init__(self, app: ASGIApp, token: str, origins: set[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, token: str, origins: set[str], *, same_host: bool = False
+    ) -> None:
         self.app = app
         self.token = token.encode()
         self.origins = origins
+        # Bound to a non-loopback address, the page's origin is whatever name the operator typed
+        # (the host's IP or DNS name): accept the origin that matches the request's Host.
+        self.same_host = same_host
 
     def _valid(self, candidate: str | None) -> bool:
         return bool(candidate) and hmac.compare_digest(candidate.encode(), self.token)
@@ -138,7 +144,11 @@ class TokenGuard:
             return
         if method in MUTATING:
             origin = request.headers.get("origin")
-            if origin is not None and origin not in self.origins:
+            host = request.headers.get("host")
+            own = origin in self.origins or (
+                self.same_host and host is not None and origin == f"http://{host}"
+            )
+            if origin is not None and not own:
                 await _error(403, "bad_origin", f"origin {origin!r} is not this console")(
                     scope, receive, send
                 )
@@ -180,8 +190,11 @@ async def _body(request: Request) -> Any:
         raise ConsoleError("bad_request", "bad_json", f"body is not JSON: {e}") from None
 
 
-def create_app(session: ConsoleSession, token: str, origins: set[str]) -> Starlette:
-    """The console's ASGI app (routes listed in docs/console.md)."""
+def create_app(
+    session: ConsoleSession, token: str, origins: set[str], *, same_host: bool = False
+) -> Starlette:
+    """The console's ASGI app (routes listed in docs/console.md); ``same_host`` also accepts
+    changes from the origin that matches the request's Host (for a non-loopback bind)."""
 
     def call(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
         return run_in_threadpool(fn, *args)
@@ -338,14 +351,14 @@ def create_app(session: ConsoleSession, token: str, origins: set[str]) -> Starle
         Route("/api/{rest:path}", not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
     app = Starlette(routes=routes)
-    app.add_middleware(TokenGuard, token=token, origins=origins)
+    app.add_middleware(TokenGuard, token=token, origins=origins, same_host=same_host)
     return app
 
 
 def allowed_origins(host: str, port: int) -> set[str]:
     """The console's own origins: the bound address, and the loopback names when it is loopback."""
     names = {host if ":" not in host else f"[{host}]"}
-    if host in ("127.0.0.1", "localhost", "::1"):
+    if host in LOOPBACK:
         names |= {"127.0.0.1", "localhost", "[::1]"}
     return {f"http://{name}:{port}" for name in names}
 
@@ -375,7 +388,8 @@ def serve(
     sock = bind(host, port)
     actual_port = sock.getsockname()[1]
     url_host = host if ":" not in host else f"[{host}]"
-    app = create_app(session, token, allowed_origins(host, actual_port))
+    loopback = host in LOOPBACK
+    app = create_app(session, token, allowed_origins(host, actual_port), same_host=not loopback)
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
     )
