@@ -28,17 +28,26 @@ def frame(seed: int, h: int = 48, w: int = 64) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
-def test_preview_tap_copies_only_while_wanted_and_at_most_max_fps() -> None:
-    tap = PreviewTap({"cam": (48, 64)}, max_fps=1000.0, max_width=32, linger_s=0.2)
+@pytest.fixture(params=["native", "reference"])
+def ring_kind(request: pytest.FixtureRequest) -> bool:
+    return request.param == "native"
+
+
+def test_preview_tap_copies_only_while_wanted(ring_kind: bool) -> None:
+    tap = PreviewTap(
+        {"cam": (48, 64)}, max_fps=1000.0, max_width=32, linger_s=0.2, native=ring_kind
+    )
     tap.offer("cam", 0.0, frame(0))
     assert tap.latest("cam") is None  # nobody asked: nothing copied
     tap.want()
-    tap.offer("cam", 1.0, frame(1))
+    source = frame(1)
+    tap.offer("cam", 1.0, source)
+    source[:] = 0  # the tap copied the frame: the caller may reuse its buffer at once
     seq, t, preview = tap.latest("cam")
     assert (seq, t) == (1, 1.0)
     np.testing.assert_array_equal(preview, frame(1)[::2, ::2])  # 64 -> 32 wide
-    preview[:] = 0  # a copy: the tap's buffer is not the caller's
-    assert tap.latest("cam")[2].any()
+    assert not preview.flags.writeable  # shared by readers
+    assert tap.latest("cam")[0] == 1  # nothing newer: the same preview again
     time.sleep(0.25)
     tap.offer("cam", 2.0, frame(2))  # the viewer went away
     assert tap.latest("cam")[0] == 1
@@ -46,13 +55,24 @@ def test_preview_tap_copies_only_while_wanted_and_at_most_max_fps() -> None:
         tap.latest("other")
 
 
-def test_preview_tap_rate_limit() -> None:
-    tap = PreviewTap({"cam": (48, 64)}, max_fps=2.0)
+def test_preview_tap_rate_limit_and_newest_first(ring_kind: bool) -> None:
+    tap = PreviewTap({"cam": (48, 64)}, max_fps=2.0, native=ring_kind)
     tap.want()
     for i in range(50):
         tap.offer("cam", float(i), frame(i))
     seq, t, preview = tap.latest("cam")
     assert (seq, t) == (1, 0.0) and preview.shape == (48, 64, 3)
+    fast = PreviewTap({"cam": (48, 64)}, max_fps=1e6, native=ring_kind)
+    fast.want()
+    for i in range(5):  # only 2 slots: the rest wait for a reader
+        time.sleep(0.001)
+        fast.offer("cam", float(i), frame(i))
+    seq, t, preview = fast.latest("cam")
+    assert t == 1.0  # the newest of what the ring held
+    np.testing.assert_array_equal(preview, frame(1))
+    time.sleep(0.001)
+    fast.offer("cam", 9.0, frame(9))
+    assert fast.latest("cam")[:2] == (2, 9.0)
 
 
 def test_recorder_previews_idle_and_recording(tmp_path: Path) -> None:

@@ -1,15 +1,18 @@
 """Live camera previews for an operator screen, taken in the push path without slowing capture.
 
-The recorder's rings are single-consumer (the consumer thread pops them), so a preview cannot
-read a ring slot without racing the consumer. Instead, ``Recorder.push_image`` offers every frame
-to a :class:`PreviewTap`, which keeps one downscaled copy per camera:
+The recorder's episode rings have one consumer (the consumer thread), so a preview cannot read
+their slots. Instead ``Recorder.push_image`` offers each frame to a :class:`PreviewTap`, which
+holds a second, tiny snapshot ring per camera (2 slots, allocated once):
 
 - nothing happens unless a viewer asked for a preview within the last ``linger_s`` seconds
-  (``want()``): with no client the cost is one attribute check per frame;
-- at most ``max_fps`` copies per camera and second, each a strided subsample (every ``step``-th
-  row and column, ``step`` chosen so the width is at most ``max_width``) copied into a buffer
-  allocated once: no allocation, a few tens of microseconds for 640x480 -> 320x240;
-- the reader gets a copy of the latest preview under a per-camera lock held only for that copy.
+  (``want()``): with no client the cost is one comparison per frame;
+- at most ``max_fps`` frames per camera and second are pushed, and only while the preview ring
+  has a free slot (a viewer that stopped reading costs nothing more);
+- the push is the native ring's copy of the whole frame, which keeps the GIL (measured: a numpy
+  copy, strided or not, releases the GIL, and taking it back behind a busy thread costs the
+  push a whole switch interval, several ms);
+- the reader (``latest``, on the console's worker threads) pops what is there, keeps the newest
+  and downscales it (every ``step``-th row and column, so the width is at most ``max_width``).
 
 Previews are taken while idle too (the streams are not recording), so the operator can frame the
 scene before START.
@@ -24,15 +27,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from eva.capture.ring import Ring, make_ring
+
+SLOTS = 2
+
 
 @dataclass
 class _CameraPreview:
-    buffer: np.ndarray
+    ring: Ring
     step: int
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    seq: int = 0  # previews taken so far (0: none yet)
-    t: float = math.nan  # capture time of the latest preview
-    next_due: float = 0.0  # monotonic time before which frames are not copied
+    out: np.ndarray  # (SLOTS, H, W, 3): pop target, read under the lock
+    times: np.ndarray
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one reader at a time (SPSC)
+    seq: int = 0  # previews read so far
+    t: float = math.nan
+    frame: np.ndarray | None = None  # the newest downscaled preview
+    next_due: float = 0.0  # monotonic time before which frames are not pushed
 
 
 class PreviewTap:
@@ -45,15 +55,26 @@ class PreviewTap:
         max_fps: float = 5.0,
         max_width: int = 320,
         linger_s: float = 3.0,
+        native: bool | None = None,
     ) -> None:
         self.period = 1.0 / max_fps
         self.linger_s = linger_s
         self.wanted_until = 0.0
         self._cameras: dict[str, _CameraPreview] = {}
         for key, (height, width) in cameras.items():
+            shape = (height, width, 3)
+            ring = make_ring(
+                shape,
+                np.uint8,
+                block_slots=SLOTS,
+                initial_blocks=1,
+                max_bytes=SLOTS * height * width * 3,
+                native=native,
+            )
             step = max(1, math.ceil(width / max_width))
-            shape = (-(-height // step), -(-width // step), 3)
-            self._cameras[key] = _CameraPreview(np.zeros(shape, np.uint8), step)
+            self._cameras[key] = _CameraPreview(
+                ring, step, np.zeros((SLOTS, *shape), np.uint8), np.zeros(SLOTS)
+            )
 
     @property
     def keys(self) -> list[str]:
@@ -64,25 +85,30 @@ class PreviewTap:
         self.wanted_until = time.monotonic() + self.linger_s
 
     def offer(self, key: str, t: float, frame: np.ndarray) -> None:
-        """Called for every pushed frame (already shape-checked); copies one when due."""
+        """Called for every pushed frame (already shape-checked); pushes one when due."""
         now = time.monotonic()
         if now >= self.wanted_until:
             return
         cam = self._cameras.get(key)
-        if cam is None or now < cam.next_due:
+        if cam is None or now < cam.next_due or len(cam.ring) >= SLOTS:
             return
         cam.next_due = now + self.period
-        with cam.lock:
-            np.copyto(cam.buffer, frame[:: cam.step, :: cam.step])
-            cam.t = t
-            cam.seq += 1
+        cam.ring.push(t, frame)
 
     def latest(self, key: str) -> tuple[int, float, np.ndarray] | None:
-        """``(seq, capture time, frame copy)`` of the newest preview, None before the first."""
+        """``(seq, capture time, downscaled frame)`` of the newest preview, None before the first.
+        ``seq`` grows by one for every new preview read."""
         cam = self._cameras.get(key)
         if cam is None:
             raise KeyError(key)
         with cam.lock:
-            if cam.seq == 0:
+            n = cam.ring.pop_batch(cam.out, cam.times)
+            if n:
+                frame = np.ascontiguousarray(cam.out[n - 1, :: cam.step, :: cam.step])
+                frame.flags.writeable = False  # shared by every reader until the next preview
+                cam.frame = frame
+                cam.t = float(cam.times[n - 1])
+                cam.seq += 1
+            if cam.frame is None:
                 return None
-            return cam.seq, cam.t, cam.buffer.copy()
+            return cam.seq, cam.t, cam.frame

@@ -232,6 +232,7 @@ class Recorder:
                 {c.key: (c.height, c.width) for c in self.config.cameras},
                 max_fps=max_fps,
                 max_width=max_width,
+                native=self.native,
             )
         return self.preview
 

@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
+import threading
 from fractions import Fraction
 
 import av
 import numpy as np
 
 
+class JpegEncoder:
+    """Encodes RGB frames of one size as baseline JPEGs, reusing one MJPEG codec context (MJPEG
+    frames are independent: each ``encode`` gives its packet at once, nothing is buffered).
+    ``quality`` is FFmpeg's qscale (2 best .. 31 worst). Odd sizes lose one pixel row/column
+    (yuv420 needs even sizes). Thread-safe: one encode at a time."""
+
+    def __init__(self, width: int, height: int, quality: int = 5) -> None:
+        self.width, self.height = width & ~1, height & ~1
+        codec = av.CodecContext.create("mjpeg", "w")
+        codec.width, codec.height = self.width, self.height
+        codec.pix_fmt = "yuvj420p"
+        codec.time_base = Fraction(1, 30)
+        codec.flags |= av.codec.context.Flags.qscale  # fixed quality, no rate control
+        codec.qmin = codec.qmax = quality
+        self._codec = codec
+        self._pts = 0
+        self._lock = threading.Lock()
+
+    def encode(self, frame: np.ndarray) -> bytes:
+        rgb = np.ascontiguousarray(frame[: self.height, : self.width])
+        video = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuvj420p")
+        with self._lock:
+            video.pts = self._pts
+            self._pts += 1
+            packets = self._codec.encode(video)
+        return b"".join(bytes(p) for p in packets)
+
+
 def encode_jpeg(frame: np.ndarray, quality: int = 5) -> bytes:
-    """One (H, W, 3) uint8 RGB frame as a baseline JPEG; ``quality`` is FFmpeg's qscale
-    (2 best .. 31 worst). Odd sizes are cropped by one pixel (yuv420 needs even sizes)."""
-    height, width = frame.shape[0] & ~1, frame.shape[1] & ~1
-    rgb = np.ascontiguousarray(frame[:height, :width])
-    codec = av.CodecContext.create("mjpeg", "w")
-    codec.width, codec.height = width, height
-    codec.pix_fmt = "yuvj420p"
-    codec.time_base = Fraction(1, 30)
-    codec.options = {"qscale": str(quality)}
-    # fixed quality: qscale applies only with the qscale flag set
-    codec.flags |= av.codec.context.Flags.qscale
-    codec.qmin = codec.qmax = quality
-    video = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuvj420p")
-    packets = list(codec.encode(video)) + list(codec.encode(None))
-    return b"".join(bytes(p) for p in packets)
+    """One frame as a JPEG (a fresh encoder: for one-off use; previews keep a JpegEncoder)."""
+    return JpegEncoder(frame.shape[1], frame.shape[0], quality).encode(frame)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -157,8 +158,10 @@ class ConsoleSession:
         self._active_job: str | None = None
         self._jpeg: dict[str, tuple[int, bytes]] = {}
         self._jpeg_lock = threading.Lock()
+        self._jpeg_encoders: dict[str, Any] = {}
         self._seen_saves: set[int] = set()
         self._counts: dict[Path, tuple[tuple[int, int, int], int]] = {}
+        self._videos: dict[tuple[str, str, str], tuple[Any, Path]] = {}
         self.warnings = _WarningLog(self.changed)
         logging.getLogger("eva.capture").addHandler(self.warnings)
         self.recorder = Recorder(self.config, durable=durable)
@@ -376,9 +379,13 @@ class ConsoleSession:
             cached = self._jpeg.get(key)
             if cached is not None and cached[0] == seq:
                 return seq, t, cached[1]
-        from eva.console.jpeg import encode_jpeg
+            encoder = self._jpeg_encoders.get(key)
+            if encoder is None:
+                from eva.console.jpeg import JpegEncoder
 
-        data = encode_jpeg(frame)
+                encoder = JpegEncoder(frame.shape[1], frame.shape[0])
+                self._jpeg_encoders[key] = encoder
+        data = encoder.encode(frame)
         with self._jpeg_lock:
             self._jpeg[key] = (seq, data)
         return seq, t, data
@@ -505,7 +512,36 @@ class ConsoleSession:
             raise _conflict("bad_dataset", str(e)) from None
 
     def video_file(self, name: str, index: Any, key: str) -> Path:
-        """The episode's raw MP4 of camera ``key``, checked to lie inside the dataset."""
+        """The episode's raw MP4 of camera ``key``, checked to lie inside the dataset.
+
+        A replay seeks with many Range requests: the checked path is remembered while the
+        dataset's info.json and episodes.jsonl are unchanged (one stat each instead of a reader,
+        the rows and a dozen ``resolve`` calls per request)."""
+        root = self.dataset_root(name)
+        signature = self._meta_signature(root)
+        cached = self._videos.get((name, str(index), key))
+        if signature is not None and cached is not None and cached[0] == signature:
+            path = cached[1]
+            if path.is_file() and not path.is_symlink():
+                return path
+        path = self._video_file(name, index, key)
+        if signature is not None:
+            self._videos[(name, str(index), key)] = (signature, path)
+        return path
+
+    @staticmethod
+    def _meta_signature(root: Path) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            stats = [
+                os.stat(root / rel, follow_symlinks=False) for rel in (layout.INFO, layout.EPISODES)
+            ]
+        except OSError:
+            return None
+        if root.is_symlink():
+            return None
+        return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+
+    def _video_file(self, name: str, index: Any, key: str) -> Path:
         reader, root = self._reader(name)
         episode = self._episode_index(root, index)
         if key not in reader.video_keys:
