@@ -771,7 +771,9 @@ def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the access token, mode 0600 (default: <log_dir>.console-token "
               "beside the log directory).")  # fmt: skip
-@click.option("--source", default="sim", show_default=True, help="sim | replay:PATH (a v2.1 dataset).")
+@click.option(
+    "--source", default="sim", show_default=True, help="sim | replay:PATH (a v2.1 dataset)."
+)
 @click.option("--seed", type=int, default=0, help="Seed of the simulated rig.")
 @click.option("--known-hosts", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="known_hosts for uploads (default: storage.sftp.known_hosts).")  # fmt: skip
