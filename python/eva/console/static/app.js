@@ -47,6 +47,15 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// True when ``node`` already shows ``value`` (so a list is not rebuilt under the pointer on
+// every status event); otherwise remembers ``value`` for the next call.
+function unchanged(node, value) {
+  const key = JSON.stringify(value);
+  if (node.renderedKey === key) return true;
+  node.renderedKey = key;
+  return false;
+}
+
 function badge(quality) {
   const q = quality || "unknown";
   return el("span", { class: `badge ${q}`, text: q });
@@ -171,6 +180,7 @@ function onKey(e) {
   else if (ui.panel === "quality" && !e.repeat && key === "p") saveReview("pass");
   else if (ui.panel === "quality" && !e.repeat && key === "f") saveReview("fail");
   else if (ui.panel === "quality" && !e.repeat && key === "x") saveReview(null);
+  else if (ui.panel === "quality" && key === "n") $("note").focus();
   else if (ui.panel === "quality" && key === " ") { if (!e.repeat) togglePlay(); }
   else if (ui.panel === "quality" && (key === "," || key === "ArrowLeft")) step(-1);
   else if (ui.panel === "quality" && (key === "." || key === "ArrowRight")) step(1);
@@ -203,6 +213,7 @@ function onStatus(s) {
   if (first) initFromStatus(s);
   renderCollect(s);
   if (s.active_job) onJob(s.active_job);
+  renderExport();
   renderUpload();
   if (s.version !== ui.version) {
     ui.version = s.version;
@@ -268,15 +279,23 @@ function renderCollect(s) {
   $("source-error").textContent = errors;
   for (const cam of s.cameras) {
     const fps = $(`fps-${cam.key}`);
-    if (fps) fps.textContent = recording ? `${(s.camera_fps[cam.key] || 0).toFixed(1)} fps` : "";
+    const samples = s.samples ? s.samples[cam.key] : undefined;
+    if (fps) {
+      fps.textContent = recording ? `${(s.camera_fps[cam.key] || 0).toFixed(1)} fps` +
+        (samples === undefined ? "" : ` · ${samples} images`) : "";
+    }
   }
-  $("warnings").replaceChildren(...s.warnings.slice(-5).reverse().map((w) =>
-    el("li", { class: w.level, text: `${w.time.slice(11, 19)} ${w.message}` })));
+  const warnings = s.warnings.slice(-5).reverse();
+  if (!unchanged($("warnings"), warnings)) {
+    $("warnings").replaceChildren(...warnings.map((w) =>
+      el("li", { class: w.level, text: `${w.time.slice(11, 19)} ${w.message}` })));
+  }
   renderSaved(s.save_jobs);
 }
 
 function renderSaved(jobs) {
   const list = $("saved-list");
+  if (unchanged(list, jobs)) return;
   if (!jobs.length) {
     list.replaceChildren(el("li", { class: "empty", text: "nothing saved yet" }));
     return;
@@ -457,6 +476,7 @@ function renderEpisodes() {
   const list = $("episode-list");
   const data = ui.episodes;
   const episodes = data ? data.episodes : [];
+  if (unchanged(list, [ui.selected, episodes, data && data.split, data && data.stale])) return;
   if (!episodes.length) list.replaceChildren(el("li", { class: "empty", text: "no episodes" }));
   else {
     list.replaceChildren(...episodes.map((ep) => el("li", {
@@ -761,7 +781,8 @@ function renderPlotBase(plot) {
     ctx.moveTo(PAD.left, y);
     ctx.lineTo(base.width - PAD.right, y);
     ctx.stroke();
-    ctx.fillText(v.toPrecision(3), 2, y + 3);
+    const label = Math.abs(v) < (hi - lo) * 1e-3 ? "0" : String(Number(v.toPrecision(3)));
+    ctx.fillText(label, 2, y + 3);
   }
   ctx.fillText("0", PAD.left, base.height - 3);
   const last = String(replay.length - 1);
@@ -949,7 +970,8 @@ function renderExport() {
   const seenEarlier = !job && ui.exportSeen && entry && entry.state === "completed";
   const state = $("export-state");
   const running = jobActive(job);
-  $("export-button").disabled = running || !ui.dataset || !fmt;
+  const busy = running || jobActive(ui.status && ui.status.active_job);
+  $("export-button").disabled = busy || !ui.dataset || !fmt;
   let text;
   if (job) text = job.state;
   else if (seenEarlier) text = "completed (earlier export)";
@@ -993,6 +1015,7 @@ function renderExport() {
 function renderExportsTable() {
   const formats = (ui.exports && ui.exports.formats) || {};
   const body = $("exports-table").tBodies[0];
+  if (unchanged(body, [ui.formats, formats])) return;
   body.replaceChildren(...Object.keys(ui.formats).map((fmt) => {
     const e = formats[fmt] || {};
     const t = e.totals || {};

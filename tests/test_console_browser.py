@@ -1,0 +1,707 @@
+"""The operator console in a real headless Chromium, against the real ``eva console`` server.
+
+One server (simulated rig, no upload backend) and one browser serve the module; the upload test
+starts a second server whose config names the real OpenSSH fixture of ``sftp_server.py``. Each
+test opens the printed URL afresh and sets up what it is not about through the HTTP API (Bearer
+token), so the tests do not depend on their order. Screenshots of every panel go to
+``$EVA_TEST_ARTIFACTS`` (default: a pytest temp directory); ``EVA_UPDATE_SCREENSHOT=1`` also
+writes ``docs/console-quality-check.png``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    pytest.skip(
+        f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): "
+        "scripts/system_deps.sh installs them",
+        allow_module_level=True,
+    )
+
+import av  # noqa: E402
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+from console_server import ConsoleServer, record_episode, wait_job  # noqa: E402
+from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+from sftp_server import SshdServer  # noqa: E402
+
+from eva.capture.synthetic import write_synthetic_dataset  # noqa: E402
+
+pytest_plugins = ["sftp_server"]
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANT = "pure" if os.environ.get("EVA_PUREPYTHON") == "1" else "native"
+
+CONFIG = """\
+[collection]
+log_dir = "logs"
+fps = 30
+min_episode_frames = 10
+
+[collection.tasks]
+pick_cube = ["pick up the red cube"]
+fold_towel = ["fold the towel in half", "fold the towel in thirds"]
+sort_parts = ["sort the parts by colour"]  # written by write_synthetic_dataset, never recorded
+
+[[collection.cameras]]
+key = "observation.images.cam_high"
+width = 160
+height = 120
+
+[[collection.cameras]]
+key = "observation.images.cam_wrist"
+width = 160
+height = 120
+
+[[collection.vectors]]
+name = "observation.state"
+dim = 6
+
+[[collection.vectors]]
+name = "action"
+dim = 6
+"""
+
+
+# ---- the server ---------------------------------------------------------------------------
+
+
+@dataclass
+class Console:
+    """A running ``eva console`` (tests/console_server.py) and an API client with its token."""
+
+    server: ConsoleServer
+    api: httpx.Client
+
+    @property
+    def url(self) -> str:  # http://127.0.0.1:PORT/?token=...
+        return self.server.url
+
+    @property
+    def base(self) -> str:
+        return self.server.base
+
+    def record(self, dataset: str, seconds: float, task: str | None = None) -> int:
+        """Record one episode through the API; the saved episode's index."""
+        job = record_episode(self.api, dataset, seconds, task)
+        assert job["state"] == "saved", job
+        return job["episode_index"]
+
+    def export(self, dataset: str, fmt: str) -> dict[str, Any]:
+        response = self.api.post(f"/api/datasets/{dataset}/export", json={"format": fmt})
+        assert response.status_code == 202, response.text
+        return wait_job(self.api, response.json()["job_id"], timeout=60)
+
+
+def start_console(workdir: Path, config_text: str) -> Console:
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "rig.toml"
+    config.write_text(config_text)
+    server = ConsoleServer(config, workdir / "token").start()
+    assert server.url.startswith("http://127.0.0.1:"), server.url
+    assert server.token == (workdir / "token").read_text().strip()
+    return Console(server, server.client())
+
+
+FROZEN_DETAIL = (
+    "camera observation.images.cam_high: identical images from sample 12 (t=0.400 s) near "
+    "frame 12 for at least 1.0 s"
+)
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    workdir = tmp_path_factory.mktemp("console")
+    # A dataset with a red episode whose issue names a frame, as the recorder would write it.
+    write_synthetic_dataset(
+        workdir / "logs" / "sort_parts" / "raw",
+        episodes=2,
+        frames=[40, 45],
+        cameras=["observation.images.cam_high", "observation.images.cam_wrist"],
+        width=160,
+        height=120,
+        fps=30,
+        state_dim=6,
+        quality=["green", "red"],
+        quality_issues=[
+            None,
+            [{"severity": "red", "code": "frozen_camera", "detail": FROZEN_DETAIL}],
+        ],
+        tasks=["sort the parts by colour"],
+    )
+    server = start_console(workdir, CONFIG)
+    try:
+        yield server
+    finally:
+        server.server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--autoplay-policy=no-user-gesture-required",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_script_timeout(20)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    configured = os.environ.get("EVA_TEST_ARTIFACTS")
+    path = Path(configured) / "console" if configured else tmp_path_factory.mktemp("artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# ---- page helpers -------------------------------------------------------------------------
+
+
+def wait_until(driver: WebDriver, condition: Callable[[], Any], what: str, timeout: float = 20):
+    """Poll ``condition`` (stale elements count as "not yet") until it is truthy."""
+
+    def check(_driver: WebDriver) -> Any:
+        try:
+            return condition()
+        except StaleElementReferenceException:
+            return False
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(check)
+    except Exception as e:
+        toast = driver.execute_script("return document.getElementById('toast').textContent")
+        raise AssertionError(f"timed out waiting for {what} (toast: {toast!r})") from e
+
+
+def wait_finished(d: Any, element_id: str, what: str, timeout: float = 60) -> None:
+    """Until the job shown in ``element_id`` is completed or failed (its ``data-state``)."""
+    wait_until(
+        d,
+        lambda: by_id(d, element_id).get_attribute("data-state") in ("completed", "failed"),
+        what,
+        timeout=timeout,
+    )
+
+
+def by_id(driver: WebDriver, element_id: str):
+    return driver.find_element(By.ID, element_id)
+
+
+def text(driver: WebDriver, element_id: str) -> str:
+    return by_id(driver, element_id).text
+
+
+def toast_text(driver: WebDriver) -> str:
+    """The latest message (textContent: the toast hides itself after a few seconds)."""
+    return by_id(driver, "toast").get_attribute("textContent")
+
+
+def open_console(driver: WebDriver, server: Console) -> None:
+    driver.get(server.url)
+    # The server trades the token for a cookie and redirects: it leaves the address bar.
+    assert driver.current_url.split("#")[0] == f"{server.base}/", driver.current_url
+    wait_until(driver, lambda: text(driver, "connection") == "live", "the event stream")
+    wait_until(driver, lambda: by_id(driver, "dataset-select").get_attribute("value"), "status")
+
+
+def show_panel(driver: WebDriver, panel: str) -> None:
+    driver.find_element(By.CSS_SELECTOR, f'#tabs button[data-panel="{panel}"]').click()
+    wait_until(driver, lambda: by_id(driver, panel).is_displayed(), f"panel {panel}")
+
+
+def select(driver: WebDriver, element_id: str, value: str) -> None:
+    Select(by_id(driver, element_id)).select_by_value(value)
+
+
+def png_pixels(png: bytes) -> np.ndarray:
+    with av.open(io.BytesIO(png)) as container:
+        frame = next(container.decode(video=0))
+        return frame.to_ndarray(format="rgb24")
+
+
+def screenshot(driver: WebDriver, artifacts: Path, name: str) -> Path:
+    """Save the window as ``<name>-<variant>.png`` and check it is not blank."""
+    png = driver.get_screenshot_as_png()
+    path = artifacts / f"{name}-{VARIANT}.png"
+    path.write_bytes(png)
+    pixels = png_pixels(png)
+    assert pixels.std() > 10, f"{path}: nearly uniform screenshot"
+    colours = np.unique(pixels.reshape(-1, 3)[::13], axis=0)
+    assert len(colours) > 50, f"{path}: only {len(colours)} distinct colours"
+    return path
+
+
+def episode_item(driver: WebDriver, index: int):
+    return driver.find_element(By.CSS_SELECTOR, f'#episode-list li[data-index="{index}"]')
+
+
+def click_episode(driver: WebDriver, index: int) -> None:
+    """Click an episode of the list (retried while the list is being re-rendered)."""
+    wait_until(
+        driver, lambda: episode_item(driver, index).click() or True, f"episode {index} clicked"
+    )
+
+
+def episode_attr(driver: WebDriver, index: int, name: str) -> str | None:
+    """An attribute of an episode's list item, read in one step (the list is re-rendered)."""
+    return driver.execute_script(
+        "const li = document.querySelector(`#episode-list li[data-index='${arguments[0]}']`);"
+        "return li ? li.getAttribute(arguments[1]) : null",
+        index,
+        name,
+    )
+
+
+def press(driver: WebDriver, key: str) -> None:
+    """One key press on the focused element (a fresh chain: a chain replays earlier keys)."""
+    ActionChains(driver).send_keys(key).perform()
+
+
+def video_frames(driver: WebDriver) -> list[str | None]:
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#videos video')].map(v => v.dataset.frame)"
+    )
+
+
+def scrubber_frame(driver: WebDriver) -> str:
+    return by_id(driver, "scrubber").get_attribute("data-frame")
+
+
+def wait_all_on_frame(driver: WebDriver, expected: int | None, what: str) -> int:
+    """Wait until every video shows the same frame as the scrubber's cursor (``expected`` if
+    given); that frame."""
+
+    def same() -> int | None:
+        frames = video_frames(driver)
+        cursor = scrubber_frame(driver)
+        if len(frames) != 2 or any(f != cursor for f in frames):
+            return None
+        if expected is not None and cursor != str(expected):
+            return None
+        return int(cursor) + 1  # truthy even for frame 0
+
+    try:
+        return wait_until(driver, same, what, timeout=15) - 1
+    except AssertionError as e:
+        raise AssertionError(
+            f"{e}: videos {video_frames(driver)}, cursor {scrubber_frame(driver)}"
+        ) from None
+
+
+def open_episode(driver: WebDriver, dataset: str, index: int) -> None:
+    show_panel(driver, "quality")
+    select(driver, "review-dataset", dataset)
+    click_episode(driver, index)
+    wait_until(
+        driver,
+        lambda: (
+            "selected" in episode_attr(driver, index, "class")
+            and len(driver.find_elements(By.CSS_SELECTOR, "#videos video")) == 2
+        ),
+        f"episode {index} selected",
+    )
+
+
+def browser_errors(driver: WebDriver) -> list[str]:
+    return [
+        entry["message"]
+        for entry in driver.get_log("browser")
+        if entry["level"] == "SEVERE" and "/api/" not in entry["message"]
+    ]
+
+
+# ---- tests --------------------------------------------------------------------------------
+
+
+def test_operator_flow(console: Console, browser: WebDriver, artifacts: Path) -> None:
+    """Record two episodes with START / STOP, fail one in QUALITY CHECK, export lerobot_v3."""
+    d = browser
+    open_console(d, console)
+    assert text(d, "source") == "simulated rig (--source sim)"
+    # Every camera's live preview arrives.
+    wait_until(
+        d,
+        lambda: (
+            d.execute_script(
+                "return [...document.querySelectorAll('#previews img')]"
+                ".filter(i => i.naturalWidth === 160).length"
+            )
+            == 2
+        ),
+        "both camera previews",
+    )
+
+    select(d, "dataset-select", "fold_towel")
+    tasks = [o.get_attribute("value") for o in Select(by_id(d, "task-select")).options]
+    assert tasks == ["fold the towel in half", "fold the towel in thirds"]
+    select(d, "task-select", "fold the towel in thirds")
+    for _ in range(2):
+        by_id(d, "start").click()
+        wait_until(d, lambda: text(d, "rec-state") == "recording", "recording")
+        wait_until(d, lambda: int(text(d, "frames")) > 0, "frames counting")
+        time.sleep(1.5)
+        assert by_id(d, "stop").is_enabled()
+        by_id(d, "stop").click()
+        wait_until(d, lambda: text(d, "rec-state") != "recording", "recording stopped")
+
+    def saved() -> list[dict[str, str]]:
+        return d.execute_script(
+            "return [...document.querySelectorAll('#saved-list li[data-state=\"saved\"]')]"
+            ".map(li => ({dataset: li.dataset.dataset, episode: li.dataset.episode,"
+            " text: li.textContent}))"
+        )
+
+    wait_until(
+        d, lambda: sum(i["dataset"] == "fold_towel" for i in saved()) == 2, "both saves listed"
+    )
+    items = [i for i in saved() if i["dataset"] == "fold_towel"]
+    assert {i["episode"] for i in items} == {"0", "1"}
+    assert all("green" in i["text"] for i in items), items
+    screenshot(d, artifacts, "collect")
+    rows = console.api.get("/api/datasets/fold_towel/episodes").json()["episodes"]
+    assert [r["tasks"] for r in rows] == [["fold the towel in thirds"]] * 2
+    assert all(r["length"] >= 30 for r in rows), [r["length"] for r in rows]
+
+    # QUALITY CHECK follows the dataset chosen for collection.
+    show_panel(d, "quality")
+    assert Select(by_id(d, "review-dataset")).first_selected_option.text == "fold_towel"
+    wait_until(d, lambda: episode_item(d, 1), "episode 1")
+    assert episode_attr(d, 1, "data-subset") == "accepted"
+    click_episode(d, 1)
+    wait_until(d, lambda: "episode 1" in text(d, "episode-title"), "episode 1 selected")
+    by_id(d, "note").send_keys("gripper slipped")
+    by_id(d, "fail").click()
+    wait_until(d, lambda: episode_attr(d, 1, "data-subset") == "rejected", "rejected")
+    assert episode_attr(d, 1, "data-verdict") == "fail"
+    wait_until(d, lambda: text(d, "split-rejected") == "rejected 1: [1]", "the split")
+    assert text(d, "split-accepted") == "accepted 1: [0]"
+    assert text(d, "episode-subset") == "rejected"
+    row = console.api.get("/api/datasets/fold_towel/episodes").json()["episodes"][1]
+    assert (row["qc_verdict"], row["qc_note"], row["subset"]) == (
+        "fail",
+        "gripper slipped",
+        "rejected",
+    )
+    wait_all_on_frame(d, 0, "the replay at frame 0")
+    by_id(d, "scrubber").click()  # the middle of the range: a representative frame
+    wait_all_on_frame(d, None, "the replay after scrubbing")
+    screenshot(d, artifacts, "quality")
+
+    show_panel(d, "export")
+    select(d, "format-select", "lerobot_v3")
+    assert text(d, "export-state") == "export required for lerobot_v3"
+    options = d.find_elements(By.CSS_SELECTOR, "#format-options [data-option]")
+    assert {o.get_attribute("data-option") for o in options} >= {"verify_decode"}
+    by_id(d, "export-button").click()
+    wait_finished(d, "export-state", "the export")
+    assert text(d, "export-state") == "completed", text(d, "export-error")
+    assert text(d, "totals-accepted").startswith("1 episode, ")
+    assert text(d, "totals-rejected").startswith("1 episode, ")
+    assert text(d, "verify-accepted") == "verify ok"
+    assert text(d, "verify-rejected") == "verify ok"
+    assert text(d, "accepted-dir").endswith("fold_towel/export/lerobot_v3/accepted")
+    assert text(d, "rejected-dir").endswith("fold_towel/export/lerobot_v3/rejected")
+    assert by_id(d, "export-progress-episodes").get_attribute("value") == "1"
+    screenshot(d, artifacts, "export")
+
+    show_panel(d, "upload")
+    assert not by_id(d, "upload-button").is_enabled()
+    assert "no_backend" in text(d, "upload-reason")
+    screenshot(d, artifacts, "upload")
+
+    # A verdict change after the export marks it stale.
+    show_panel(d, "quality")
+    by_id(d, "clear").click()
+    wait_until(d, lambda: episode_attr(d, 1, "data-subset") == "accepted", "cleared")
+    wait_until(d, lambda: by_id(d, "stale-warning").is_displayed(), "the stale warning")
+    assert "export stale: re-export" in text(d, "stale-warning")
+    assert "lerobot_v3" in text(d, "stale-warning")
+    show_panel(d, "export")
+    assert by_id(d, "export-stale").is_displayed()
+    assert browser_errors(d) == []
+
+
+def test_replay_keeps_cameras_in_step(console: Console, browser: WebDriver) -> None:
+    d = browser
+    index = console.record("pick_cube", 2.5)
+    open_console(d, console)
+    open_episode(d, "pick_cube", index)
+    length = console.api.get(f"/api/datasets/pick_cube/episodes/{index}/series").json()["length"]
+    assert int(by_id(d, "scrubber").get_attribute("max")) == length - 1
+    assert len(d.find_elements(By.CSS_SELECTOR, "#plots canvas")) == 2
+    wait_all_on_frame(d, 0, "frame 0 after loading")
+
+    by_id(d, "play").click()
+    time.sleep(1.0)
+    by_id(d, "play").click()
+    played = wait_all_on_frame(d, None, "all cameras on one frame after play/pause")
+    assert 5 < played < length - 1, played
+
+    by_id(d, "step-forward").click()
+    wait_all_on_frame(d, played + 1, "one frame forward")
+    by_id(d, "step-back").click()
+    by_id(d, "step-back").click()
+    wait_all_on_frame(d, played - 1, "two frames back")
+
+    # Keys: "." / "," step, space toggles play (once, even with a button focused).
+    body = d.find_element(By.TAG_NAME, "body")
+    press(d, ".")
+    wait_all_on_frame(d, played, "'.' steps forward")
+    body.send_keys(",")
+    wait_all_on_frame(d, played - 1, "',' steps back")
+    by_id(d, "play").click()  # focus the button, start playing
+    time.sleep(0.3)
+    press(d, " ")
+    paused = wait_all_on_frame(d, None, "paused by the space key")
+    assert paused > played - 1
+    assert by_id(d, "play").text == "▶ play"
+    time.sleep(0.3)
+    assert wait_all_on_frame(d, None, "still paused") == paused
+
+    # The scrubber puts every camera on the chosen frame.
+    d.execute_script(
+        "const s = document.getElementById('scrubber'); s.value = 20;"
+        "s.dispatchEvent(new Event('input'))"
+    )
+    wait_all_on_frame(d, 20, "the scrubbed frame")
+    by_id(d, "scrubber").send_keys(Keys.ARROW_LEFT)  # one frame back, not two
+    wait_all_on_frame(d, 19, "ArrowLeft on the scrubber")
+    # Playing to the end stops on the last frame.
+    d.execute_script(
+        "const s = document.getElementById('scrubber'); s.value = arguments[0];"
+        "s.dispatchEvent(new Event('input'))",
+        length - 8,
+    )
+    wait_all_on_frame(d, length - 8, "near the end")
+    by_id(d, "play").click()
+    wait_until(d, lambda: by_id(d, "play").text == "▶ play", "the end of the episode")
+    wait_all_on_frame(d, length - 1, "the last frame")
+    assert browser_errors(d) == []
+
+
+def test_issue_frames_and_review_keys(
+    console: Console, browser: WebDriver, artifacts: Path
+) -> None:
+    d = browser
+    open_console(d, console)
+    open_episode(d, "sort_parts", 1)
+    issue = d.find_element(By.CSS_SELECTOR, '#issues li[data-code="frozen_camera"]')
+    assert "RED" in issue.text and "near frame 12" in issue.text
+    assert episode_attr(d, 1, "data-subset") == "rejected"
+    wait_all_on_frame(d, 0, "frame 0 after loading")
+    issue.find_element(By.CSS_SELECTOR, 'button.frame-link[data-frame="12"]').click()
+    wait_all_on_frame(d, 12, "the frame the issue names")
+    path = screenshot(d, artifacts, "quality-issue")
+    if os.environ.get("EVA_UPDATE_SCREENSHOT") == "1":  # the README's picture
+        (REPO / "docs" / "console-quality-check.png").write_bytes(path.read_bytes())
+
+    # Review keys: p pass, x clear, f fail; k / j previous / next episode.
+    press(d, "p")
+    wait_until(d, lambda: episode_attr(d, 1, "data-verdict") == "pass", "'p'")
+    assert episode_attr(d, 1, "data-subset") == "accepted"  # red + pass
+    press(d, "x")
+    wait_until(d, lambda: episode_attr(d, 1, "data-verdict") == "", "'x'")
+    assert episode_attr(d, 1, "data-subset") == "rejected"
+    press(d, "k")
+    wait_until(d, lambda: "episode 0" in text(d, "episode-title"), "'k'")
+    press(d, "f")
+    wait_until(d, lambda: episode_attr(d, 0, "data-verdict") == "fail", "'f'")
+    # "n" goes to the note box, where keys are text ("p" is no PASS); Enter saves the note only.
+    press(d, "n")
+    wait_until(d, lambda: d.execute_script("return document.activeElement.id") == "note", "'n'")
+    press(d, "please re-record\n")
+    wait_until(
+        d,
+        lambda: (
+            console.api.get("/api/datasets/sort_parts/episodes").json()["episodes"][0]["qc_note"]
+            == "please re-record"
+        ),
+        "the note saved",
+    )
+    assert episode_attr(d, 0, "data-verdict") == "fail"
+    assert by_id(d, "note").get_attribute("value") == "please re-record"
+    press(d, Keys.ESCAPE)  # leaves the note box: keys are shortcuts again
+    press(d, "j")
+    wait_until(d, lambda: "episode 1" in text(d, "episode-title"), "'j'")
+    console.api.put("/api/datasets/sort_parts/episodes/0/qc", json={"verdict": None, "note": ""})
+    assert browser_errors(d) == []
+
+
+def test_collect_keys_cancel_and_api_errors(console: Console, browser: WebDriver) -> None:
+    d = browser
+    open_console(d, console)
+    before = console.api.get("/api/status").json()["saved"]
+    select(d, "dataset-select", "pick_cube")
+    d.find_element(By.TAG_NAME, "body").click()
+    press(d, "s")
+    wait_until(d, lambda: text(d, "rec-state") == "recording", "'s' starts")
+    assert not by_id(d, "start").is_enabled() and by_id(d, "cancel").is_enabled()
+    wait_until(d, lambda: int(text(d, "frames")) > 5, "frames counting")
+    press(d, "c")
+    wait_until(d, lambda: text(d, "rec-state") == "idle", "'c' cancels")
+    assert "cancelled" in toast_text(d)
+    status = console.api.get("/api/status").json()
+    assert (status["state"], status["saved"], status["save_queue"]) == ("idle", before, 0)
+
+    # A refused request shows the server's message.
+    show_panel(d, "export")
+    select(d, "format-select", "lerobot_v3")
+    size = by_id(d, "opt-data_files_size_in_mb")
+    size.clear()
+    size.send_keys("-1")
+    by_id(d, "export-button").click()
+    wait_until(d, lambda: "must be > 0" in toast_text(d), "the error message")
+    assert "options.data_files_size_in_mb" in toast_text(d)
+    assert "error" in by_id(d, "toast").get_attribute("class")
+    assert text(d, "export-state") == "export required for lerobot_v3"
+
+
+def test_upload_needs_a_backend(console: Console, browser: WebDriver) -> None:
+    d = browser
+    if not console.api.get("/api/datasets/pick_cube/episodes").json()["episodes"]:
+        console.record("pick_cube", 0.8)
+    assert console.export("pick_cube", "lerobot_v21")["state"] == "completed"
+    open_console(d, console)
+    select(d, "review-dataset", "pick_cube")
+    show_panel(d, "export")
+    # A completed export found at load counts as this page's export.
+    wait_until(
+        d,
+        lambda: by_id(d, "export-state").get_attribute("data-state") == "completed",
+        "the completed export",
+    )
+    show_panel(d, "upload")
+    assert text(d, "upload-format") == "lerobot_v21"
+    assert text(d, "upload-backend") == "no backend"
+    assert not by_id(d, "upload-button").is_enabled()
+    reason = text(d, "upload-reason")
+    assert reason.startswith("no_backend: no upload backend configured"), reason
+    assert by_id(d, "upload-reason").get_attribute("data-reason") == "no_backend"
+    # The server refuses as well (the page shows such a refusal in its toast).
+    refused = console.api.post("/api/datasets/pick_cube/upload", json={"format": "lerobot_v21"})
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "no_backend"
+
+
+@pytest.fixture
+def sftp_console(
+    sshd_server: SshdServer,
+    known_hosts: Path,
+    remote_root: Path,
+    tmp_path: Path,
+    browser: WebDriver,
+) -> Iterator[Console]:
+    config = CONFIG + (
+        "\n[collection.storage.sftp]\n"
+        'host = "127.0.0.1"\n'
+        f"port = {sshd_server.port}\n"
+        f'user = "{sshd_server.user}"\n'
+        f'identity_file = "{sshd_server.client_key}"\n'
+        f'remote_dir = "{remote_root}"\n'
+        f'known_hosts = "{known_hosts}"\n'
+    )
+    server = start_console(tmp_path / "sftp-console", config)
+    try:
+        yield server
+    finally:
+        browser.get("about:blank")  # close the event stream: the server then stops at once
+        server.server.stop()
+
+
+def test_format_selector_rule_and_upload(
+    sftp_console: Console, browser: WebDriver, remote_root: Path, artifacts: Path
+) -> None:
+    """Upload is enabled only after an export this page saw complete; changing the format
+    selector clears it until a new export of that format completes."""
+    d = browser
+    server = sftp_console
+    server.record("pick_cube", 0.8)
+    open_console(d, server)
+    show_panel(d, "export")
+    assert Select(by_id(d, "format-select")).first_selected_option.text == "lerobot_v21"
+    assert text(d, "export-state") == "export required for lerobot_v21"
+    show_panel(d, "upload")
+    assert not by_id(d, "upload-button").is_enabled()
+    assert text(d, "upload-reason").startswith("export required for lerobot_v21")
+
+    def export_on_page() -> None:
+        show_panel(d, "export")
+        by_id(d, "export-button").click()
+        wait_until(
+            d,
+            lambda: by_id(d, "export-state").get_attribute("data-state") == "completed",
+            "the export",
+            timeout=60,
+        )
+        assert text(d, "verify-accepted") == "verify ok"
+
+    export_on_page()
+    show_panel(d, "upload")
+    wait_until(d, lambda: by_id(d, "upload-button").is_enabled(), "upload enabled")
+    backend = server.api.get("/api/status").json()["upload_backend"]
+    assert backend.startswith("sftp://") and text(d, "upload-backend") == backend
+
+    # The rule: a selector change clears the export and upload state, even when switching back.
+    show_panel(d, "export")
+    select(d, "format-select", "hdf5")
+    assert text(d, "export-state") == "export required for hdf5"
+    assert text(d, "accepted-dir") == "–"
+    assert text(d, "totals-accepted") == ""
+    show_panel(d, "upload")
+    assert not by_id(d, "upload-button").is_enabled()
+    assert text(d, "upload-reason").startswith("export required for hdf5")
+    show_panel(d, "export")
+    select(d, "format-select", "lerobot_v21")
+    assert text(d, "export-state") == "export required for lerobot_v21"
+    show_panel(d, "upload")
+    assert not by_id(d, "upload-button").is_enabled()
+    assert "export required for lerobot_v21" in text(d, "upload-reason")
+
+    export_on_page()
+    show_panel(d, "upload")
+    wait_until(d, lambda: by_id(d, "upload-button").is_enabled(), "upload enabled again")
+    by_id(d, "upload-button").click()
+    wait_finished(d, "upload-state", "the upload")
+    assert text(d, "upload-state") == "completed", text(d, "upload-error")
+    remote_path = Path(text(d, "remote-path"))
+    assert remote_path.is_relative_to(remote_root), remote_path
+    assert (remote_path / "meta" / "info.json").is_file()
+    uploaded = sorted(p.relative_to(remote_path) for p in remote_path.rglob("*") if p.is_file())
+    exported = Path(server.api.get("/api/datasets/pick_cube/exports").json()["formats"]
+                    ["lerobot_v21"]["accepted_dir"])  # fmt: skip
+    assert uploaded == sorted(p.relative_to(exported) for p in exported.rglob("*") if p.is_file())
+    assert by_id(d, "upload-progress-files").get_attribute("value") == by_id(
+        d, "upload-progress-files"
+    ).get_attribute("max")
+    screenshot(d, artifacts, "upload-done")
+    assert browser_errors(d) == []
