@@ -51,3 +51,4 @@ for fmt in lerobot_v21 lerobot_v3 hdf5 mcap; do
 done
 echo
 echo "demo done: raw dataset in $RAW, exports in $DEMO/logs/pick_cube/export/"
+echo "review it in the browser: $EVA console $DEMO/collect.toml   (prints http://127.0.0.1:8750/?token=...)"
