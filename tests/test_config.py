@@ -149,3 +149,82 @@ def test_dataset_names_are_sanitised_and_escapes_refused(tmp_path: Path) -> None
     with pytest.raises(ConfigError):
         c.dataset_dir("...")
     assert c.dataset_dir("a b").parent.name == "a_b"
+
+
+RIG = """
+[collection]
+log_dir = "logs"
+[collection.tasks]
+pick = ["pick"]
+[[collection.cameras]]
+key = "observation.images.front"
+width = 640
+height = 480
+source = { kind = "ffmpeg", url = "/dev/video0", format = "v4l2", options = { framerate = "30", video_size = "640x480" } }
+[[collection.cameras]]
+key = "observation.images.wrist"
+width = 64
+height = 48
+[[collection.vectors]]
+name = "observation.state"
+dim = 14
+source = { kind = "zmq", endpoint = "tcp://127.0.0.1:5601" }
+[[collection.vectors]]
+name = "action"
+dim = 14
+source = { kind = "python", object = "my_rig.teleop:Leader", args = { port = "/dev/ttyUSB0" }, stall_timeout_s = 0.5 }
+"""
+
+
+def test_stream_sources(tmp_path: Path) -> None:
+    path = tmp_path / "rig.toml"
+    path.write_text(RIG)
+    cfg = load_config(path).collection
+    front, wrist = cfg.cameras
+    assert front.source.kind == "ffmpeg" and front.source.url == "/dev/video0"
+    assert front.source.format == "v4l2"
+    assert front.source.options == {"framerate": "30", "video_size": "640x480"}
+    assert front.source.describe() == "ffmpeg /dev/video0 (v4l2)"
+    assert wrist.source is None  # the simulator records it
+    state, action = cfg.vectors
+    assert state.source.kind == "zmq" and state.source.topic == "observation.state"
+    assert action.source.object == "my_rig.teleop:Leader"
+    assert action.source.args == {"port": "/dev/ttyUSB0"}
+    assert action.source.stall_timeout_s == 0.5
+    assert state.source.group_key() != action.source.group_key()
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ('{ url = "x" }', "source.kind: missing"),
+        ('{ kind = "v4l" }', "unknown source kind 'v4l'"),
+        ('{ kind = "ffmpeg" }', "source.url: missing"),
+        (
+            '{ kind = "ffmpeg", url = "x", endpoint = "tcp://a:1" }',
+            "source.endpoint: not a key of a ffmpeg source",
+        ),
+        ('{ kind = "zmq", endpoint = "tcp://a:1" }', "zmq sources deliver vectors"),
+        (
+            '{ kind = "python", object = "nocolon" }',
+            "source.object: expected 'package.module:Factory'",
+        ),
+        (
+            '{ kind = "ffmpeg", url = "x", options = { a = true } }',
+            "source.options.a: expected a string or number",
+        ),
+        (
+            '{ kind = "ffmpeg", url = "x", stall_timeout_s = 0 }',
+            "source.stall_timeout_s: must be >=",
+        ),
+    ],
+)
+def test_bad_sources_name_the_key(tmp_path: Path, source: str, message: str) -> None:
+    path = tmp_path / "rig.toml"
+    path.write_text(
+        "[collection]\n[collection.tasks]\npick = ['p']\n[[collection.cameras]]\n"
+        f'key = "observation.images.front"\nwidth = 64\nheight = 48\nsource = {source}\n'
+    )
+    with pytest.raises(ConfigError, match="collection.cameras\\[0\\]") as info:
+        load_config(path)
+    assert message in str(info.value) and "\n" not in str(info.value)

@@ -12,8 +12,10 @@ Only the ``[collection]`` table is interpreted here; every other table (and unkn
   The dataset ``NAME`` is recorded in ``<log_dir>/<NAME>/raw/``.
 - ``tasks``: table dataset name -> list of task prompts (the COLLECT panel's choices).
 - ``fps`` (default 30), ``robot_type`` (default "unknown").
-- ``cameras``: array of ``{key, width, height}``; ``key`` is the video feature name
+- ``cameras``: array of ``{key, width, height, source}``; ``key`` is the video feature name
   (``observation.images.front``). Default: the simulated rig's three 640x480 cameras.
+  ``source`` (cameras and vectors): ``{kind = "ffmpeg" | "zmq" | "python" | "sim", ...}``, see
+  :class:`SourceConfig` and docs/config.md ("Sources"); absent: the simulator.
 - ``vectors``: array of ``{name, dim, discrete = [dims], names = [...]}``; ``discrete`` dims
   (grippers) are held, not interpolated. Default: ``observation.state`` and ``action``, 14 dims,
   grippers 6 and 13.
@@ -34,6 +36,7 @@ Only the ``[collection]`` table is interpreted here; every other table (and unkn
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -58,11 +61,71 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the file and the key."""
 
 
+SOURCE_KINDS = ("ffmpeg", "zmq", "python", "sim")
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where one camera or vector stream comes from (``source = {kind = ...}`` in its table).
+
+    - ``ffmpeg`` (cameras): ``url`` opened by FFmpeg through PyAV (a V4L2/UVC device, RTSP, UDP or
+      RTP, HTTP MJPEG, a file), with ``format`` and ``options`` passed to ``av.open``;
+      ``realtime`` plays a file at its own pace; ``latency_s`` is subtracted from the receipt time.
+    - ``zmq`` (vectors): a SUB socket on ``endpoint``, messages ``[topic, msgpack({"t", "value"})]``
+      with ``topic`` (default: the stream name).
+    - ``python``: ``object = "package.module:Factory"`` called with ``args`` gives a source
+      object with ``samples()``; streams naming the same object and args share one instance.
+    - ``sim``: the simulated rig.
+    ``stall_timeout_s``: a stream that delivers nothing for this long while recording is reported
+    (a warning and a red ``source_stalled`` flag); ``open_timeout_s``: how long the pre-check
+    waits for the first sample.
+    """
+
+    kind: str
+    url: str | None = None
+    format: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    realtime: bool = False
+    latency_s: float = 0.0
+    endpoint: str | None = None
+    topic: str | None = None
+    object: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    stall_timeout_s: float = 2.0
+    open_timeout_s: float = 10.0
+
+    def describe(self) -> str:
+        """One line for status screens: the kind and what it reads."""
+        if self.kind == "ffmpeg":
+            fmt = f" ({self.format})" if self.format else ""
+            return f"ffmpeg {self.url}{fmt}"
+        if self.kind == "zmq":
+            return (
+                f"zmq {self.endpoint} topic {self.topic!r}"
+                if self.topic
+                else f"zmq {self.endpoint}"
+            )
+        if self.kind == "python":
+            return f"python {self.object}"
+        return "sim (simulated rig)"
+
+    def group_key(self) -> tuple[Any, ...]:
+        """Streams with the same key share one source process (one plugin object, one rig)."""
+        if self.kind == "python":
+            return ("python", self.object, repr(sorted(self.args.items())))
+        if self.kind == "sim":
+            return ("sim",)
+        if self.kind == "zmq":
+            return ("zmq", self.endpoint)
+        return ("ffmpeg", self.url, self.format, repr(sorted(self.options.items())))
+
+
 @dataclass(frozen=True)
 class CameraConfig:
     key: str
     width: int
     height: int
+    source: SourceConfig | None = None  # None: the simulated rig (or a --source override)
 
 
 @dataclass(frozen=True)
@@ -71,6 +134,7 @@ class VectorConfig:
     dim: int
     discrete: tuple[int, ...] = ()
     names: tuple[str, ...] | None = None
+    source: SourceConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -337,7 +401,8 @@ def _parse_cameras(r: _Reader) -> tuple[CameraConfig, ...]:
             raise c.fail("width" if "width" not in item else "height", "missing")
         if width % 2 or height % 2:
             raise c.fail("width", f"{width}x{height}: yuv420p video needs even sizes")
-        cameras.append(CameraConfig(key, width, height))
+        source = _parse_source(c, item, "camera")
+        cameras.append(CameraConfig(key, width, height, source))
     return tuple(cameras)
 
 
@@ -371,10 +436,86 @@ def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
         names = v.get("names", list, None)
         if names is not None and (len(names) != dim or not all(isinstance(n, str) for n in names)):
             raise v.fail("names", f"expected {dim} strings")
+        source = _parse_source(v, item, "vector")
+        if source is not None and source.kind == "zmq" and source.topic is None:
+            source = dataclasses.replace(source, topic=name)
         vectors.append(
-            VectorConfig(name, dim, tuple(sorted(set(discrete))), tuple(names) if names else None)
+            VectorConfig(
+                name, dim, tuple(sorted(set(discrete))), tuple(names) if names else None, source
+            )
         )
     return tuple(vectors)
+
+
+_SOURCE_KEYS = {
+    "ffmpeg": {"url", "format", "options", "realtime", "latency_s"},
+    "zmq": {"endpoint", "topic"},
+    "python": {"object", "args"},
+    "sim": set(),
+}
+_COMMON_SOURCE_KEYS = {"kind", "stall_timeout_s", "open_timeout_s"}
+
+
+def _parse_source(r: _Reader, item: Mapping[str, Any], stream: str) -> SourceConfig | None:
+    """The stream's ``source`` table, checked per kind (unknown keys refused, errors name them)."""
+    if "source" not in item:
+        return None
+    s = r.sub("source")
+    kind = s.get("kind", str, None)
+    if kind is None:
+        raise s.fail("kind", f"missing: one of {', '.join(SOURCE_KINDS)}")
+    if kind not in SOURCE_KINDS:
+        raise s.fail("kind", f"unknown source kind {kind!r}: use {', '.join(SOURCE_KINDS)}")
+    if kind == "ffmpeg" and stream != "camera":
+        raise s.fail("kind", "ffmpeg sources deliver images: use them for cameras")
+    if kind == "zmq" and stream != "vector":
+        raise s.fail("kind", "zmq sources deliver vectors: use them for vector streams")
+    unknown = sorted(set(s.table) - _COMMON_SOURCE_KEYS - _SOURCE_KEYS[kind])
+    if unknown:
+        raise s.fail(unknown[0], f"not a key of a {kind} source")
+    common = {
+        "stall_timeout_s": s.number("stall_timeout_s", 2.0, minimum=0.05),
+        "open_timeout_s": s.number("open_timeout_s", 10.0, minimum=0.1),
+    }
+    if kind == "ffmpeg":
+        url = s.get("url", str, None)
+        if not url:
+            raise s.fail("url", "missing: a device, URL or file FFmpeg can open")
+        options = s.get("options", dict, {})
+        bad = [
+            k
+            for k, v in options.items()
+            if not isinstance(v, str | int | float) or isinstance(v, bool)
+        ]
+        if bad:
+            raise s.fail(f"options.{bad[0]}", "expected a string or number (FFmpeg option value)")
+        return SourceConfig(
+            kind,
+            url=url,
+            format=s.get("format", str, None),
+            options={k: str(v) for k, v in options.items()},
+            realtime=s.get("realtime", bool, False),
+            latency_s=s.number("latency_s", 0.0, minimum=0.0),
+            **common,
+        )
+    if kind == "zmq":
+        endpoint = s.get("endpoint", str, None)
+        if not endpoint or "://" not in endpoint:
+            raise s.fail(
+                "endpoint", "missing or not a ZeroMQ endpoint (tcp://host:port, ipc://path)"
+            )
+        return SourceConfig(kind, endpoint=endpoint, topic=s.get("topic", str, None), **common)
+    if kind == "python":
+        target = s.get("object", str, None)
+        module, _, attr = (target or "").partition(":")
+        if (
+            not module
+            or not attr
+            or not all(p.isidentifier() for p in module.split(".") + attr.split("."))
+        ):
+            raise s.fail("object", "expected 'package.module:Factory'")
+        return SourceConfig(kind, object=target, args=dict(s.get("args", dict, {})), **common)
+    return SourceConfig(kind, **common)
 
 
 def read_toml(path: Path | str) -> dict[str, Any]:

@@ -47,6 +47,7 @@ FROZEN_CAMERA = "frozen_camera"
 SOURCE_CLOCK_DISCONTINUITY = "source_clock_discontinuity"
 CAPTURE_BACKLOG_OVERFLOW = "capture_backlog_overflow"
 UNEXPECTED_VECTOR_STREAM = "unexpected_vector_stream"
+SOURCE_STALLED = "source_stalled"  # a source process died or delivered nothing for its timeout
 
 
 def _same_image(a: np.ndarray, b: np.ndarray) -> bool:

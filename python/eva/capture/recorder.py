@@ -59,6 +59,7 @@ from eva.capture.quality_checks import (
     MISSING_CAMERA_STREAM,
     MISSING_CONFIGURED_COLUMN,
     SOURCE_CLOCK_DISCONTINUITY,
+    SOURCE_STALLED,
     UNEXPECTED_IMAGE_STREAM,
     UNEXPECTED_VECTOR_STREAM,
     IssueLog,
@@ -126,6 +127,7 @@ class _Stream:
     last_pushed_t: float = math.nan
     bad_shape: int = 0
     bad_shape_detail: str = ""
+    external: bool = False  # fed by a source process through a shared-memory ring
 
 
 @dataclass
@@ -146,6 +148,7 @@ class _Session:
     ended_mono: float | None = None
     unexpected: dict[str, int] = field(default_factory=dict)
     bad_shapes: dict[str, tuple[int, str]] = field(default_factory=dict)
+    stalls: dict[str, str] = field(default_factory=dict)  # stream -> what the supervisor saw
 
 
 class _Pending:
@@ -194,8 +197,10 @@ class Recorder:
         durable: bool = True,
         consumer_throttle_s: float = 0.0,
         native: bool | None = None,
+        rings: dict[str, Ring] | None = None,
     ) -> None:
         self.config = config
+        self.external_rings = dict(rings or {})
         self.default_dataset = dataset if dataset is not None else next(iter(config.tasks))
         self.durable = durable
         self.consumer_throttle_s = consumer_throttle_s
@@ -245,6 +250,10 @@ class Recorder:
         ring_s = cfg.backlog.ring_seconds
         for cam in cfg.cameras:
             shape = (cam.height, cam.width, 3)
+            if cam.key in self.external_rings:
+                ring = self._external(cam.key, shape, np.uint8)
+                self._streams[cam.key] = _Stream(cam.key, "camera", shape, ring, external=True)
+                continue
             item = cam.height * cam.width * 3
             block = max(2, min(16, int(cfg.fps * ring_s / 2) or 2))
             blocks = max(1, math.ceil(cfg.fps * ring_s / block))
@@ -254,12 +263,51 @@ class Recorder:
             )  # fmt: skip
             self._streams[cam.key] = _Stream(cam.key, "camera", shape, ring)
         for vec in cfg.vectors:
+            if vec.name in self.external_rings:
+                ring = self._external(vec.name, (vec.dim,), np.float64)
+                self._streams[vec.name] = _Stream(
+                    vec.name, "vector", (vec.dim,), ring, vec.discrete, external=True
+                )
+                continue
             # Vectors are tiny: 60 s at 1 kHz of storage as their hard limit.
             ring = make_ring(
                 (vec.dim,), np.float64, block_slots=1024, initial_blocks=1,
                 max_bytes=60_000 * vec.dim * 8, native=self.native,
             )  # fmt: skip
             self._streams[vec.name] = _Stream(vec.name, "vector", (vec.dim,), ring, vec.discrete)
+
+    def _external(self, name: str, shape: tuple[int, ...], dtype: type) -> Ring:
+        ring = self.external_rings[name]
+        if tuple(ring.shape) != shape or np.dtype(ring.dtype) != np.dtype(dtype):
+            raise ValueError(
+                f"stream {name}: its ring holds {ring.shape} {np.dtype(ring.dtype)}, the config "
+                f"says {shape} {np.dtype(dtype)}"
+            )
+        return ring
+
+    # ---- reports from source processes (capture/rig.py) -------------------------------------
+
+    def note_stall(self, stream: str, detail: str) -> None:
+        """A source stopped delivering ``stream`` (died, hung): the recording episode is kept and
+        flagged ``source_stalled`` with ``detail``; a warning is logged."""
+        with self._state_lock:
+            session = self._current
+            if session is not None and stream not in session.stalls:
+                session.stalls[stream] = detail
+        log.warning("capture: stream %s stalled: %s", stream, detail)
+
+    def note_bad_sample(self, stream: str, detail: str, count: int = 1) -> None:
+        """A source process refused ``count`` samples of ``stream`` (wrong length or shape,
+        malformed): counted like a refused push while an episode records."""
+        st = self._streams.get(stream)
+        if st is None:
+            return
+        with st.lock:
+            if not self._current or not st.open:
+                return
+            st.bad_shape += count
+            if not st.bad_shape_detail:
+                st.bad_shape_detail = detail
 
     # ---- push (any thread, hot path) -----------------------------------------------------
 
@@ -275,6 +323,8 @@ class Recorder:
             if self._current is not None:
                 with self._unexpected_lock:
                     self._unexpected[camera] = self._unexpected.get(camera, 0) + 1
+            return False
+        if stream.external:  # its source process feeds the ring
             return False
         tap = self.preview
         with stream.lock:
@@ -303,6 +353,8 @@ class Recorder:
                 with self._unexpected_lock:
                     key = "vector:" + stream_name
                     self._unexpected[key] = self._unexpected.get(key, 0) + 1
+            return False
+        if stream.external:
             return False
         with stream.lock:
             if not stream.open:
@@ -520,6 +572,17 @@ class Recorder:
 
     # ---- consumer ------------------------------------------------------------------------
 
+    def _discard_idle(self) -> None:
+        """Source processes push all the time; while no episode is queued their samples are
+        freed. Under the state lock, so that a START (which reads ``pushed`` as the episode's
+        first sample under the same lock) never loses a sample of its episode."""
+        with self._state_lock:
+            if self._sessions:
+                return
+            for stream in self._streams.values():
+                if stream.external:
+                    _discard_before(stream, stream.ring.pushed)
+
     def _consume(self) -> None:
         try:
             while True:
@@ -528,7 +591,8 @@ class Recorder:
                 if session is None:
                     if self._closing:
                         return
-                    self._wake.wait(0.1)
+                    self._discard_idle()
+                    self._wake.wait(0.02 if self.external_rings else 0.1)
                     self._wake.clear()
                     continue
                 _EpisodeConsumer(self, session).run()
@@ -541,6 +605,12 @@ class Recorder:
                 for s in self._sessions:
                     if s.job is not None and not s.job.finished:
                         s.job._finish(FAILED, self._consumer_error)
+
+
+def _discard_before(stream: _Stream, base: int) -> int:
+    """Free the samples of an external ring pushed before ``base`` (they belong to no episode)."""
+    excess = base - stream.ring.popped
+    return stream.ring.discard(excess) if excess > 0 else 0
 
 
 class _EpisodeConsumer:
@@ -614,6 +684,8 @@ class _EpisodeConsumer:
         self.rec._active = s
         self.rec._active_rows = 0
         for st in self.streams.values():
+            if st.external:  # samples between the previous episode's end and this START
+                _discard_before(st, s.base[st.name])
             st.ring.reset_high_water()
         try:
             self.episode = s.writer.begin_episode(s.task)  # START refuses an empty task
@@ -950,6 +1022,13 @@ class _EpisodeConsumer:
             code = INVALID_IMAGE_SHAPE if st.kind == "camera" else INVALID_VECTOR_DIM
             what = "camera" if st.kind == "camera" else "vector"
             issues.add(code, name, f"{what} {name}: {count} samples refused: {detail}")
+        for name, detail in s.stalls.items():
+            what = "camera" if self.streams[name].kind == "camera" else "stream"
+            issues.add(
+                SOURCE_STALLED,
+                name,
+                f"{what} {name} stalled{self.frame_at(self.last_t.get(name, math.nan))}: {detail}",
+            )
         for key, count in s.unexpected.items():
             if key.startswith("vector:"):
                 issues.add(
