@@ -347,7 +347,7 @@ def test_operator_flow(console: Console, browser: WebDriver, artifacts: Path) ->
     """Record two episodes with START / STOP, fail one in QUALITY CHECK, export lerobot_v3."""
     d = browser
     open_console(d, console)
-    assert text(d, "source") == "simulated rig (--source sim)"
+    assert text(d, "source") == "simulated rig (the config names no sources)"
     # Every camera's live preview arrives.
     wait_until(
         d,

@@ -6,7 +6,9 @@ Exit codes: 0 ok, 1 invalid data or a failed operation, 2 usage error.
 from __future__ import annotations
 
 import json
+import logging
 import sys
+import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -149,13 +151,13 @@ def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
 
 # [capture commands: collect]
 
+# At most one backlog message per stream (and level) every this many seconds on the terminal;
+# the others are counted, and the count rides on the next one shown.
+BACKLOG_LOG_INTERVAL_S = 5.0
 
-def _collect_setup(
-    config_path: Path, source: str, dataset: str | None, seed: int
-) -> tuple[Any, Any]:
-    """(CollectionConfig, source): the config, and the source built from it (the streams adapted
-    to a replayed dataset)."""
-    from eva.capture.sources import SourceSpecError, source_from_spec
+
+def _collect_load(config_path: Path, dataset: str | None) -> Any:
+    """The CollectionConfig of ``config_path`` (usage errors exit 2)."""
     from eva.config import ConfigError, load_config
 
     try:
@@ -164,40 +166,440 @@ def _collect_setup(
         fail(str(e), EXIT_USAGE)
     if dataset is not None and dataset not in cfg.tasks:
         fail(f"dataset {dataset!r} is not in collection.tasks of {config_path}", EXIT_USAGE)
+    return cfg
+
+
+def _has_configured_sources(cfg: Any) -> bool:
+    streams = [*cfg.cameras, *cfg.vectors]
+    return any(getattr(s, "source", None) is not None for s in streams)
+
+
+def _stream_source(stream: Any, override: str | None) -> tuple[str, str]:
+    """``(kind, one-line description)`` of what feeds one camera / vector stream: the
+    ``--source`` override, else the stream's ``source`` (None: the simulator)."""
+    if override == "sim":
+        return "sim", "sim (simulated rig, --source sim)"
+    if override is not None:
+        return "replay", f"replay of {override.removeprefix('replay:')}"
+    source = getattr(stream, "source", None)
+    if source is None:
+        return "sim", "sim (simulated rig: no source configured)"
+    kind = str(getattr(source, "kind", "") or "unknown")
+    describe = getattr(source, "describe", None)
     try:
-        cfg, rig, note = source_from_spec(cfg, source, seed=seed)
-    except SourceSpecError as e:
+        text = first_line(str(describe())) if callable(describe) else ""
+    except Exception as e:  # a screen must not die of a description
+        text = f"({type(e).__name__})"
+    if not text:
+        return kind, kind
+    return kind, text if text.split(" ", 1)[0] == kind else f"{kind} ({text})"
+
+
+def _source_summary(cfg: Any, override: str | None, config_path: Path) -> tuple[str, str]:
+    """``(mode, one line)``: what this run records; ``mode`` is sim, replay or configured."""
+    if override == "sim":
+        return "sim", "recording the SIMULATOR (--source sim): no device is read"
+    if override is not None:
+        path = override.removeprefix("replay:")
+        return "replay", f"recording a REPLAY of {path} (--source replay): no device is read"
+    if not _has_configured_sources(cfg):
+        return "sim", (
+            f"recording the SIMULATOR: no stream in {config_path} has a source "
+            "(source = {kind = ...} in a camera or vector table)"
+        )
+    kinds = [_stream_source(s, None)[0] for s in (*cfg.cameras, *cfg.vectors)]
+    counts = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+    text = f"recording the configured sources ({counts})"
+    if "sim" in kinds:
+        text += f"; {kinds.count('sim')} stream(s) from the SIMULATOR"
+    return "configured", text
+
+
+def _collect_streams(cfg: Any, override: str | None) -> dict[str, list[dict[str, Any]]]:
+    """Cameras and vector streams with their sources, as ``--list --json`` shows them."""
+
+    def source(stream: Any) -> dict[str, str]:
+        kind, text = _stream_source(stream, override)
+        return {"kind": kind, "description": text}
+
+    return {
+        "cameras": [
+            {"key": c.key, "width": c.width, "height": c.height, "source": source(c)}
+            for c in cfg.cameras
+        ],
+        "vectors": [
+            {"name": v.name, "dim": v.dim, "discrete": list(v.discrete), "source": source(v)}
+            for v in cfg.vectors
+        ],
+    }
+
+
+def _collect_header(cfg: Any, override: str | None, config_path: Path) -> list[str]:
+    """What is recorded, one line per stream (printed when a run starts)."""
+    lines = [_source_summary(cfg, override, config_path)[1]]
+    streams = _collect_streams(cfg, override)
+    for c in streams["cameras"]:
+        lines.append(
+            f"  camera {c['key']} {c['width']}x{c['height']}: {c['source']['description']}"
+        )
+    for v in streams["vectors"]:
+        discrete = f" discrete {','.join(map(str, v['discrete']))}" if v["discrete"] else ""
+        lines.append(f"  vector {v['name']} dim {v['dim']}{discrete}: {v['source']['description']}")
+    return lines
+
+
+def _collect_list(cfg: Any, override: str | None, config_path: Path, as_json: bool) -> None:
+    """``--list``: the streams, their sources and the datasets with their prompts."""
+    mode, summary = _source_summary(cfg, override, config_path)
+    streams = _collect_streams(cfg, override)
+    datasets = [
+        {"name": name, "dir": str(cfg.dataset_dir(name)), "prompts": list(prompts)}
+        for name, prompts in cfg.tasks.items()
+    ]
+    if as_json:
+        emit_json(
+            {
+                "config": str(config_path),
+                "fps": cfg.fps,
+                "log_dir": str(cfg.log_dir),
+                "recording": mode,
+                "summary": summary,
+                "source_override": override,
+                **streams,
+                "datasets": datasets,
+            }
+        )
+        return
+    lines = [f"config {config_path}: {cfg.fps} fps, log_dir {cfg.log_dir}", summary]
+    lines.append(f"cameras ({len(streams['cameras'])}):")
+    for c in streams["cameras"]:
+        lines.append(
+            f"  {c['key']}  {c['width']}x{c['height']}  source {c['source']['description']}"
+        )
+    lines.append(f"vectors ({len(streams['vectors'])}):")
+    for v in streams["vectors"]:
+        discrete = ",".join(map(str, v["discrete"])) or "-"
+        lines.append(
+            f"  {v['name']}  dim {v['dim']}  discrete {discrete}  "
+            f"source {v['source']['description']}"
+        )
+    lines.append(f"datasets ({len(datasets)}):")
+    for d in datasets:
+        lines.append(f"  {d['name']} -> {d['dir']}")
+        lines.extend(f"    task {i}: {p}" for i, p in enumerate(d["prompts"], 1))
+    click.echo("\n".join(lines))
+
+
+class _InProcessSource:
+    """A source run on a thread in this process (``--source sim`` / ``replay:``); the shape of
+    ``eva.capture.sources.open_source``'s result, for a sources module without it."""
+
+    def __init__(self, config: Any, source: Any, note: str | None) -> None:
+        self.config, self.source, self.note = config, source, note
+        self.rings = None
+        self.pump: Any = None
+        self.finished = threading.Event()
+
+    def start(self, recorder: Any) -> _InProcessSource:
+        from eva.capture.sources import SourcePump
+
+        self.pump = SourcePump(self.source, recorder).start()
+        self.finished = self.pump.finished
+        return self
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.pump.error if self.pump is not None else None
+
+    def close(self) -> None:
+        if self.pump is not None:
+            self.pump.stop()
+
+
+def _collect_setup(cfg: Any, override: str | None, seed: int) -> Any:
+    """The recording source (``config``, ``rings``, ``note``, ``start(recorder)``, ``finished``,
+    ``error``, ``close()``): the ``--source`` override, else the config's sources (a config
+    without any records the in-process simulator)."""
+    from eva.capture import sources
+
+    spec = override if override is not None or _has_configured_sources(cfg) else "sim"
+    try:
+        open_source = getattr(sources, "open_source", None)
+        if open_source is not None:
+            return open_source(cfg, spec, seed=seed)
+        return _InProcessSource(*sources.source_from_spec(cfg, spec, seed=seed))  # type: ignore[arg-type]
+    except sources.SourceSpecError as e:
         fail(str(e), EXIT_USAGE)
-    if note:
-        click.echo(f"eva: note: {note}", err=True)
-    return cfg, rig
+    except (OSError, ValueError) as e:
+        fail(f"cannot open the sources: {e}")
 
 
-def _collect_status_line(status: dict[str, Any]) -> str:
+def _fit(text: str, width: int) -> str:
+    """``text`` cut to fewer than ``width`` terminal columns (the last column is left free, so
+    the line never wraps, whatever the terminal does with a line that fills it)."""
+    import unicodedata
+
+    room = max(width - 1, 1)
+    used = 0
+    for i, ch in enumerate(text):
+        w = 2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
+        if used + w > room:
+            return text[:i]
+        used += w
+    return text
+
+
+def _terminal_width() -> int:
+    """Columns of the terminal, read afresh (a resize takes effect on the next redraw)."""
+    import os
+    import shutil
+
+    for stream in (sys.stderr, sys.stdout, sys.stdin):
+        try:
+            columns = os.get_terminal_size(stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):
+            continue
+        if columns > 0:
+            return columns
+    return shutil.get_terminal_size().columns or 80
+
+
+def _collect_status_line(status: dict[str, Any], episode: int | None = None) -> str:
+    """The interactive status, most important first (the terminal width cuts its end)."""
     state = "REC" if status["recording"] else "idle"
-    backlog = sum(status["backlog"].values())
-    fps = " ".join(
-        f"{key.rsplit('.', 1)[-1]}:{value:4.1f}" for key, value in status["camera_fps"].items()
-    )
-    return (
-        f"{state} {status['elapsed_s']:6.1f}s | frames {status['frames']:6d} | backlog "
-        f"{backlog} ({status['backlog_mb']:.1f} MB) | dropped {status['dropped']} | saves "
-        f"{status['save_queue']} queued, {status['saved']} saved, {status['failed']} failed | "
-        f"fps {fps}"
+    head = state if episode is None else f"{state} ep {episode}"
+    cameras = list(status["camera_fps"])
+    short = {key: key.rsplit(".", 1)[-1] for key in cameras}
+    fps = " ".join(f"{short[k]}:{status['camera_fps'][k]:.1f}" for k in cameras) or "-"
+    waiting = " ".join(f"{short[k]}:{status['backlog'].get(k, 0)}" for k in cameras)
+    total = sum(status["backlog"].values())
+    return " | ".join(
+        [
+            head,
+            f"{status['elapsed_s']:.1f}s",
+            f"fps {fps}",
+            f"dropped {status['dropped']}",
+            f"backlog {waiting + ' ' if waiting else ''}(all {total}, {status['backlog_mb']:.1f} MB)",
+            f"frames {status['frames']}",
+            f"saves {status['save_queue']} queued, {status['saved']} saved, "
+            f"{status['failed']} failed",
+        ]
     )
 
 
-def _collect_job_line(job: Any) -> str:
+def _episode_bytes(job: Any) -> int | None:
+    """Bytes on disk of a saved episode: its parquet file and its MP4s (0 for a zero-frame
+    episode, None for a failed save or files that cannot be read)."""
+    if job.state != "saved":
+        return None
+    if job.episode_index is None:
+        return 0
+    from eva.dataset.errors import DatasetError
+    from eva.dataset.reader import DatasetReader
+
+    try:
+        reader = DatasetReader(job.dataset_dir)
+        ep = job.episode_index
+        paths = [reader.data_path(ep), *(reader.video_path(ep, k) for k in reader.video_keys)]
+        return sum(p.stat().st_size for p in paths)
+    except (DatasetError, OSError, ValueError):
+        return None
+
+
+def _collect_job_line(job: Any, size: int | None = None) -> str:
     if job.state == "failed":
         return f"episode save failed: {job.error}"
     if job.episode_index is None:
         return "zero-frame episode: nothing written"
-    issues = ", ".join(i["code"] for i in job.quality_issues)
+    quality = job.quality or "?"
+    codes = [i["code"] for i in job.quality_issues]
+    if codes:
+        quality += f" ({codes[0]}" + (f" +{len(codes) - 1} more" if len(codes) > 1 else "") + ")"
+    size = _episode_bytes(job) if size is None else size
     return (
-        f"saved episode {job.episode_index}: {job.frames} frames, {job.quality}"
-        + (f" ({issues})" if issues else "")
+        f"saved episode {job.episode_index}: {job.frames} frames, {quality}"
+        + (f", {_human_bytes(size)}" if size is not None else "")
         + f" -> {job.dataset_dir}"
     )
+
+
+class _LogLimiter:
+    """Turns ``eva.capture`` records into one-line messages; backlog messages (``capture
+    backlog: stream NAME ...``) are shown at most once per stream and level every ``interval``
+    seconds, the suppressed ones counted."""
+
+    def __init__(self, interval: float = BACKLOG_LOG_INTERVAL_S, clock: Any = None) -> None:
+        import re
+        import time
+
+        self.interval = interval
+        self.clock = clock or time.monotonic
+        self._pattern = re.compile(r"capture backlog: stream (\S+)")
+        self._shown: dict[tuple[str, int], float] = {}
+        self._suppressed: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, record: Any) -> str | None:
+        """The line to show for ``record``, or None when it is suppressed."""
+        text = " ".join(part.strip() for part in record.getMessage().splitlines() if part.strip())
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            text += f": {first_line(str(exc)) or type(exc).__name__}"
+        line = f"eva: {record.levelname.lower()}: {text}"
+        match = self._pattern.match(text)
+        if match is None:
+            return line
+        key = (match.group(1), record.levelno)
+        with self._lock:
+            now = self.clock()
+            last = self._shown.get(key)
+            if last is not None and now - last < self.interval:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return None
+            self._shown[key] = now
+            count = self._suppressed.pop(key, 0)
+        return line + (f" ({count} similar suppressed)" if count else "")
+
+    def leftovers(self) -> list[str]:
+        """Counts of suppressed messages no later message reported (end of the session)."""
+        import logging
+
+        with self._lock:
+            items = sorted(self._suppressed.items())
+            self._suppressed.clear()
+        return [
+            f"eva: {logging.getLevelName(level).lower()}: capture backlog: stream {name}: "
+            f"{count} more message(s) suppressed"
+            for (name, level), count in items
+        ]
+
+
+class _CaptureLogHandler(logging.Handler):
+    """``eva.capture`` records on stderr, one line each (see :class:`_LogLimiter`); while the
+    interactive screen runs they wait in ``queue`` so the screen prints them above its status
+    line."""
+
+    def __init__(self, limiter: _LogLimiter, level: int) -> None:
+        import queue
+
+        super().__init__(level)
+        self.limiter = limiter
+        self.queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.held = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.limiter.admit(record)
+            if line is None:
+                return
+            if self.held:
+                self.queue.put(line)
+            else:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+    def pending(self) -> list[str]:
+        import queue
+
+        lines = []
+        while True:
+            try:
+                lines.append(self.queue.get_nowait())
+            except queue.Empty:
+                return lines
+
+    def resume(self) -> None:
+        """Back to writing straight to stderr, after what was held."""
+        self.held = False
+        for line in self.pending() + self.limiter.leftovers():
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+class _JobReporter:
+    """Prints each save job's result once, in STOP order, as soon as it has finished."""
+
+    def __init__(self, as_json: bool = False, interactive: bool = False) -> None:
+        self.as_json = as_json
+        self.interactive = interactive
+        self.reported = 0
+
+    def new(self, jobs: list[Any]) -> list[Any]:
+        """Finished jobs not reported yet (stops at the first unfinished one: order is kept)."""
+        out = []
+        while self.reported < len(jobs) and jobs[self.reported].finished:
+            out.append(jobs[self.reported])
+            self.reported += 1
+        return out
+
+    def line(self, job: Any) -> str:
+        size = _episode_bytes(job)
+        if self.as_json:
+            return json.dumps({**job.as_dict(), "bytes": size}, ensure_ascii=False, default=str)
+        return _collect_job_line(job, size)
+
+    def flush(self, jobs: list[Any]) -> None:
+        for job in self.new(jobs):
+            to_stderr = self.interactive or (job.state == "failed" and not self.as_json)
+            click.echo(self.line(job), err=to_stderr)
+
+
+class _EpisodeNumbers:
+    """The index the next (or the recording) episode of a dataset gets: the dataset's next free
+    index, plus the episodes still being saved (a zero-frame episode takes none: then it is one
+    too high until that save ends)."""
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+        self.on_disk: dict[Path, int] = {}
+
+    def next_index(self, root: Path) -> int:
+        base = self.on_disk.get(root)
+        if base is None:
+            base = self.on_disk[root] = self._read(root)
+        jobs = [j for j in list(self.recorder.jobs) if Path(j.dataset_dir) == root]
+        saved = [j.episode_index for j in jobs if j.episode_index is not None]
+        if saved:
+            base = max(base, max(saved) + 1)
+        return base + sum(1 for j in jobs if not j.finished)
+
+    @staticmethod
+    def _read(root: Path) -> int:
+        from eva.dataset import layout
+        from eva.dataset.reader import DatasetReader
+
+        if not (root / layout.EPISODES).is_file():
+            return 0
+        try:
+            return max(DatasetReader(root).episode_indices, default=-1) + 1
+        except Exception:  # a broken dataset: START says why
+            return 0
+
+
+class _StatusScreen:
+    """Message lines above one status line, redrawn in place and cut to the terminal width."""
+
+    def __init__(self) -> None:
+        self.drawn = False
+
+    def say(self, text: str) -> None:
+        sys.stderr.write(("\r\033[K" if self.drawn else "") + text + "\n")
+        sys.stderr.flush()
+        self.drawn = False
+
+    def draw(self, line: str) -> None:
+        sys.stderr.write("\r\033[K" + _fit(line, _terminal_width()))
+        sys.stderr.flush()
+        self.drawn = True
+
+    def end(self) -> None:
+        """Leave the last status on screen and move below it."""
+        if self.drawn:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        self.drawn = False
 
 
 @main.command("collect")
@@ -216,7 +618,17 @@ def _collect_job_line(job: Any) -> str:
     help="Scripted: length of each episode.",
 )
 @click.option(
-    "--source", default="sim", show_default=True, help="sim | replay:PATH (a v2.1 dataset)."
+    "--reset-seconds",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Scripted: pause between episodes to reset the scene (nothing is recorded).",
+)
+@click.option(
+    "--source",
+    default=None,
+    help="Override the config's sources: sim | replay:PATH (a v2.1 dataset). Default: each "
+    "stream's configured source (the simulator for streams without one).",
 )
 @click.option(
     "--dataset", default=None, help="Dataset name from collection.tasks (default: first)."
@@ -224,105 +636,178 @@ def _collect_job_line(job: Any) -> str:
 @click.option("--task", default=None, help="Task prompt (default: the dataset's first prompt).")
 @click.option("--seed", type=int, default=0, help="Seed of the simulated rig.")
 @click.option(
-    "--json", "as_json", is_flag=True, help="Scripted: one JSON object per saved episode."
+    "--list",
+    "list_only",
+    is_flag=True,
+    help="Print the cameras, vector streams (with their sources) and datasets, then exit.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Scripted: one JSON object per saved episode; with --list: one JSON object.",
+)
+@click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="Scripted: print only the per-episode result lines (and errors).",
 )
 def collect_command(
     config: Path,
     episodes: int | None,
     seconds: float,
-    source: str,
+    reset_seconds: float,
+    source: str | None,
     dataset: str | None,
     task: str | None,
     seed: int,
+    list_only: bool,
     as_json: bool,
+    quiet: bool,
 ) -> None:
     """Record episodes into <log_dir>/<dataset>/raw (LeRobot v2.1).
 
     \b
     Interactive (a terminal): s START, e STOP, c CANCEL, q quit, d / t next dataset / task
-    prompt; Ctrl-C cancels a running episode and quits. Scripted: --episodes N --seconds S.
+    prompt; Ctrl-C cancels a running episode and quits. The status line shows the episode
+    number, elapsed time, per-camera fps and backlog. Scripted: --episodes N --seconds S
+    [--reset-seconds R]; each episode's result is printed as soon as it is saved.
     Episodes append to an existing dataset; every saved episode is green or red with its
-    quality issues (see docs/capture.md).
+    quality issues (see docs/capture.md). The screen names each stream's source: the
+    simulator unless the config gives a stream a source (or --source overrides them all).
     \b
     Examples:
+      eva collect rig.toml --list
       eva collect rig.toml
-      eva collect rig.toml --episodes 3 --seconds 20 --source sim
+      eva collect rig.toml --episodes 3 --seconds 20 --reset-seconds 5
       eva collect rig.toml --episodes 1 --seconds 5 --source replay:/data/eva/old/raw
     """
-    import logging
     import os
 
     from eva.capture.recorder import Recorder, RecorderError, pin_mmap_threshold
-    from eva.capture.sources import SourcePump
 
-    cfg, rig = _collect_setup(config, source, dataset, seed)
+    cfg = _collect_load(config, dataset)
+    if list_only:
+        if source is not None and source != "sim":  # the replayed dataset's streams
+            from eva.capture.sources import SourceSpecError, source_from_spec
+
+            try:
+                cfg, _, _ = source_from_spec(cfg, source, seed=seed)
+            except SourceSpecError as e:
+                fail(str(e), EXIT_USAGE)
+        _collect_list(cfg, source, config, as_json)
+        return
+    if episodes is None and (quiet or reset_seconds):
+        fail("--quiet and --reset-seconds are for scripted runs (--episodes N)", EXIT_USAGE)
+    rec_source = _collect_setup(cfg, source, seed)
+    cfg = rec_source.config
+    if not quiet:
+        if getattr(rec_source, "note", None):
+            click.echo(f"eva: note: {rec_source.note}", err=True)
+        click.echo("\n".join(_collect_header(cfg, source, config)), err=True)
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
         pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("\neva: %(levelname)s: %(message)s"))
+    handler = _CaptureLogHandler(_LogLimiter(), logging.ERROR if quiet else logging.INFO)
     capture_log = logging.getLogger("eva.capture")
     capture_log.addHandler(handler)
     capture_log.setLevel(logging.INFO)
     try:
-        recorder = Recorder(cfg, dataset)
+        rings = getattr(rec_source, "rings", None)
+        recorder = Recorder(cfg, dataset, **({"rings": rings} if rings is not None else {}))
     except Exception as e:
+        rec_source.close()
         fail(str(e) or type(e).__name__)
-    pump = SourcePump(rig, recorder).start()
-    failed = False
+    rec_source.start(recorder)
+    reporter = _JobReporter(as_json and episodes is not None, interactive=episodes is None)
+
+    def shut_down() -> None:
+        recorder.wait_idle()
+        rec_source.close()
+        recorder.close()
+        handler.resume()
+
     try:
         if episodes is not None:
-            failed = _collect_scripted(recorder, pump, episodes, seconds, dataset, task, as_json)
+            _collect_scripted(
+                recorder, rec_source, reporter, episodes, seconds, reset_seconds,
+                dataset, task, quiet,
+            )  # fmt: skip
         else:
-            _collect_interactive(recorder, pump, dataset, task)
+            _collect_interactive(recorder, rec_source, reporter, handler, dataset, task)
     except RecorderError as e:
-        pump.stop()
-        recorder.close()
+        shut_down()
+        reporter.flush(recorder.jobs)
         fail(str(e))
     except KeyboardInterrupt:
         if recorder.recording:
             recorder.cancel()
-            click.echo("\ninterrupted: episode cancelled", err=True)
-        pump.stop()
-        recorder.close()
+            click.echo("interrupted: episode cancelled", err=True)
+        shut_down()
+        reporter.flush(recorder.jobs)
         sys.exit(130)
-    pump.stop()
-    recorder.close()
-    if pump.error is not None:
-        fail(f"source stopped: {pump.error}")
-    if failed or any(j.state == "failed" for j in recorder.jobs):
+    shut_down()
+    reporter.flush(recorder.jobs)
+    if rec_source.error is not None:
+        fail(f"source stopped: {rec_source.error}")
+    if any(j.state == "failed" for j in recorder.jobs):
         sys.exit(EXIT_INVALID)
 
 
 def _collect_scripted(
     recorder: Any,
-    pump: Any,
+    rec_source: Any,
+    reporter: _JobReporter,
     episodes: int,
     seconds: float,
+    reset_seconds: float,
     dataset: str | None,
     task: str | None,
-    as_json: bool,
-) -> bool:
+    quiet: bool,
+) -> None:
+    """Record ``episodes`` episodes of ``seconds``, a reset pause between them; each result is
+    printed as soon as its save has finished (while the next episode records)."""
     import time
 
-    jobs = []
-    for _ in range(episodes):
-        recorder.start(dataset, task)
+    def wait(seconds: float) -> None:
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not pump.finished.is_set():
+        while time.monotonic() < deadline and not rec_source.finished.is_set():
+            reporter.flush(recorder.jobs)
             time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
-        jobs.append(recorder.stop())
-        if pump.finished.is_set():
+
+    def say(text: str) -> None:
+        if not quiet:
+            click.echo(text, err=True)
+
+    for n in range(1, episodes + 1):
+        if n > 1 and reset_seconds > 0:
+            say(f"reset: {reset_seconds:g} s to reset the scene before episode {n}/{episodes}")
+            wait(reset_seconds)
+            if rec_source.finished.is_set():
+                break
+        before = getattr(rec_source, "before_start", None)
+        for message in before() if callable(before) else []:
+            say(f"eva: note: {message}")
+        say(f"episode {n}/{episodes}: recording {seconds:g} s")
+        recorder.start(dataset, task)
+        wait(seconds)
+        recorder.stop()
+        if rec_source.finished.is_set():
+            say(f"source ended after {n} of {episodes} episodes")
             break
-    recorder.wait_idle()
-    for job in jobs:
-        if as_json:
-            emit_json(job.as_dict())
-        else:
-            click.echo(_collect_job_line(job), err=job.state == "failed")
-    return any(j.state == "failed" for j in jobs)
+    while not recorder.wait_idle(0.05):
+        reporter.flush(recorder.jobs)
+    reporter.flush(recorder.jobs)
 
 
-def _collect_interactive(recorder: Any, pump: Any, dataset: str | None, task: str | None) -> None:
+def _collect_interactive(
+    recorder: Any,
+    rec_source: Any,
+    reporter: _JobReporter,
+    handler: _CaptureLogHandler,
+    dataset: str | None,
+    task: str | None,
+) -> None:
     import select
     import termios
     import time
@@ -338,63 +823,73 @@ def _collect_interactive(recorder: Any, pump: Any, dataset: str | None, task: st
     datasets = list(recorder.config.tasks)
     name = dataset if dataset is not None else recorder.default_dataset
     prompt = task or recorder.config.tasks[name][0]
-    reported: set[int] = set()
+    numbers = _EpisodeNumbers(recorder)
+    screen = _StatusScreen()
+    before_start = getattr(rec_source, "before_start", None)
+
+    def announce_dataset() -> None:
+        root = recorder.dataset_dir(name)
+        screen.say(f"dataset {name} -> {root} (next episode {numbers.next_index(root)})")
+
     fd = sys.stdin.fileno()
     saved_mode = termios.tcgetattr(fd)
     tty.setcbreak(fd)  # before the banner: keys typed right after it must not sit in a line buffer
+    handler.held = True  # log lines go above the status line, never into it
     try:
-        click.echo(
-            f"dataset {name} -> {recorder.dataset_dir(name)}\ntask: {prompt}\n"
+        announce_dataset()
+        screen.say(f"task: {prompt}")
+        screen.say(
             "keys: s START  e STOP  c CANCEL  q quit  d next dataset  t next task  "
-            "(Ctrl-C cancels and quits)",
-            err=True,
+            "(Ctrl-C cancels and quits)"
         )
         while True:
             ready, _, _ = select.select([sys.stdin], [], [], 0.25)
             key = sys.stdin.read(1).lower() if ready else ""
             try:
                 if key in ("d", "t") and recorder.recording:
-                    click.echo("\nSTOP or CANCEL before changing the dataset or task", err=True)
+                    screen.say("STOP or CANCEL before changing the dataset or task")
                 elif key == "d":
                     name = datasets[(datasets.index(name) + 1) % len(datasets)]
                     prompt = recorder.config.tasks[name][0]
-                    click.echo(f"\ndataset {name} -> {recorder.dataset_dir(name)}", err=True)
-                    click.echo(f"task: {prompt}", err=True)
+                    announce_dataset()
+                    screen.say(f"task: {prompt}")
                 elif key == "t":
                     prompts = recorder.config.tasks[name]
                     position = prompts.index(prompt) if prompt in prompts else -1
                     prompt = prompts[(position + 1) % len(prompts)]
-                    click.echo(f"\ntask: {prompt}", err=True)
+                    screen.say(f"task: {prompt}")
                 elif key == "s":
+                    for message in before_start() if callable(before_start) else []:
+                        screen.say(f"eva: note: {message}")
                     recorder.start(name, prompt)
                 elif key == "e":
                     recorder.stop()
                 elif key == "c":
                     recorder.cancel()
-                    click.echo("\nepisode cancelled", err=True)
+                    screen.say("episode cancelled")
                 elif key == "q":
                     if recorder.recording:
-                        click.echo("\nSTOP (e) or CANCEL (c) the episode before quitting", err=True)
+                        screen.say("STOP (e) or CANCEL (c) the episode before quitting")
                     else:
                         break
             except RecorderError as e:
-                click.echo(f"\n{e}", err=True)
-            for job in recorder.jobs:
-                if job.finished and job.job_id not in reported:
-                    reported.add(job.job_id)
-                    click.echo("\n" + _collect_job_line(job), err=True)
-            click.echo("\r\033[K" + _collect_status_line(recorder.status()), nl=False, err=True)
-            if pump.finished.is_set():
-                click.echo("\nsource ended", err=True)
+                screen.say(str(e))
+            for line in handler.pending():
+                screen.say(line)
+            for job in reporter.new(recorder.jobs):
+                screen.say(reporter.line(job))
+            episode = numbers.next_index(recorder.dataset_dir(name))
+            screen.draw(_collect_status_line(recorder.status(), episode))
+            if rec_source.finished.is_set():
+                screen.say("source ended")
                 break
             time.sleep(0)
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved_mode)
-        click.echo("", err=True)
+        screen.end()
+        handler.resume()
     recorder.wait_idle()
-    for job in recorder.jobs:
-        if job.job_id not in reported:
-            click.echo(_collect_job_line(job), err=True)
+    reporter.flush(recorder.jobs)
 
 
 # [quality and export commands: qc, export, verify, cleanup]
@@ -772,7 +1267,9 @@ def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
               help="Where to write the access token, mode 0600 (default: <log_dir>.console-token "
               "beside the log directory).")  # fmt: skip
 @click.option(
-    "--source", default="sim", show_default=True, help="sim | replay:PATH (a v2.1 dataset)."
+    "--source",
+    default=None,
+    help="Override the config's sources: sim | replay:PATH (a v2.1 dataset).",
 )
 @click.option("--seed", type=int, default=0, help="Seed of the simulated rig.")
 @click.option("--known-hosts", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -782,7 +1279,7 @@ def console_command(
     host: str,
     port: int,
     token_file: Path | None,
-    source: str,
+    source: str | None,
     seed: int,
     known_hosts: Path | None,
 ) -> None:
@@ -814,6 +1311,12 @@ def console_command(
         fail(str(e), EXIT_USAGE)
     except Exception as e:  # noqa: BLE001 - a recorder that cannot start: one line
         fail(f"console: {first_line(str(e)) or type(e).__name__}")
+    problems = session.source.check()  # every configured source delivers a first sample
+    if problems:
+        session.close()
+        for line in problems:
+            click.echo(f"eva: error: {line}", err=True)
+        sys.exit(EXIT_USAGE)
     token = new_token()
     path = token_file or default_token_file(session.config.log_dir)
     try:
@@ -827,7 +1330,8 @@ def console_command(
         click.echo(f"eva: note: {session.source_note}", err=True)
 
     def ready(url: str) -> None:
-        click.echo(f"eva console: recording from {session.status()['source']}", err=True)
+        for stream, text in session.source.streams.items():
+            click.echo(f"eva console: {stream}: {text}", err=True)
         click.echo(f"eva console: token written to {path}", err=True)
         click.echo(url)
         sys.stdout.flush()

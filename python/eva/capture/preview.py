@@ -84,6 +84,17 @@ class PreviewTap:
         """A viewer is watching: take previews for the next ``linger_s`` seconds."""
         self.wanted_until = time.monotonic() + self.linger_s
 
+    def due(self, key: str) -> bool:
+        """Would ``offer`` take a frame of ``key`` now? (Lets a caller skip fetching one.)"""
+        cam = self._cameras.get(key)
+        now = time.monotonic()
+        return bool(
+            cam is not None
+            and now < self.wanted_until
+            and now >= cam.next_due
+            and len(cam.ring) < SLOTS
+        )
+
     def offer(self, key: str, t: float, frame: np.ndarray) -> None:
         """Called for every pushed frame (already shape-checked); pushes one when due."""
         now = time.monotonic()

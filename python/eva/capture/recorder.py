@@ -226,6 +226,7 @@ class Recorder:
         self._fps_marks: dict[str, tuple[float, int]] = {}
         self._consumer_error: str | None = None
         self.preview: PreviewTap | None = None
+        self._idle_buffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._consumer = threading.Thread(target=self._consume, name="eva-capture", daemon=True)
         self._consumer.start()
 
@@ -576,12 +577,29 @@ class Recorder:
         """Source processes push all the time; while no episode is queued their samples are
         freed. Under the state lock, so that a START (which reads ``pushed`` as the episode's
         first sample under the same lock) never loses a sample of its episode."""
+        tap = self.preview
         with self._state_lock:
             if self._sessions:
                 return
             for stream in self._streams.values():
-                if stream.external:
-                    _discard_before(stream, stream.ring.pushed)
+                if not stream.external:
+                    continue
+                end = stream.ring.pushed
+                if stream.kind == "camera" and tap is not None and tap.due(stream.name):
+                    # keep the newest frame for the preview: pop it instead of freeing it
+                    _discard_before(stream, end - 1)
+                    buf, times = self._idle_frame(stream)
+                    if stream.ring.pop_batch(buf, times, 1):
+                        tap.offer(stream.name, float(times[0]), buf[0])
+                _discard_before(stream, end)
+
+    def _idle_frame(self, stream: _Stream) -> tuple[np.ndarray, np.ndarray]:
+        """One frame buffer per external camera, for the idle preview (allocated once)."""
+        buffers = self._idle_buffers.get(stream.name)
+        if buffers is None:
+            buffers = (np.zeros((1, *stream.shape), np.uint8), np.zeros(1))
+            self._idle_buffers[stream.name] = buffers
+        return buffers
 
     def _consume(self) -> None:
         try:
@@ -769,6 +787,10 @@ class _EpisodeConsumer:
             k = st.ring.pop_batch(p.values[n0:], p.times[n0:], want)
             if k == 0:
                 continue
+            tap = self.rec.preview
+            if st.external and st.kind == "camera" and tap is not None:
+                # a source process's frames reach the preview here, from the ring (no push_image)
+                tap.offer(name, float(p.times[n0 + k - 1]), p.values[n0 + k - 1])
             moved = True
             self.popped[name] += k
             times = p.times[n0 : n0 + k]

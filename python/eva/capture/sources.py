@@ -388,8 +388,99 @@ def source_from_spec(
     return config, replay, note
 
 
-def describe_source(spec: str) -> str:
+def describe_source(spec: str | None) -> str:
     """What the operator is recording from, for status lines and the console."""
+    if spec is None:
+        return "the config's sources"
     if spec == "sim":
         return "simulated rig (--source sim)"
     return f"replay of {spec[len('replay:') :]}"
+
+
+class RecordingSource:
+    """What feeds a recorder: an in-process source (``--source sim`` / ``replay:``, pumped on a
+    thread) or the config's source processes (``capture/rig.SourceRig``, shared-memory rings).
+
+    Use: ``rs = open_source(cfg, spec)``; ``Recorder(rs.config, rings=rs.rings)``;
+    ``rs.start(recorder)``; ``rs.before_start()`` before each START (restarts stopped source
+    processes); ``rs.close()``. ``streams`` maps each stream to its source's one-line text.
+    """
+
+    def __init__(
+        self,
+        config: CollectionConfig,
+        *,
+        source: Source | None = None,
+        rig: object | None = None,
+        note: str | None = None,
+        description: str = "",
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.rig = rig
+        self.note = note
+        self.description = description
+        self.pump: SourcePump | None = None
+        self.finished = threading.Event()
+
+    @property
+    def rings(self) -> dict[str, object] | None:
+        return getattr(self.rig, "rings", None)
+
+    @property
+    def streams(self) -> dict[str, str]:
+        if self.rig is not None:
+            return self.rig.describe()  # type: ignore[attr-defined]
+        names = [c.key for c in self.config.cameras] + [v.name for v in self.config.vectors]
+        return dict.fromkeys(names, self.description)
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.pump.error if self.pump is not None else None
+
+    def start(self, recorder: SampleSink) -> RecordingSource:
+        if self.rig is not None:
+            self.rig.attach(recorder)  # type: ignore[attr-defined]
+            self.rig.start()  # type: ignore[attr-defined]
+        else:
+            assert self.source is not None
+            self.pump = SourcePump(self.source, recorder).start()
+            self.finished = self.pump.finished
+        return self
+
+    def before_start(self) -> list[str]:
+        if self.rig is not None:
+            return self.rig.restart_stopped()  # type: ignore[attr-defined]
+        return []
+
+    def check(self, timeout: float | None = None) -> list[str]:
+        if self.rig is not None:
+            return self.rig.check(timeout)  # type: ignore[attr-defined]
+        return []
+
+    def close(self) -> None:
+        if self.pump is not None:
+            self.pump.stop()
+        if self.rig is not None:
+            self.rig.close()  # type: ignore[attr-defined]
+
+
+def open_source(config: CollectionConfig, spec: str | None, *, seed: int = 0) -> RecordingSource:
+    """The recording source for a ``--source`` value: ``sim``, ``replay:PATH``, or None for the
+    config's sources (streams without one come from the simulator, in a source process; a config
+    with no source at all records the in-process simulator, and ``note`` says so)."""
+    from eva.capture.rig import SourceRig, has_sources
+
+    if spec is None:
+        if not has_sources(config):
+            return RecordingSource(
+                config,
+                source=SimulatedRig.from_config(config, realtime=True, seed=seed),
+                note="the config names no sources: recording the simulated rig",
+                description="simulated rig (the config names no sources)",
+            )
+        return RecordingSource(
+            config, rig=SourceRig(config), description="the config's sources (one process each)"
+        )
+    config, source, note = source_from_spec(config, spec, seed=seed)
+    return RecordingSource(config, source=source, note=note, description=describe_source(spec))

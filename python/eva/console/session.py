@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from eva.capture.recorder import Recorder, RecorderError
-from eva.capture.sources import SourcePump, describe_source, source_from_spec
+from eva.capture.sources import open_source
 from eva.config import CollectionConfig, ConfigError, load_config
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError, error_line
@@ -126,7 +126,7 @@ class ConsoleSession:
         self,
         config_path: Path,
         *,
-        source: str = "sim",
+        source: str | None = None,
         seed: int = 0,
         durable: bool = True,
         sftp_known_hosts: Path | None = None,
@@ -138,8 +138,10 @@ class ConsoleSession:
             config = load_config(self.config_path).collection
         except ConfigError as e:
             raise ConsoleError("bad_request", "bad_config", str(e)) from None
-        self.config: CollectionConfig
-        self.config, rig, self.source_note = source_from_spec(config, source, seed=seed)
+        # None: the config's sources (source processes); "sim" / "replay:PATH": an override
+        self.source = open_source(config, source, seed=seed)
+        self.config: CollectionConfig = self.source.config
+        self.source_note = self.source.note
         self.source_spec = source
         try:
             _, self.sftp = load_upload_config(self.config_path)
@@ -164,10 +166,13 @@ class ConsoleSession:
         self._videos: dict[tuple[str, str, str], tuple[Any, Path]] = {}
         self.warnings = _WarningLog(self.changed)
         logging.getLogger("eva.capture").addHandler(self.warnings)
-        self.recorder = Recorder(self.config, durable=durable)
+        try:
+            self.recorder = Recorder(self.config, durable=durable, rings=self.source.rings)
+        except BaseException:
+            self.source.close()
+            raise
         self.preview = self.recorder.enable_preview()
-        self.pump = SourcePump(rig, self.recorder).start()
-        self._selected = {"dataset": self.recorder.default_dataset, "task": None}
+        self.source.start(self.recorder)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -175,7 +180,7 @@ class ConsoleSession:
         with contextlib.suppress(RecorderError):
             if self.recorder.recording:
                 self.recorder.cancel()
-        self.pump.stop()
+        self.source.close()
         self.recorder.close()
         logging.getLogger("eva.capture").removeHandler(self.warnings)
         with self._jobs_lock:
@@ -278,9 +283,10 @@ class ConsoleSession:
             active = self._jobs.get(self._active_job) if self._active_job else None
         return {
             "state": state,
-            "source": describe_source(self.source_spec),
+            "source": self.source.description,
             "source_note": self.source_note,
-            "source_error": error_line(self.pump.error) if self.pump.error else None,
+            "source_error": error_line(self.source.error) if self.source.error else None,
+            "streams": self.source.streams,
             "dataset": dataset,
             "dataset_dir": rec["dataset"],
             "task": rec["task"],
@@ -335,9 +341,11 @@ class ConsoleSession:
             raise _bad("bad_field", "task: a non-empty prompt, or null for the first", "task")
         if isinstance(task, str) and any(ord(c) < 32 for c in task):
             raise _bad("bad_field", "task: control characters are not allowed", "task")
-        if self.pump.finished.is_set():
+        for line in self.source.before_start():  # source processes that stopped: restarted
+            log.warning("console: %s", line)
+        if self.source.finished.is_set():
             raise _conflict(
-                "source_ended", f"the source has ended: {self.pump.error or 'no more samples'}"
+                "source_ended", f"the source has ended: {self.source.error or 'no more samples'}"
             )
         try:
             root = self.recorder.start(dataset, task)

@@ -238,6 +238,12 @@ function initFromStatus(s) {
   ui.dataset = initial;
   $("source").textContent = s.source;
   $("source-note").textContent = s.source_note || "";
+  // each stream and where it comes from (a config's sources can differ per stream)
+  const streams = Object.entries(s.streams || {});
+  const list = $("stream-sources");
+  if (!unchanged(list, streams)) {
+    list.replaceChildren(...streams.map(([name, text]) => el("li", {}, el("code", {}, name), " ← " + text)));
+  }
   const previews = $("previews");
   previews.replaceChildren();
   for (const cam of s.cameras) {

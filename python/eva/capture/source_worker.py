@@ -1,0 +1,299 @@
+"""A source process: runs one configured source and writes its samples into shared-memory rings.
+
+``python -m eva.capture.source_worker`` reads one JSON object on stdin::
+
+    {"source": {SourceConfig fields}, "fps": 30,
+     "streams": [{"name", "kind": "camera"|"vector", "shape": [...], "ring": PATH,
+                  "topic": str|None}, ...]}
+
+It attaches each stream's ring (``eva.capture.shm_ring``; the recorder created them), then pushes
+every sample with its capture time. Running in its own process, a source is never stalled by the
+recorder's Python threads (HTTP, encoding, alignment): the time a sample is stamped with is
+taken when it arrives here.
+
+Clock (one for the whole rig): Unix wall-clock seconds.
+- ``ffmpeg``: the host's wall clock when the decoded frame is received, minus ``latency_s``.
+- ``zmq``: the sender's ``t`` (it must use the same clock).
+- ``python``: whatever the plugin's samples carry (document yours: the same wall clock).
+- ``sim``: the simulated rig's clock, which starts at the wall clock.
+
+Events go to stdout as JSON lines (``{"event": "opened" | "bad_sample" | "error" | "ended",
+"stream": NAME | null, "detail": TEXT, "count": N}``); the supervisor (``capture/rig.py``) turns
+them into warnings and quality issues. Bad samples (a wrong length, a wrong image shape,
+malformed messages) are counted and reported, never pushed and never fatal. The process exits
+when its source ends (``ended``), fails (``error``, exit 1), or the recorder asks it to stop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+REPORT_EVERY_S = 1.0  # bad samples of one stream are reported at most this often
+
+
+class _Events:
+    """JSON lines on stdout; bad samples aggregated per stream and reported at most once a second."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bad: dict[str, tuple[int, str, float]] = {}
+
+    def send(self, event: str, stream: str | None = None, detail: str = "", count: int = 1) -> None:
+        line = json.dumps({"event": event, "stream": stream, "detail": detail, "count": count})
+        with self._lock:
+            try:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            except (BrokenPipeError, ValueError):  # the recorder went away
+                os._exit(0)
+
+    def bad(self, stream: str, detail: str) -> None:
+        now = time.monotonic()
+        count, first_detail, since = self._bad.get(stream, (0, detail, now))
+        count += 1
+        if now - since >= REPORT_EVERY_S or count == 1:
+            self.send("bad_sample", stream, first_detail, count)
+            self._bad[stream] = (0, detail, now)
+        else:
+            self._bad[stream] = (count, first_detail, since)
+
+    def flush(self) -> None:
+        for stream, (count, detail, _) in list(self._bad.items()):
+            if count:
+                self.send("bad_sample", stream, detail, count)
+        self._bad.clear()
+
+
+class _Stream:
+    def __init__(self, spec: dict[str, Any], ring: Any) -> None:
+        self.name: str = spec["name"]
+        self.kind: str = spec["kind"]
+        self.shape = tuple(int(s) for s in spec["shape"])
+        self.topic: str | None = spec.get("topic")
+        self.ring = ring
+
+
+def _camera_frames(
+    source: dict[str, Any], stream: _Stream, stop: threading.Event, events: _Events
+) -> Iterator[tuple[float, np.ndarray]]:
+    """Decoded frames of an FFmpeg input as (receipt time, (H, W, 3) RGB at the configured size)."""
+    import av
+
+    height, width = stream.shape[0], stream.shape[1]
+    open_timeout = float(source.get("open_timeout_s", 10.0))
+    read_timeout = float(source.get("stall_timeout_s", 2.0))
+    container = av.open(
+        source["url"],
+        format=source.get("format"),
+        options=dict(source.get("options") or {}),
+        timeout=(open_timeout, read_timeout),
+    )
+    try:
+        video = container.streams.video[0]
+        video.thread_type = "AUTO"
+        events.send(
+            "opened", stream.name, f"{video.codec_context.name} {video.width}x{video.height}"
+        )
+        latency = float(source.get("latency_s", 0.0))
+        pace_origin: tuple[float, float] | None = None
+        for frame in container.decode(video):
+            if stop.is_set():
+                return
+            if source.get("realtime") and frame.time is not None:
+                now = time.monotonic()
+                if pace_origin is None:
+                    pace_origin = (now, frame.time)
+                delay = pace_origin[0] + (frame.time - pace_origin[1]) - now
+                if delay > 0:
+                    time.sleep(delay)
+            t = time.time() - latency
+            rgb = frame.to_ndarray(width=width, height=height, format="rgb24")
+            yield t, rgb
+    finally:
+        container.close()
+
+
+def _run_ffmpeg(
+    source: dict[str, Any], streams: list[_Stream], stop: threading.Event, events: _Events
+) -> None:
+    (stream,) = streams  # one camera per FFmpeg input
+    for t, rgb in _camera_frames(source, stream, stop, events):
+        stream.ring.push(t, rgb)
+
+
+def _run_zmq(
+    source: dict[str, Any], streams: list[_Stream], stop: threading.Event, events: _Events
+) -> None:
+    import msgpack
+    import zmq
+
+    by_topic = {(s.topic or s.name).encode(): s for s in streams}
+    context = zmq.Context()
+    socket = context.socket(zmq.SUB)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.RCVHWM, 100_000)
+    for topic in by_topic:
+        socket.setsockopt(zmq.SUBSCRIBE, topic)
+    socket.connect(source["endpoint"])
+    events.send("opened", None, f"zmq {source['endpoint']}")
+    poller = zmq.Poller()
+    poller.register(socket, zmq.POLLIN)
+    try:
+        while not stop.is_set():
+            if not poller.poll(100):
+                continue
+            while True:
+                try:
+                    parts = socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                stream = by_topic.get(parts[0]) if parts else None
+                if stream is None:
+                    continue  # a prefix match of another topic
+                try:
+                    if len(parts) != 2:
+                        raise ValueError(f"{len(parts)} frames, expected [topic, payload]")
+                    message = msgpack.unpackb(parts[1], raw=False)
+                    t = float(message["t"])
+                    value = np.asarray(message["value"], dtype=np.float64)
+                except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
+                    events.bad(stream.name, f"malformed message on topic {stream.topic!r}: {e}")
+                    continue
+                if not math.isfinite(t):
+                    events.bad(stream.name, f"time {t!r} is not finite")
+                    continue
+                if value.shape != stream.shape:
+                    events.bad(
+                        stream.name, f"value of shape {value.shape}, expected {stream.shape}"
+                    )
+                    continue
+                # Non-finite values are pushed: the recorder's checks report them (non_finite_value).
+                stream.ring.push(t, value)
+    finally:
+        socket.close(0)
+        context.term()
+
+
+def _samples_into(
+    samples: Iterator[Any], streams: list[_Stream], stop: threading.Event, events: _Events
+) -> None:
+    by_name = {s.name: s for s in streams}
+    for sample in samples:
+        if stop.is_set():
+            return
+        stream = by_name.get(sample.stream)
+        if stream is None:
+            continue  # a stream this process does not record (another source feeds it)
+        data = sample.data
+        if stream.kind == "camera":
+            if (
+                getattr(data, "shape", None) != stream.shape
+                or getattr(data, "dtype", None) != np.uint8
+            ):
+                events.bad(
+                    stream.name,
+                    f"image of shape {getattr(data, 'shape', None)}, expected {stream.shape} uint8",
+                )
+                continue
+        else:
+            data = np.asarray(data, dtype=np.float64)
+            if data.shape != stream.shape:
+                events.bad(stream.name, f"value of shape {data.shape}, expected {stream.shape}")
+                continue
+        stream.ring.push(float(sample.t), data)
+
+
+def load_object(target: str) -> Callable[..., Any]:
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _run_python(
+    source: dict[str, Any], streams: list[_Stream], stop: threading.Event, events: _Events
+) -> None:
+    factory = load_object(source["object"])
+    plugin = factory(**dict(source.get("args") or {}))
+    if not callable(getattr(plugin, "samples", None)):
+        raise TypeError(f"{source['object']}: the object it made has no samples() method")
+    events.send("opened", None, f"python {source['object']}")
+    _samples_into(plugin.samples(), streams, stop, events)
+
+
+def _run_sim(
+    source: dict[str, Any],
+    streams: list[_Stream],
+    stop: threading.Event,
+    events: _Events,
+    fps: float,
+) -> None:
+    from eva.capture.sources import SimulatedRig
+    from eva.config import CameraConfig, VectorConfig
+
+    cameras = [CameraConfig(s.name, s.shape[1], s.shape[0]) for s in streams if s.kind == "camera"]
+    vectors = [VectorConfig(s.name, s.shape[0]) for s in streams if s.kind == "vector"]
+    rig = SimulatedRig(cameras, vectors, fps=fps, realtime=True, seed=int(source.get("seed", 0)))
+    events.send("opened", None, "sim")
+    _samples_into(rig.samples(), streams, stop, events)
+
+
+def run(spec: dict[str, Any], stop: threading.Event) -> int:
+    from eva.capture.shm_ring import attach_shm_ring
+
+    events = _Events()
+    source = spec["source"]
+    streams = [_Stream(s, attach_shm_ring(s["ring"])) for s in spec["streams"]]
+
+    def watch_stop() -> None:  # the recorder may ask through the rings
+        while not stop.is_set():
+            if any(getattr(s.ring, "stop_requested", False) for s in streams):
+                stop.set()
+            time.sleep(0.1)
+
+    threading.Thread(target=watch_stop, daemon=True).start()
+    kind = source["kind"]
+    try:
+        if kind == "ffmpeg":
+            _run_ffmpeg(source, streams, stop, events)
+        elif kind == "zmq":
+            _run_zmq(source, streams, stop, events)
+        elif kind == "python":
+            _run_python(source, streams, stop, events)
+        elif kind == "sim":
+            _run_sim(source, streams, stop, events, float(spec.get("fps", 30)))
+        else:
+            raise ValueError(f"unknown source kind {kind!r}")
+    except Exception as e:  # one line for the supervisor; the exit code says it failed
+        events.flush()
+        text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        events.send("error", None, f"{type(e).__name__}: {text}")
+        return 1
+    events.flush()
+    if not stop.is_set():
+        events.send("ended", None, "the source has no more samples")
+    return 0
+
+
+def main() -> None:
+    spec = json.loads(sys.stdin.read())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the recorder, which stops us
+    sys.exit(run(spec, stop))
+
+
+if __name__ == "__main__":
+    main()
