@@ -76,12 +76,38 @@ class _Events:
 
 
 class _Stream:
-    def __init__(self, spec: dict[str, Any], ring: Any) -> None:
+    def __init__(self, spec: dict[str, Any], ring: Any, measure: bool = False) -> None:
         self.name: str = spec["name"]
         self.kind: str = spec["kind"]
         self.shape = tuple(int(s) for s in spec["shape"])
         self.topic: str | None = spec.get("topic")
         self.ring = ring
+        # EVA_SOURCE_STATS (benchmarks): each push's duration and its wall-clock receipt time
+        self.measure = measure
+        self.push_ns: list[int] = []
+        self.stamps: list[float] = []  # the sample's capture time
+        self.arrivals: list[float] = []  # time.time() when it was pushed
+
+    def push(self, t: float, data: np.ndarray) -> bool:
+        if not self.measure:
+            return self.ring.push(t, data)
+        t0 = time.perf_counter_ns()
+        ok = self.ring.push(t, data)
+        self.push_ns.append(time.perf_counter_ns() - t0)
+        self.stamps.append(t)
+        self.arrivals.append(time.time())
+        return ok
+
+
+def _write_stats(path: str, streams: list[_Stream]) -> None:
+    """The measured pushes, as ``<path>-<pid>.npz`` (``<stream>.push_ns``, ``.stamps``,
+    ``.arrivals`` arrays per stream)."""
+    arrays = {}
+    for s in streams:
+        arrays[f"{s.name}.push_ns"] = np.asarray(s.push_ns, np.int64)
+        arrays[f"{s.name}.stamps"] = np.asarray(s.stamps, np.float64)
+        arrays[f"{s.name}.arrivals"] = np.asarray(s.arrivals, np.float64)
+    np.savez(f"{path}-{os.getpid()}.npz", **arrays)
 
 
 def _camera_frames(
@@ -129,7 +155,7 @@ def _run_ffmpeg(
 ) -> None:
     (stream,) = streams  # one camera per FFmpeg input
     for t, rgb in _camera_frames(source, stream, stop, events):
-        stream.ring.push(t, rgb)
+        stream.push(t, rgb)
 
 
 def _run_zmq(
@@ -179,7 +205,7 @@ def _run_zmq(
                     )
                     continue
                 # Non-finite values are pushed: the recorder's checks report them (non_finite_value).
-                stream.ring.push(t, value)
+                stream.push(t, value)
     finally:
         socket.close(0)
         context.term()
@@ -211,7 +237,7 @@ def _samples_into(
             if data.shape != stream.shape:
                 events.bad(stream.name, f"value of shape {data.shape}, expected {stream.shape}")
                 continue
-        stream.ring.push(float(sample.t), data)
+        stream.push(float(sample.t), data)
 
 
 def load_object(target: str) -> Callable[..., Any]:
@@ -255,7 +281,8 @@ def run(spec: dict[str, Any], stop: threading.Event) -> int:
 
     events = _Events()
     source = spec["source"]
-    streams = [_Stream(s, attach_shm_ring(s["ring"])) for s in spec["streams"]]
+    stats_path = os.environ.get("EVA_SOURCE_STATS")
+    streams = [_Stream(s, attach_shm_ring(s["ring"]), bool(stats_path)) for s in spec["streams"]]
 
     def watch_stop() -> None:  # the recorder may ask through the rings
         while not stop.is_set():
@@ -281,6 +308,9 @@ def run(spec: dict[str, Any], stop: threading.Event) -> int:
         text = (str(e).strip().splitlines() or [type(e).__name__])[0]
         events.send("error", None, f"{type(e).__name__}: {text}")
         return 1
+    finally:
+        if stats_path:
+            _write_stats(stats_path, streams)
     events.flush()
     if not stop.is_set():
         events.send("ended", None, "the source has no more samples")
