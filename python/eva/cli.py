@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 invalid data or a failed operation, 2 usage error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -209,6 +210,8 @@ def _source_summary(cfg: Any, override: str | None, config_path: Path) -> tuple[
         )
     kinds = [_stream_source(s, None)[0] for s in (*cfg.cameras, *cfg.vectors)]
     counts = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+    if set(kinds) == {"sim"}:
+        return "configured", f"recording the SIMULATOR for every stream (configured: {counts})"
     text = f"recording the configured sources ({counts})"
     if "sim" in kinds:
         text += f"; {kinds.count('sim')} stream(s) from the SIMULATOR"
@@ -290,45 +293,16 @@ def _collect_list(cfg: Any, override: str | None, config_path: Path, as_json: bo
     click.echo("\n".join(lines))
 
 
-class _InProcessSource:
-    """A source run on a thread in this process (``--source sim`` / ``replay:``); the shape of
-    ``eva.capture.sources.open_source``'s result, for a sources module without it."""
-
-    def __init__(self, config: Any, source: Any, note: str | None) -> None:
-        self.config, self.source, self.note = config, source, note
-        self.rings = None
-        self.pump: Any = None
-        self.finished = threading.Event()
-
-    def start(self, recorder: Any) -> _InProcessSource:
-        from eva.capture.sources import SourcePump
-
-        self.pump = SourcePump(self.source, recorder).start()
-        self.finished = self.pump.finished
-        return self
-
-    @property
-    def error(self) -> BaseException | None:
-        return self.pump.error if self.pump is not None else None
-
-    def close(self) -> None:
-        if self.pump is not None:
-            self.pump.stop()
-
-
 def _collect_setup(cfg: Any, override: str | None, seed: int) -> Any:
-    """The recording source (``config``, ``rings``, ``note``, ``start(recorder)``, ``finished``,
-    ``error``, ``close()``): the ``--source`` override, else the config's sources (a config
-    without any records the in-process simulator)."""
-    from eva.capture import sources
+    """The recording source (``eva.capture.sources.RecordingSource``): the ``--source``
+    override, else the config's sources (a config without any records the in-process
+    simulator)."""
+    from eva.capture.sources import SourceSpecError, open_source
 
     spec = override if override is not None or _has_configured_sources(cfg) else "sim"
     try:
-        open_source = getattr(sources, "open_source", None)
-        if open_source is not None:
-            return open_source(cfg, spec, seed=seed)
-        return _InProcessSource(*sources.source_from_spec(cfg, spec, seed=seed))  # type: ignore[arg-type]
-    except sources.SourceSpecError as e:
+        return open_source(cfg, spec, seed=seed)
+    except SourceSpecError as e:
         fail(str(e), EXIT_USAGE)
     except (OSError, ValueError) as e:
         fail(f"cannot open the sources: {e}")
@@ -371,6 +345,7 @@ def _collect_status_line(status: dict[str, Any], episode: int | None = None) -> 
     cameras = list(status["camera_fps"])
     short = {key: key.rsplit(".", 1)[-1] for key in cameras}
     fps = " ".join(f"{short[k]}:{status['camera_fps'][k]:.1f}" for k in cameras) or "-"
+    # samples waiting per camera (all streams' when there is no camera); MB over every stream
     waiting = " ".join(f"{short[k]}:{status['backlog'].get(k, 0)}" for k in cameras)
     total = sum(status["backlog"].values())
     return " | ".join(
@@ -379,7 +354,7 @@ def _collect_status_line(status: dict[str, Any], episode: int | None = None) -> 
             f"{status['elapsed_s']:.1f}s",
             f"fps {fps}",
             f"dropped {status['dropped']}",
-            f"backlog {waiting + ' ' if waiting else ''}(all {total}, {status['backlog_mb']:.1f} MB)",
+            f"backlog {waiting or total} ({status['backlog_mb']:.1f} MB)",
             f"frames {status['frames']}",
             f"saves {status['save_queue']} queued, {status['saved']} saved, "
             f"{status['failed']} failed",
@@ -642,6 +617,13 @@ class _StatusScreen:
     help="Print the cameras, vector streams (with their sources) and datasets, then exit.",
 )
 @click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Start the sources, check that every stream delivers a first sample (within its "
+    "open_timeout_s), then exit: 0 if all did, 2 otherwise.",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -663,6 +645,7 @@ def collect_command(
     task: str | None,
     seed: int,
     list_only: bool,
+    check_only: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -679,6 +662,7 @@ def collect_command(
     \b
     Examples:
       eva collect rig.toml --list
+      eva collect rig.toml --check
       eva collect rig.toml
       eva collect rig.toml --episodes 3 --seconds 20 --reset-seconds 5
       eva collect rig.toml --episodes 1 --seconds 5 --source replay:/data/eva/old/raw
@@ -698,12 +682,18 @@ def collect_command(
                 fail(str(e), EXIT_USAGE)
         _collect_list(cfg, source, config, as_json)
         return
-    if episodes is None and (quiet or reset_seconds):
+    interactive = episodes is None and not check_only
+    if interactive and (quiet or reset_seconds):
         fail("--quiet and --reset-seconds are for scripted runs (--episodes N)", EXIT_USAGE)
+    if interactive and not sys.stdin.isatty():  # before any source process starts
+        fail(
+            "interactive collect needs a terminal; script it with --episodes N --seconds S",
+            EXIT_USAGE,
+        )
     rec_source = _collect_setup(cfg, source, seed)
     cfg = rec_source.config
     if not quiet:
-        if getattr(rec_source, "note", None):
+        if rec_source.note:
             click.echo(f"eva: note: {rec_source.note}", err=True)
         click.echo("\n".join(_collect_header(cfg, source, config)), err=True)
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
@@ -713,13 +703,11 @@ def collect_command(
     capture_log.addHandler(handler)
     capture_log.setLevel(logging.INFO)
     try:
-        rings = getattr(rec_source, "rings", None)
-        recorder = Recorder(cfg, dataset, **({"rings": rings} if rings is not None else {}))
+        recorder = Recorder(cfg, dataset, rings=rec_source.rings)
     except Exception as e:
         rec_source.close()
         fail(str(e) or type(e).__name__)
-    rec_source.start(recorder)
-    reporter = _JobReporter(as_json and episodes is not None, interactive=episodes is None)
+    reporter = _JobReporter(as_json and episodes is not None, interactive=interactive)
 
     def shut_down() -> None:
         recorder.wait_idle()
@@ -727,6 +715,29 @@ def collect_command(
         recorder.close()
         handler.resume()
 
+    try:
+        rec_source.start(recorder)
+    except Exception as e:
+        shut_down()
+        fail(f"cannot start the sources: {first_line(str(e)) or type(e).__name__}")
+    # Every stream delivers a first sample (at once for an in-process source).
+    if not quiet and rec_source.rings is not None:
+        click.echo("checking the sources: waiting for every stream's first sample", err=True)
+    try:
+        problems = rec_source.check()
+    except KeyboardInterrupt:
+        shut_down()
+        sys.exit(130)
+    if problems:
+        shut_down()
+        for line in problems:
+            click.echo(f"eva: error: {line}", err=True)
+        sys.exit(EXIT_USAGE)
+    if check_only:
+        shut_down()
+        n = len(cfg.cameras) + len(cfg.vectors)
+        click.echo(f"check: ok, every stream delivered a sample ({n} streams)")
+        return
     try:
         if episodes is not None:
             _collect_scripted(
@@ -746,6 +757,10 @@ def collect_command(
         shut_down()
         reporter.flush(recorder.jobs)
         sys.exit(130)
+    except BaseException:  # no source process outlives eva, whatever went wrong
+        with contextlib.suppress(Exception):
+            shut_down()
+        raise
     shut_down()
     reporter.flush(recorder.jobs)
     if rec_source.error is not None:
@@ -785,8 +800,7 @@ def _collect_scripted(
             wait(reset_seconds)
             if rec_source.finished.is_set():
                 break
-        before = getattr(rec_source, "before_start", None)
-        for message in before() if callable(before) else []:
+        for message in rec_source.before_start():  # stopped source processes: restarted
             say(f"eva: note: {message}")
         say(f"episode {n}/{episodes}: recording {seconds:g} s")
         recorder.start(dataset, task)
@@ -808,6 +822,7 @@ def _collect_interactive(
     dataset: str | None,
     task: str | None,
 ) -> None:
+    import os
     import select
     import termios
     import time
@@ -815,21 +830,48 @@ def _collect_interactive(
 
     from eva.capture.recorder import RecorderError
 
-    if not sys.stdin.isatty():
-        fail(
-            "interactive collect needs a terminal; script it with --episodes N --seconds S",
-            EXIT_USAGE,
-        )
     datasets = list(recorder.config.tasks)
     name = dataset if dataset is not None else recorder.default_dataset
     prompt = task or recorder.config.tasks[name][0]
     numbers = _EpisodeNumbers(recorder)
     screen = _StatusScreen()
-    before_start = getattr(rec_source, "before_start", None)
 
     def announce_dataset() -> None:
         root = recorder.dataset_dir(name)
         screen.say(f"dataset {name} -> {root} (next episode {numbers.next_index(root)})")
+
+    def handle(key: str) -> bool:
+        """One key; True to quit."""
+        nonlocal name, prompt
+        try:
+            if key in ("d", "t") and recorder.recording:
+                screen.say("STOP or CANCEL before changing the dataset or task")
+            elif key == "d":
+                name = datasets[(datasets.index(name) + 1) % len(datasets)]
+                prompt = recorder.config.tasks[name][0]
+                announce_dataset()
+                screen.say(f"task: {prompt}")
+            elif key == "t":
+                prompts = recorder.config.tasks[name]
+                position = prompts.index(prompt) if prompt in prompts else -1
+                prompt = prompts[(position + 1) % len(prompts)]
+                screen.say(f"task: {prompt}")
+            elif key == "s":
+                for message in rec_source.before_start():  # stopped source processes: restarted
+                    screen.say(f"eva: note: {message}")
+                recorder.start(name, prompt)
+            elif key == "e":
+                recorder.stop()
+            elif key == "c":
+                recorder.cancel()
+                screen.say("episode cancelled")
+            elif key == "q":
+                if not recorder.recording:
+                    return True
+                screen.say("STOP (e) or CANCEL (c) the episode before quitting")
+        except RecorderError as e:
+            screen.say(str(e))
+        return False
 
     fd = sys.stdin.fileno()
     saved_mode = termios.tcgetattr(fd)
@@ -844,36 +886,14 @@ def _collect_interactive(
         )
         while True:
             ready, _, _ = select.select([sys.stdin], [], [], 0.25)
-            key = sys.stdin.read(1).lower() if ready else ""
-            try:
-                if key in ("d", "t") and recorder.recording:
-                    screen.say("STOP or CANCEL before changing the dataset or task")
-                elif key == "d":
-                    name = datasets[(datasets.index(name) + 1) % len(datasets)]
-                    prompt = recorder.config.tasks[name][0]
-                    announce_dataset()
-                    screen.say(f"task: {prompt}")
-                elif key == "t":
-                    prompts = recorder.config.tasks[name]
-                    position = prompts.index(prompt) if prompt in prompts else -1
-                    prompt = prompts[(position + 1) % len(prompts)]
-                    screen.say(f"task: {prompt}")
-                elif key == "s":
-                    for message in before_start() if callable(before_start) else []:
-                        screen.say(f"eva: note: {message}")
-                    recorder.start(name, prompt)
-                elif key == "e":
-                    recorder.stop()
-                elif key == "c":
-                    recorder.cancel()
-                    screen.say("episode cancelled")
-                elif key == "q":
-                    if recorder.recording:
-                        screen.say("STOP (e) or CANCEL (c) the episode before quitting")
-                    else:
-                        break
-            except RecorderError as e:
-                screen.say(str(e))
+            # Every key typed since the last turn (a buffered read(1) would hide the rest from
+            # select until the next key arrives).
+            data = os.read(fd, 64) if ready else b"-"
+            if not data:  # the terminal is gone: as Ctrl-C (cancel a recording, exit 130)
+                raise KeyboardInterrupt
+            keys = data.decode(errors="ignore").lower() if ready else ""
+            if any(handle(key) for key in keys):
+                break
             for line in handler.pending():
                 screen.say(line)
             for job in reporter.new(recorder.jobs):

@@ -830,7 +830,10 @@ class _EpisodeConsumer:
             if not thresholds:
                 continue
             oldest = st.ring.peek_time() if backlog else None
-            lag = (st.last_pushed_t - oldest) if oldest is not None else 0.0
+            # a source process stamps its samples on the rig's wall clock, and nothing here sees
+            # its pushes: its lag is the age of the oldest unread sample
+            newest = time.time() if st.external else st.last_pushed_t
+            lag = (newest - oldest) if oldest is not None else 0.0
             if not math.isfinite(lag):
                 lag = 0.0
             level = self.warn_level[name]

@@ -56,6 +56,7 @@ class _Group:
     last_error: str | None = None
     opened: bool = False
     restarts: int = 0
+    stalled: bool = False  # a stream of it stalled during the last episode
     events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -185,6 +186,7 @@ class SourceRig:
         group.process.stdin.write(json.dumps(spec).encode())
         group.process.stdin.close()
         group.exit_reported = False
+        group.stalled = False
         group.opened = False
         group.last_error = None
         group.reader = threading.Thread(
@@ -235,8 +237,14 @@ class SourceRig:
         lines = []
         with self._lock:
             for group in self._groups.values():
-                if self.alive(group) or self._stop.is_set():
+                if self._stop.is_set():
                     continue
+                if self.alive(group) and not group.stalled:
+                    continue
+                if self.alive(group):  # hung: alive, but delivered nothing for its timeout
+                    assert group.process is not None
+                    group.process.kill()
+                    group.process.wait()
                 code = group.process.returncode if group.process is not None else None
                 group.restarts += 1
                 self._spawn(group)
@@ -280,6 +288,7 @@ class SourceRig:
                         continue
                     if dead or silent >= group.source.stall_timeout_s:
                         self._stalled.add(name)
+                        group.stalled = True
                         if dead:
                             code = process.returncode if process is not None else None
                             why = group.last_error or (
