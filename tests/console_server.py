@@ -34,7 +34,10 @@ def write_console_config(
     sftp: dict[str, Any] | None = None,
     width: int = 160,
     height: int = 120,
+    source: str | None = None,
 ) -> Path:
+    """``source``: a TOML inline table every stream gets (e.g. ``{ kind = "sim" }``)."""
+    extra = [f"source = {source}"] if source else []
     lines = [
         "[collection]",
         f'log_dir = "{log_dir}"',
@@ -49,9 +52,16 @@ def write_console_config(
             f'key = "{key}"',
             f"width = {width}",
             f"height = {height}",
+            *extra,
         ]
     for name in ("observation.state", "action"):
-        lines += ["[[collection.vectors]]", f'name = "{name}"', "dim = 6", "discrete = [5]"]
+        lines += [
+            "[[collection.vectors]]",
+            f'name = "{name}"',
+            "dim = 6",
+            "discrete = [5]",
+            *extra,
+        ]
     lines += ["[collection.encoder]", 'preset = "ultrafast"']
     if sftp is not None:
         lines.append("[collection.storage.sftp]")

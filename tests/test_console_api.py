@@ -512,3 +512,47 @@ def test_another_address_must_be_explicit_and_matches_its_host(tmp_path: Path) -
         assert (
             error_of(browser.post("/api/collect/stop", headers=evil), 403)["code"] == "bad_origin"
         )
+
+
+def test_console_records_the_configs_source_processes(tmp_path: Path) -> None:
+    """Streams with a configured source (here the sim kind, in a source process): pre-checked at
+    start-up, recorded through shared memory, previewed from the ring."""
+    config = write_console_config(
+        tmp_path / "rig.toml", tmp_path / "logs", source='{ kind = "sim" }'
+    )
+    with ConsoleServer(config, tmp_path / "token") as console:
+        api = console.client()
+        status = api.get("/api/status").json()
+        assert status["source"].startswith("the config's sources")
+        assert set(status["streams"]) == {*CAMERAS, "observation.state", "action"}
+        assert all(text.startswith("sim") for text in status["streams"].values())
+        job = record_episode(api, "pick", 1.5)
+        assert job["state"] == "saved" and job["quality"] == "green", job
+        assert 30 <= job["frames"] <= 60
+
+        def preview() -> httpx.Response | None:
+            response = api.get(f"/api/preview/{CAMERAS[1]}")
+            return response if response.status_code == 200 else None
+
+        assert wait_for(preview, 10).content[:2] == b"\xff\xd8"  # idle: from the ring
+
+
+def test_console_refuses_to_start_when_a_source_is_silent(tmp_path: Path) -> None:
+    config = write_console_config(
+        tmp_path / "rig.toml",
+        tmp_path / "logs",
+        source='{ kind = "zmq", endpoint = "tcp://127.0.0.1:9", open_timeout_s = 1 }',
+    ).read_text()
+    # only the vectors may take a zmq source: give the cameras the simulator
+    config = config.replace(
+        'height = 120\nsource = { kind = "zmq", endpoint = "tcp://127.0.0.1:9", open_timeout_s = 1 }',
+        'height = 120\nsource = { kind = "sim" }',
+    )
+    (tmp_path / "rig.toml").write_text(config)
+    console = ConsoleServer(tmp_path / "rig.toml", tmp_path / "token")
+    with pytest.raises(RuntimeError, match="did not start") as info:
+        console.start(timeout=20)
+    text = str(info.value)
+    assert "stream observation.state: zmq tcp://127.0.0.1:9" in text
+    assert "stream action: zmq tcp://127.0.0.1:9" in text
+    assert not (tmp_path / "token").exists()
