@@ -118,6 +118,8 @@ class SourceRig:
         self._lock = threading.Lock()
         self._progress: dict[str, tuple[int, float]] = {}  # stream -> (pushed, monotonic when seen)
         self._stalled: set[str] = set()
+        for path in remove_stale_rings(shm_dir):
+            log.warning("removed the ring file of a recorder that is gone: %s", path)
         sources = stream_sources(config)
         n_cameras = len(config.cameras)
         streams: list[tuple[str, str, tuple[int, ...], np.dtype]] = [
