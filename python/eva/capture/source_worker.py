@@ -162,7 +162,11 @@ def _run_zmq(
     source: dict[str, Any], streams: list[_Stream], stop: threading.Event, events: _Events
 ) -> None:
     import msgpack
-    import zmq
+
+    try:
+        import zmq
+    except ImportError:
+        raise RuntimeError("zmq sources need pyzmq: pip install 'eva[rig]'") from None
 
     by_topic = {(s.topic or s.name).encode(): s for s in streams}
     context = zmq.Context()
