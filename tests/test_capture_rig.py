@@ -288,3 +288,25 @@ def test_stale_ring_files_are_removed(tmp_path: Path) -> None:
     mine.write_bytes(b"x")
     assert remove_stale_rings(tmp_path) == [stale]
     assert mine.exists() and not stale.exists()
+
+
+def test_ffmpeg_frames_are_scaled_to_the_configured_size(tmp_path: Path) -> None:
+    udp = free_port()
+    config = load_config(write_config(tmp_path / "rig.toml", camera(udp))).collection
+    cam_pub = publisher("udp", udp, 30, 320, 240)  # twice the configured 160x120
+    rig = SourceRig(config)
+    try:
+        with Recorder(config, durable=False, rings=rig.rings) as recorder:
+            rig.attach(recorder)
+            rig.start()
+            assert rig.check() == []
+            job = record(recorder, 1.5)
+    finally:
+        rig.close()
+        stop(cam_pub)
+    assert job["quality"] == "green", job["quality_issues"]
+    reader = DatasetReader(Path(job["dataset_dir"]))
+    batch = next(reader.iter_frames(0, "observation.images.front", batch_size=8))
+    assert batch.shape[1:] == (120, 160, 3)
+    top, bottom = batch[0, 10:50].reshape(-1, 3).mean(0), batch[0, 70:110].reshape(-1, 3).mean(0)
+    assert abs(bottom[0] - 200) < 12 and abs(top[2] - 80) < 12  # the publisher's two bands

@@ -113,8 +113,11 @@ def _write_stats(path: str, streams: list[_Stream]) -> None:
 def _camera_frames(
     source: dict[str, Any], stream: _Stream, stop: threading.Event, events: _Events
 ) -> Iterator[tuple[float, np.ndarray]]:
-    """Decoded frames of an FFmpeg input as (receipt time, (H, W, 3) RGB at the configured size)."""
+    """Decoded frames of an FFmpeg input as (receipt time, (H, W, 3) RGB at the configured size);
+    the frame is a view of one reused buffer, valid until the next one (push copies it)."""
     import av
+
+    from eva.dataset.rgb import FrameConverter
 
     height, width = stream.shape[0], stream.shape[1]
     open_timeout = float(source.get("open_timeout_s", 10.0))
@@ -132,6 +135,9 @@ def _camera_frames(
             "opened", stream.name, f"{video.codec_context.name} {video.width}x{video.height}"
         )
         latency = float(source.get("latency_s", 0.0))
+        buffer = np.zeros((1, height, width, 3), np.uint8)
+        converter = FrameConverter()
+        started = False
         pace_origin: tuple[float, float] | None = None
         for frame in container.decode(video):
             if stop.is_set():
@@ -144,8 +150,15 @@ def _camera_frames(
                 if delay > 0:
                     time.sleep(delay)
             t = time.time() - latency
-            rgb = frame.to_ndarray(width=width, height=height, format="rgb24")
-            yield t, rgb
+            if (frame.width, frame.height) != (width, height):
+                frame = frame.reformat(width=width, height=height)  # scaled, same pixel format
+            # into one reused buffer (the native yuv420p LUT path when it matches PyAV's pixels)
+            if started:
+                converter.convert(frame, buffer, 0)
+            else:
+                converter.start_video(frame, buffer, 0)
+                started = True
+            yield t, buffer[0]
     finally:
         container.close()
 
