@@ -130,7 +130,9 @@ def _camera_frames(
     )
     try:
         video = container.streams.video[0]
-        video.thread_type = "AUTO"
+        # slice threads only: frame threads would hold frames back and release them in bursts,
+        # and a frame is stamped when it leaves the decoder
+        video.thread_type = "SLICE"
         events.send(
             "opened", stream.name, f"{video.codec_context.name} {video.width}x{video.height}"
         )
