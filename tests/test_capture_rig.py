@@ -8,6 +8,7 @@ process) and malformed messages.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -310,3 +311,51 @@ def test_ffmpeg_frames_are_scaled_to_the_configured_size(tmp_path: Path) -> None
     assert batch.shape[1:] == (120, 160, 3)
     top, bottom = batch[0, 10:50].reshape(-1, 3).mean(0), batch[0, 70:110].reshape(-1, 3).mean(0)
     assert abs(bottom[0] - 200) < 12 and abs(top[2] - 80) < 12  # the publisher's two bands
+
+
+def test_source_processes_end_when_the_recorder_is_killed(tmp_path: Path) -> None:
+    """A recorder killed with SIGKILL cannot stop its sources: they notice and exit."""
+    path = write_config(
+        tmp_path / "rig.toml",
+        '[[collection.cameras]]\nkey = "observation.images.front"\nwidth = 64\nheight = 48\n'
+        'source = { kind = "sim" }\n',
+        '[[collection.vectors]]\nname = "action"\ndim = 3\n'
+        'source = { kind = "python", object = "test_capture_rig:PluginRig", args = { dim = 3 } }\n',
+    )
+    script = (
+        "import sys, time\n"
+        "from eva.capture.rig import SourceRig\n"
+        "from eva.config import load_config\n"
+        "rig = SourceRig(load_config(sys.argv[1]).collection).start()\n"
+        "assert rig.check() == []\n"
+        "print(' '.join(str(g.process.pid) for g in rig.groups), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    recorder = subprocess.Popen(
+        [sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert recorder.stdout is not None
+    pids = [int(p) for p in recorder.stdout.readline().split()]
+    try:
+        assert len(pids) == 2
+        recorder.kill()
+        recorder.wait(10)
+
+        def running(pid: int) -> bool:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+            except FileNotFoundError:
+                return False
+
+        deadline = time.monotonic() + 10
+        while any(map(running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(running, pids)), "source processes outlived their recorder"
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    removed = remove_stale_rings()  # the dead recorder's ring files
+    assert all(f"eva-{recorder.pid}-" in p.name for p in removed) and len(removed) == 2

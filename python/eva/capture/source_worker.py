@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 REPORT_EVERY_S = 1.0  # bad samples of one stream are reported at most this often
+ORPHAN_GRACE_S = 2.0  # after the recorder died: time to stop cleanly before exiting anyway
 
 
 class _Events:
@@ -303,10 +304,19 @@ def run(spec: dict[str, Any], stop: threading.Event) -> int:
     stats_path = os.environ.get("EVA_SOURCE_STATS")
     streams = [_Stream(s, attach_shm_ring(s["ring"]), bool(stats_path)) for s in spec["streams"]]
 
-    def watch_stop() -> None:  # the recorder may ask through the rings
-        while not stop.is_set():
+    parent = os.getppid()
+
+    def watch_stop() -> None:
+        """The recorder asks through the rings; a recorder that died (``kill -9``) cannot, so
+        its death (this process re-parented) stops the source too, and a source that does not
+        return within a grace period (a plugin blocked in a read) is ended."""
+        while True:
             if any(getattr(s.ring, "stop_requested", False) for s in streams):
                 stop.set()
+            if os.getppid() != parent:
+                stop.set()
+                time.sleep(ORPHAN_GRACE_S)
+                os._exit(0)
             time.sleep(0.1)
 
     threading.Thread(target=watch_stop, daemon=True).start()
