@@ -669,7 +669,12 @@ def collect_command(
     """
     import os
 
-    from eva.capture.recorder import Recorder, RecorderError, pin_mmap_threshold
+    from eva.capture.recorder import (
+        Recorder,
+        RecorderError,
+        pin_mmap_threshold,
+        shorten_switch_interval,
+    )
 
     cfg = _collect_load(config, dataset)
     if list_only:
@@ -698,6 +703,7 @@ def collect_command(
         click.echo("\n".join(_collect_header(cfg, source, config)), err=True)
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
         pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
+    shorten_switch_interval()  # capture threads keep up beside busy Python threads
     handler = _CaptureLogHandler(_LogLimiter(), logging.ERROR if quiet else logging.INFO)
     capture_log = logging.getLogger("eva.capture")
     capture_log.addHandler(handler)
@@ -1315,7 +1321,7 @@ def console_command(
     """
     import os
 
-    from eva.capture.recorder import pin_mmap_threshold
+    from eva.capture.recorder import pin_mmap_threshold, shorten_switch_interval
     from eva.capture.sources import SourceSpecError
 
     try:
@@ -1325,6 +1331,7 @@ def console_command(
         fail(f"eva console needs the console extra (pip install 'eva[console]'): {e}", EXIT_USAGE)
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
         pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
+    shorten_switch_interval()  # capture threads keep up beside busy Python threads
     try:
         session = ConsoleSession(config, source=source, seed=seed, sftp_known_hosts=known_hosts)
     except (ConsoleError, SourceSpecError) as e:

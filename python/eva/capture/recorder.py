@@ -109,6 +109,25 @@ def pin_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
     return bool(mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(nbytes)))
 
 
+def shorten_switch_interval(seconds: float | None = None) -> float:
+    """Let the recorder's consumer and encoder threads take the GIL sooner (entry points call it).
+
+    Why: with busy Python threads beside capture (the console's HTTP server, a driver loop),
+    CPython hands the GIL over every 5 ms, and the consumer waiting for it fell behind:
+    ``bench/bench_rig.py`` measured a real-time factor of 0.51 and overflowing rings with two busy
+    threads at 5 ms, 0.98 and no drops at 0.5 ms. ``EVA_SWITCH_INTERVAL`` (seconds; ``0`` keeps
+    CPython's default) overrides the default of 0.5 ms. Returns the interval in force.
+    """
+    import os
+    import sys
+
+    if seconds is None:
+        seconds = float(os.environ.get("EVA_SWITCH_INTERVAL", "0.0005"))
+    if seconds > 0:
+        sys.setswitchinterval(seconds)
+    return sys.getswitchinterval()
+
+
 class RecorderError(RuntimeError):
     """A lifecycle call that does not fit the recorder's state (e.g. STOP while idle)."""
 
@@ -141,6 +160,7 @@ class _Session:
     started_mono: float
     base: dict[str, int]  # ring.pushed at START, per stream
     overflow_base: dict[str, int]
+    overflow_end: dict[str, int] = field(default_factory=dict)  # overflow_count at STOP/CANCEL
     limit: dict[str, int] | None = None  # ring.pushed at STOP/CANCEL
     cancelled: bool = False
     job: SaveJob | None = None
@@ -444,6 +464,8 @@ class Recorder:
                 with stream.lock:
                     stream.open = False
                     limit[stream.name] = stream.ring.pushed
+                    # refusals after STOP belong to no episode (source processes push on)
+                    session.overflow_end[stream.name] = stream.ring.overflow_count
                     if stream.bad_shape:
                         session.bad_shapes[stream.name] = (
                             stream.bad_shape,
@@ -1068,7 +1090,7 @@ class _EpisodeConsumer:
                     f"camera {key!r} is not in the config: {count} images ignored",
                 )
         overflow = {
-            name: st.ring.overflow_count - s.overflow_base[name]
+            name: s.overflow_end.get(name, st.ring.overflow_count) - s.overflow_base[name]
             for name, st in self.streams.items()
         }
         for name, count in overflow.items():
