@@ -296,6 +296,7 @@ def create_app(
         async def stream() -> Any:
             yield "retry: 2000\n\n"
             sent_version = -1
+            sent_state: str | None = None
             sent_job: str | None = None
             quiet = 0.0
             while True:
@@ -306,9 +307,11 @@ def create_app(
                     status["active_job"] is not None
                     and status["active_job"]["state"] in ("queued", "running")
                 )
-                if live or status["version"] != sent_version or quiet >= EVENT_HEARTBEAT_S:
+                changed = status["version"] != sent_version or status["state"] != sent_state
+                if live or changed or quiet >= EVENT_HEARTBEAT_S:
                     yield f"event: status\ndata: {json.dumps(status)}\n\n"
                     sent_version = status["version"]
+                    sent_state = status["state"]
                     quiet = 0.0
                     job_text = json.dumps(status["active_job"]) if status["active_job"] else None
                     if job_text is not None and job_text != sent_job:

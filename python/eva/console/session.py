@@ -266,6 +266,8 @@ class ConsoleSession:
             return status
 
     def _compute_status(self) -> dict[str, Any]:
+        # Read first: a change racing this computation then shows as a newer version next time.
+        version = self.version
         rec = self.recorder.status()
         jobs = list(self.recorder.jobs)
         for job in jobs:
@@ -311,7 +313,7 @@ class ConsoleSession:
             "datasets": self.datasets(),
             "upload_backend": self.sftp.describe() if self.sftp else None,
             "active_job": active.as_dict() if active else None,
-            "version": self.version,
+            "version": version,
         }
 
     def _save_job(self, job: Any) -> dict[str, Any]:
