@@ -170,11 +170,6 @@ def _collect_load(config_path: Path, dataset: str | None) -> Any:
     return cfg
 
 
-def _has_configured_sources(cfg: Any) -> bool:
-    streams = [*cfg.cameras, *cfg.vectors]
-    return any(getattr(s, "source", None) is not None for s in streams)
-
-
 def _stream_source(stream: Any, override: str | None) -> tuple[str, str]:
     """``(kind, one-line description)`` of what feeds one camera / vector stream: the
     ``--source`` override, else the stream's ``source`` (None: the simulator)."""
@@ -198,12 +193,14 @@ def _stream_source(stream: Any, override: str | None) -> tuple[str, str]:
 
 def _source_summary(cfg: Any, override: str | None, config_path: Path) -> tuple[str, str]:
     """``(mode, one line)``: what this run records; ``mode`` is sim, replay or configured."""
+    from eva.capture.rig import has_sources
+
     if override == "sim":
         return "sim", "recording the SIMULATOR (--source sim): no device is read"
     if override is not None:
         path = override.removeprefix("replay:")
         return "replay", f"recording a REPLAY of {path} (--source replay): no device is read"
-    if not _has_configured_sources(cfg):
+    if not has_sources(cfg):
         return "sim", (
             f"recording the SIMULATOR: no stream in {config_path} has a source "
             "(source = {kind = ...} in a camera or vector table)"
@@ -297,9 +294,10 @@ def _collect_setup(cfg: Any, override: str | None, seed: int) -> Any:
     """The recording source (``eva.capture.sources.RecordingSource``): the ``--source``
     override, else the config's sources (a config without any records the in-process
     simulator)."""
+    from eva.capture.rig import has_sources
     from eva.capture.sources import SourceSpecError, open_source
 
-    spec = override if override is not None or _has_configured_sources(cfg) else "sim"
+    spec = override if override is not None or has_sources(cfg) else "sim"
     try:
         return open_source(cfg, spec, seed=seed)
     except SourceSpecError as e:

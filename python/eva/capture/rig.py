@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,6 @@ class _Group:
     opened: bool = False
     restarts: int = 0
     stalled: bool = False  # a stream of it stalled during the last episode
-    events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def names(self) -> list[str]:
