@@ -5,12 +5,15 @@ Sessions (one episode each, every one in a fresh driver interpreter: ``driver_ma
 gop 30; 3 cameras 640x480 at 30 fps + 14-dim ``observation.state`` / ``action`` at 200 Hz):
 
 * ``ffmpeg``: the real rig. Five publisher processes started by this module before the driver
-  (``bench/rig_publishers.py``; their CPU is not counted): 3 H.264 MPEG-TS cameras over UDP (the
+  (``bench/rig_publishers.py``; their CPU is not counted; they run ``SCHED_FIFO`` priority 20,
+  as a camera's own hardware or a robot controller would: their send times must not wander
+  with this host's load, or the receiver's measured jitter would be theirs;
+  ``BENCH_PUBLISHER_FIFO=0`` runs them at the ordinary priority): 3 H.264 MPEG-TS cameras over UDP (the
   simulated rig's pictures, encoded once by libx264 ultrafast zerolatency and sent in a loop at
   30 fps, as a camera that encodes on its own hardware; each frame's send time logged), 2 ZeroMQ
   PUB sockets sending msgpack state at 200 Hz. The driver's config gives each camera an
   ``ffmpeg`` source (``udp://127.0.0.1:PORT``, MPEG-TS) and each vector a ``zmq`` source (one
-  endpoint each): ``SourceRig`` runs 5 source processes, ``Recorder(rings=rig.rings)`` pops them.
+  endpoint each), at ``priority = "realtime"`` (``BENCH_RIG_PRIORITY`` overrides it): ``SourceRig`` runs 5 source processes, ``Recorder(rings=rig.rings)`` pops them.
 * ``sim_proc``: the same 5 streams with ``source = {kind = "sim"}``: one source process running
   the simulated rig in real time, same shared-memory transport.
 * ``inproc``: no sources in the config, the design before source processes: ``SimulatedRig``
@@ -50,8 +53,8 @@ before START to the save), ``ffmpeg`` against ``inproc`` (also run with the same
   Goal: push p99 <= 3x the copy's p99.
 * receipt timestamp jitter p99 (goal <= 1 ms): p99 of |x - median(x)| over the samples that
   arrived between START and STOP, where x is
-  - FFmpeg cameras: the recorded stamp (``.stamps``: ``time.time()`` when the decoder returned
-    the frame) minus the publisher's logged send time of the frame paired with it. Frames are
+  - FFmpeg cameras: the recorded stamp (``.stamps``: ``time.time()`` when the demuxer returned
+    the packet that completes the frame) minus the publisher's logged send time of the frame paired with it. Frames are
     paired by order (``align_latency``): received frame k with sent frame k + o, o the largest
     offset whose median latency over the first 30 frames is still >= 0 (causality; the next
     offset is a frame period, 33 ms, earlier), moved on by one at a lost frame (the offset
@@ -99,6 +102,7 @@ SETTLE_S = 1.0
 BUSY_THREADS = 2
 IDLE_S = 3.0  # the recorder idle before START in the plain FFmpeg session (an idle jitter)
 SWITCH_S = 0.0005
+PRIORITY = os.environ.get("BENCH_RIG_PRIORITY", "realtime")
 # A push into a full shared ring returns at once (no copy): below this it was refused. Copying a
 # 640x480x3 frame takes >= 30 us even at 30 GB/s.
 REFUSED_MAX_NS = 10_000  # the GIL switch interval of the last session (CPython's default: 5 ms)
@@ -122,7 +126,7 @@ def make_config(design: str, log_dir: str, ports: dict[str, int] | None = None) 
 
     def source(stream: str, kind: str) -> dict[str, Any]:
         if design == "sim_proc":
-            return {"source": {"kind": "sim"}}
+            return {"source": {"kind": "sim", "priority": PRIORITY}}
         if design != "ffmpeg":
             return {}
         assert ports is not None
@@ -134,6 +138,7 @@ def make_config(design: str, log_dir: str, ports: dict[str, int] | None = None) 
                     "format": "mpegts",
                     "options": dict(UDP_OPTIONS),
                     "open_timeout_s": 15,
+                    "priority": PRIORITY,
                 }
             }
         return {
@@ -141,6 +146,7 @@ def make_config(design: str, log_dir: str, ports: dict[str, int] | None = None) 
                 "kind": "zmq",
                 "endpoint": f"tcp://127.0.0.1:{ports[stream]}",
                 "open_timeout_s": 15,
+                "priority": PRIORITY,
             }
         }
 
@@ -704,7 +710,9 @@ def _rss(r: dict[str, Any]) -> float:
 
 
 def _dropped(r: dict[str, Any]) -> int:
-    return int(r["overflow"] + r["refused"] + r["bad_samples"])
+    """Samples of the episode that were lost: ring overflows START->STOP (a sample refused after
+    STOP, while the episode drains, belongs to no episode), refused pushes, bad samples."""
+    return int(r["overflow_at_stop"] + r["refused"] + r["bad_samples"])
 
 
 def _lost(runs: list[dict[str, Any]]) -> str:
@@ -762,7 +770,7 @@ def rows_from(
                 "baseline": d_base,
                 "ratio": 1.0 if d_real == d_base else None,
                 "unit": "samples",
-                "note": "ring overflows + refused pushes + bad samples while recording (goal 0); "
+                "note": "ring overflows START->STOP + refused pushes + bad samples (goal 0); "
                 f"{_quality(real)}{_lost(real)} vs {_quality(base)}",
             }
         )
@@ -906,8 +914,10 @@ def rows_from(
             "baseline": d_inp_b,
             "ratio": 1.0 if d_real_b == d_inp_b else None,
             "unit": "samples",
-            "note": f"goal 0; overflows before STOP {sum(r['overflow_at_stop'] for r in real_b)} "
-            f"(the rest: samples pushed after STOP while the episode drains); {_quality(real_b)}"
+            "note": "ring overflows START->STOP + refused pushes + bad samples (goal 0); "
+            f"after STOP, while the episode drains, {sum(r['overflow'] - r['overflow_at_stop'] for r in real_b)} "
+            f"vs {sum(r['overflow'] - r['overflow_at_stop'] for r in inp_b)} samples belonging to "
+            f"no episode overflowed; {_quality(real_b)}"
             f"{_lost(real_b)} vs {_quality(inp_b)}; camera backlog peak "
             f"{max(r['backlog_peak_frames'] for r in real_b)} vs "
             f"{max(r['backlog_peak_frames'] for r in inp_b)} frames (shared rings hold "

@@ -23,7 +23,9 @@ SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import signal
 import struct
 import sys
@@ -133,6 +135,13 @@ def publish_zmq(port: int, seconds: float, dim: int, topic: str) -> None:
 
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, _on_term)
+    if os.environ.get("BENCH_PUBLISHER_FIFO", "1") == "1":
+        # A camera or a robot controller sends on its own hardware (or at real-time priority):
+        # its send times do not depend on this host's load. Here the publishers share 2 cores
+        # with the recorder's encoders, so they run SCHED_FIFO (above the sources' priority 10)
+        # to keep their own wake-up latency out of the receiver's measured jitter.
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(20))
     kind, port, seconds = argv[0], int(argv[1]), float(argv[2])
     if kind == "udp":
         width, height, seed = int(argv[3]), int(argv[4]), int(argv[5])

@@ -9,6 +9,7 @@ process) and malformed messages.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -93,12 +94,29 @@ def write_config(path: Path, cameras: str = "", vectors: str = "", **extra: obje
     return path
 
 
-def camera(port: int, *, key: str = "observation.images.front", stall: float = 1.0) -> str:
+def camera(
+    port: int,
+    *,
+    key: str = "observation.images.front",
+    stall: float = 1.0,
+    priority: str = "high",
+) -> str:
     return (
         f'[[collection.cameras]]\nkey = "{key}"\nwidth = 160\nheight = 120\n'
         f'source = {{ kind = "ffmpeg", url = "udp://127.0.0.1:{port}", format = "mpegts", '
-        f"options = {UDP_OPTIONS}, stall_timeout_s = {stall}, open_timeout_s = 8 }}\n"
+        f"options = {UDP_OPTIONS}, stall_timeout_s = {stall}, open_timeout_s = 8, "
+        f'priority = "{priority}" }}\n'
     )
+
+
+def thread_policies(pid: int) -> dict[int, tuple[int, int]]:
+    """Each thread of a process: (scheduling policy, nice value)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        tid = int(task.name)
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            out[tid] = (os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid))
+    return out
 
 
 def zmq_state(port: int, dim: int = 6) -> str:
@@ -126,7 +144,7 @@ def record(recorder: Recorder, seconds: float) -> dict:
 def test_ffmpeg_udp_camera_and_zmq_state(tmp_path: Path) -> None:
     udp, zport = free_port(), free_port(socket.SOCK_STREAM)
     config = load_config(
-        write_config(tmp_path / "rig.toml", camera(udp), zmq_state(zport))
+        write_config(tmp_path / "rig.toml", camera(udp, priority="realtime"), zmq_state(zport))
     ).collection
     cam_pub = publisher("udp", udp, 30)
     state_pub = publisher("zmq", zport, 30)
@@ -137,6 +155,11 @@ def test_ffmpeg_udp_camera_and_zmq_state(tmp_path: Path) -> None:
             rig.attach(recorder)
             rig.start()
             assert rig.check() == []
+            if os.geteuid() == 0:  # permitted: the receiving threads are real-time, decoding not
+                (cam,) = [g for g in rig.groups if "observation.images.front" in g.names]
+                policies = thread_policies(cam.process.pid)
+                assert policies[cam.process.pid] == (os.SCHED_OTHER, -10)  # decodes
+                assert sum(p == os.SCHED_FIFO for p, _ in policies.values()) >= 1  # receives
             job = record(recorder, 3.0)
         assert job["quality"] == "green", job["quality_issues"]
         frames = job["frames"]
@@ -277,6 +300,39 @@ def test_sim_kind_runs_in_a_source_process(tmp_path: Path) -> None:
             job = record(recorder, 1.0)
     assert job["quality"] == "green", job["quality_issues"]
     assert 20 <= job["frames"] <= 40
+
+
+@pytest.mark.parametrize("priority", ["high", "realtime"])
+def test_source_process_priority(
+    tmp_path: Path, priority: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = load_config(
+        write_config(
+            tmp_path / "rig.toml",
+            '[[collection.cameras]]\nkey = "observation.images.front"\nwidth = 64\nheight = 48\n'
+            f'source = {{ kind = "sim", priority = "{priority}" }}\n',
+        )
+    ).collection
+    permitted = os.geteuid() == 0  # root has CAP_SYS_NICE (CI and make test run as root)
+    with (
+        caplog.at_level(logging.WARNING, logger="eva"),
+        SourceRig(config) as rig,
+        Recorder(config, durable=False, rings=rig.rings) as recorder,
+    ):
+        rig.attach(recorder)
+        assert rig.check() == []
+        (group,) = rig.groups
+        pid = group.process.pid
+        if priority == "realtime" and permitted:
+            assert os.sched_getscheduler(pid) == os.SCHED_FIFO
+            assert os.sched_getparam(pid).sched_priority == 10
+        elif permitted:
+            assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+            assert os.getpriority(os.PRIO_PROCESS, pid) == -10
+        job = record(recorder, 0.5)
+    assert job["quality"] == "green", job["quality_issues"]
+    refused = [r for r in caplog.records if "realtime priority refused" in r.getMessage()]
+    assert bool(refused) == (priority == "realtime" and not permitted)
 
 
 def test_stale_ring_files_are_removed(tmp_path: Path) -> None:

@@ -192,6 +192,7 @@ def test_stream_sources(tmp_path: Path) -> None:
     assert action.source.args == {"port": "/dev/ttyUSB0"}
     assert action.source.stall_timeout_s == 0.5
     assert state.source.group_key() != action.source.group_key()
+    assert front.source.priority == "high"  # the default
 
 
 @pytest.mark.parametrize(
@@ -216,6 +217,10 @@ def test_stream_sources(tmp_path: Path) -> None:
         (
             '{ kind = "ffmpeg", url = "x", stall_timeout_s = 0 }',
             "source.stall_timeout_s: must be >=",
+        ),
+        (
+            '{ kind = "ffmpeg", url = "x", priority = "urgent" }',
+            "source.priority: expected one of normal, high, realtime",
         ),
     ],
 )

@@ -62,6 +62,9 @@ class ConfigError(ValueError):
 
 
 SOURCE_KINDS = ("ffmpeg", "zmq", "python", "sim")
+# normal: as started; high: nice -10; realtime: SCHED_FIFO (each falls back to the one before it,
+# with a warning, where the host does not permit it)
+SOURCE_PRIORITIES = ("normal", "high", "realtime")
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,9 @@ class SourceConfig:
     - ``sim``: the simulated rig.
     ``stall_timeout_s``: a stream that delivers nothing for this long while recording is reported
     (a warning and a red ``source_stalled`` flag); ``open_timeout_s``: how long the pre-check
-    waits for the first sample.
+    waits for the first sample. ``priority``: the source process's CPU scheduling (one of
+    ``SOURCE_PRIORITIES``): a receipt time is only as exact as the process's wake-up when the
+    sample arrives, and on a loaded host an ordinary process wakes milliseconds late.
     """
 
     kind: str
@@ -93,6 +98,7 @@ class SourceConfig:
     args: dict[str, Any] = field(default_factory=dict)
     stall_timeout_s: float = 2.0
     open_timeout_s: float = 10.0
+    priority: str = "high"
 
     def describe(self) -> str:
         """One line for status screens: the kind and what it reads."""
@@ -453,7 +459,7 @@ _SOURCE_KEYS = {
     "python": {"object", "args"},
     "sim": set(),
 }
-_COMMON_SOURCE_KEYS = {"kind", "stall_timeout_s", "open_timeout_s"}
+_COMMON_SOURCE_KEYS = {"kind", "stall_timeout_s", "open_timeout_s", "priority"}
 
 
 def _parse_source(r: _Reader, item: Mapping[str, Any], stream: str) -> SourceConfig | None:
@@ -476,7 +482,10 @@ def _parse_source(r: _Reader, item: Mapping[str, Any], stream: str) -> SourceCon
     common = {
         "stall_timeout_s": s.number("stall_timeout_s", 2.0, minimum=0.05),
         "open_timeout_s": s.number("open_timeout_s", 10.0, minimum=0.1),
+        "priority": s.get("priority", str, SourceConfig.priority),
     }
+    if common["priority"] not in SOURCE_PRIORITIES:
+        raise s.fail("priority", f"expected one of {', '.join(SOURCE_PRIORITIES)}")
     if kind == "ffmpeg":
         url = s.get("url", str, None)
         if not url:

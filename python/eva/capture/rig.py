@@ -216,6 +216,8 @@ class SourceRig:
                 log.warning("source %s failed: %s", group.describe(), detail)
             elif kind == "ended":
                 group.last_error = detail
+            elif kind == "warning":
+                log.warning("source %s: %s", group.describe(), detail)
             elif kind == "bad_sample" and stream:
                 count = int(event.get("count", 1))
                 recorder = self._recorder

@@ -12,7 +12,8 @@ recorder's Python threads (HTTP, encoding, alignment): the time a sample is stam
 taken when it arrives here.
 
 Clock (one for the whole rig): Unix wall-clock seconds.
-- ``ffmpeg``: the host's wall clock when the decoded frame is received, minus ``latency_s``.
+- ``ffmpeg``: the host's wall clock when the packet that completes the frame is demuxed (before
+  it is decoded), minus ``latency_s``.
 - ``zmq``: the sender's ``t`` (it must use the same clock).
 - ``python``: whatever the plugin's samples carry (document yours: the same wall clock).
 - ``sim``: the simulated rig's clock, which starts at the wall clock.
@@ -26,10 +27,12 @@ when its source ends (``ended``), fails (``error``, exit 1), or the recorder ask
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
 import os
+import queue
 import signal
 import sys
 import threading
@@ -39,6 +42,11 @@ from typing import Any
 
 import numpy as np
 
+HIGH_NICE = -10  # priority "high"
+REALTIME_PRIORITY = (
+    10  # priority "realtime": SCHED_FIFO, low among real-time tasks (IRQ threads: 50)
+)
+PACKET_QUEUE = 256  # packets received but not yet decoded (~8 s of a 30 fps camera)
 REPORT_EVERY_S = 1.0  # bad samples of one stream are reported at most this often
 ORPHAN_GRACE_S = 2.0  # after the recorder died: time to stop cleanly before exiting anyway
 
@@ -111,11 +119,28 @@ def _write_stats(path: str, streams: list[_Stream]) -> None:
     np.savez(f"{path}-{os.getpid()}.npz", **arrays)
 
 
+def _demoted_from_realtime() -> None:
+    """The calling thread leaves ``SCHED_FIFO`` for the ordinary scheduler at nice -10 (what
+    ``high`` gives); a no-op for a thread that is not real-time."""
+    if os.sched_getscheduler(0) == os.SCHED_FIFO:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, HIGH_NICE)
+
+
 def _camera_frames(
     source: dict[str, Any], stream: _Stream, stop: threading.Event, events: _Events
 ) -> Iterator[tuple[float, np.ndarray]]:
     """Decoded frames of an FFmpeg input as (receipt time, (H, W, 3) RGB at the configured size);
-    the frame is a view of one reused buffer, valid until the next one (push copies it)."""
+    the frame is a view of one reused buffer, valid until the next one (push copies it).
+
+    Two threads: a receiver demuxes and stamps each packet as the demuxer hands it over, and this
+    (the caller's) thread decodes, converts and pushes. A real-time source process keeps only
+    the receiver (and FFmpeg's socket reader) at ``SCHED_FIFO``: its work per packet is tiny, so
+    it runs the moment data arrives. Decoding, which can take milliseconds a frame, runs at the
+    ordinary priority, where the decoders of several cameras cannot delay each other's
+    receivers (with all of them at one real-time priority, a packet waited for the other
+    cameras' decodes to finish)."""
     import av
 
     from eva.dataset.rgb import FrameConverter
@@ -129,41 +154,86 @@ def _camera_frames(
         options=dict(source.get("options") or {}),
         timeout=(open_timeout, read_timeout),
     )
+    packets: queue.Queue[tuple[float, Any]] = queue.Queue(maxsize=PACKET_QUEUE)
+    receiving = threading.Event()
+    receiving.set()
+
+    def receive() -> None:
+        """Packets with their receipt times; ``(nan, exception or None)`` ends the queue."""
+        end: BaseException | None = None
+        try:
+            for packet in container.demux(video):
+                # the receipt time, taken before anything else: decode time varies from frame
+                # to frame (a keyframe costs several P-frames), the arrival does not
+                item = (time.time(), packet)
+                while receiving.is_set():
+                    try:
+                        packets.put(item, timeout=0.1)  # the decoder far behind: wait for it
+                        break
+                    except queue.Full:
+                        continue
+                if not receiving.is_set():
+                    return
+        except BaseException as e:  # handed to the decoding thread, which reports it
+            end = e
+        while receiving.is_set():
+            try:
+                packets.put((math.nan, end), timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    receiver = threading.Thread(target=receive, name="eva-receive", daemon=True)
     try:
         video = container.streams.video[0]
-        # slice threads only: frame threads would hold frames back and release them in bursts,
-        # and a frame is stamped when it leaves the decoder
+        # slice threads only: frame threads would hold frames back and release them in bursts
         video.thread_type = "SLICE"
         events.send(
             "opened", stream.name, f"{video.codec_context.name} {video.width}x{video.height}"
         )
+        receiver.start()  # inherits this thread's priority (real-time, if granted) ...
+        _demoted_from_realtime()  # ... which the decoding thread then gives up
         latency = float(source.get("latency_s", 0.0))
         buffer = np.zeros((1, height, width, 3), np.uint8)
         converter = FrameConverter()
         started = False
         pace_origin: tuple[float, float] | None = None
-        for frame in container.decode(video):
-            if stop.is_set():
-                return
-            if source.get("realtime") and frame.time is not None:
-                now = time.monotonic()
-                if pace_origin is None:
-                    pace_origin = (now, frame.time)
-                delay = pace_origin[0] + (frame.time - pace_origin[1]) - now
-                if delay > 0:
-                    time.sleep(delay)
-            t = time.time() - latency
-            if (frame.width, frame.height) != (width, height):
-                frame = frame.reformat(width=width, height=height)  # scaled, same pixel format
-            # into one reused buffer (the native yuv420p LUT path when it matches PyAV's pixels)
-            if started:
-                converter.convert(frame, buffer, 0)
-            else:
-                converter.start_video(frame, buffer, 0)
-                started = True
-            yield t, buffer[0]
+        while not stop.is_set():
+            try:
+                received, packet = packets.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if math.isnan(received):
+                if packet is not None:
+                    raise packet
+                return  # the end of the input
+            for frame in packet.decode():
+                t = received
+                if source.get("realtime") and frame.time is not None:
+                    now = time.monotonic()
+                    if pace_origin is None:
+                        pace_origin = (now, frame.time)
+                    delay = pace_origin[0] + (frame.time - pace_origin[1]) - now
+                    if delay > 0:
+                        time.sleep(delay)
+                    t = time.time()  # a file played at its pace: the frame "arrives" now
+                if (frame.width, frame.height) != (width, height):
+                    frame = frame.reformat(width=width, height=height)  # scaled, same format
+                # into one reused buffer (the native yuv420p LUT path when it matches PyAV's)
+                if started:
+                    converter.convert(frame, buffer, 0)
+                else:
+                    converter.start_video(frame, buffer, 0)
+                    started = True
+                yield t - latency, buffer[0]
     finally:
-        container.close()
+        receiving.clear()
+        if receiver.ident is not None:
+            # the receiver may be inside a read (at most the stall timeout): the container must
+            # outlive it; a process ending anyway leaves it to the OS
+            receiver.join(read_timeout + 1.0)
+        if not receiver.is_alive():
+            container.close()
 
 
 def _run_ffmpeg(
@@ -296,11 +366,40 @@ def _run_sim(
     _samples_into(rig.samples(), streams, stop, events)
 
 
+def apply_priority(priority: str) -> str | None:
+    """Raise this process's CPU scheduling priority before it starts any thread (threads inherit
+    it: FFmpeg's UDP reader, ZeroMQ's I/O thread). A sample is stamped when this process wakes up
+    to receive it; at an ordinary priority, on a host whose cores are busy (the recorder's
+    encoders), that wake-up is milliseconds late. Returns a warning when the host refuses
+    ``realtime`` (it needs CAP_SYS_NICE or an RLIMIT_RTPRIO); ``high`` (the default) quietly
+    stays at the ordinary priority where lowering the nice value is not permitted."""
+    if priority == "realtime":
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+            return None
+        except (PermissionError, OSError) as e:
+            warning = f"realtime priority refused ({e.strerror or e}); running at nice {HIGH_NICE}"
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, HIGH_NICE)
+            except OSError:
+                warning = (
+                    f"realtime priority refused ({e.strerror or e}); running at normal priority"
+                )
+            return warning
+    if priority == "high":
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, HIGH_NICE)
+    return None
+
+
 def run(spec: dict[str, Any], stop: threading.Event) -> int:
     from eva.capture.shm_ring import attach_shm_ring
 
     events = _Events()
     source = spec["source"]
+    warning = apply_priority(source.get("priority", "high"))
+    if warning:
+        events.send("warning", None, warning)
     stats_path = os.environ.get("EVA_SOURCE_STATS")
     streams = [_Stream(s, attach_shm_ring(s["ring"]), bool(stats_path)) for s in spec["streams"]]
 
