@@ -10,7 +10,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 DEMO_DIR ?= demo-data
 
-.PHONY: venv build demo test test-native test-reference bench compat lint system-deps clean
+.PHONY: venv build demo test test-native test-reference fuzz bench compat lint system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ system-deps:
 test: system-deps build
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests
 	EVA_PUREPYTHON=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests
+
+# The reader fuzz tests at length, with fresh random cases each run (make test runs a fixed few).
+FUZZ_EXAMPLES ?= 2000
+fuzz: build
+	EVA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) EVA_FUZZ_RANDOM=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_fuzz_readers.py
 
 bench: build
 	$(PY) bench/run_all.py --json bench-report.json

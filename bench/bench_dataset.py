@@ -217,6 +217,35 @@ def _seconds(run: Any) -> float:
     return time.perf_counter() - start
 
 
+def validate_row(root: Path) -> dict[str, Any]:
+    """``validate_dataset`` (which decodes a few keyframes of every MP4 to catch a damaged
+    bitstream) against the same validation without that decode: the keyframe checks alone,
+    timed over the same files, subtracted."""
+    from eva.dataset.decode_check import check_keyframes
+    from eva.dataset.reader import DatasetReader
+    from eva.dataset.validate import validate_dataset
+
+    reader = DatasetReader(root)
+    videos = [reader.video_path(ep, k) for ep in reader.episode_indices for k in reader.video_keys]
+    t_validate = min(_timed(lambda: validate_dataset(root)) for _ in range(3))
+    t_keyframes = min(_timed(lambda: [check_keyframes(v) for v in videos]) for _ in range(3))
+    return {
+        "name": f"validate @{len(reader.episode_indices)} episodes vs without keyframe decoding",
+        "value": t_validate * 1e3,
+        "baseline": (t_validate - t_keyframes) * 1e3,
+        "ratio": (t_validate - t_keyframes) / t_validate,
+        "unit": "ms",
+        "note": f"{len(videos)} MP4s, {t_keyframes / len(videos) * 1e3:.2f} ms of keyframe "
+        "decoding each (up to 3 keyframes: the first, one between, the last)",
+    }
+
+
+def _timed(work: Any) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
 def report(quick: bool = False) -> list[dict[str, Any]]:
     """Rows for bench/run_all.py; about 15 s, 8 s with quick."""
     appends = 9 if quick else 25
@@ -258,6 +287,7 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
                 "per append and grows with every episode",
             }
         )
+        rows.append(validate_row(large))
         rows += jsonl_append_rows(tmp, large, 2000)
         rows += decode_rows(tmp, 60 if quick else 150)
         rows += frame_count_rows(tmp, 150 if quick else 600)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from eva.upload.config import SftpConfig
+
 SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
 
@@ -225,6 +227,13 @@ def make_export(
     source = Path(log_dir) / name / "raw"
     (source / "meta").mkdir(parents=True, exist_ok=True)
     (source / "meta" / "info.json").write_text(json.dumps({"codebase_version": "v2.1"}))
+    # The current review: every episode accepted, as the markers below record (the gate refuses
+    # an export that the review no longer gives).
+    (source / "meta" / "episodes.jsonl").write_text(
+        "".join(
+            json.dumps({"episode_index": i, "length": 1}) + "\n" for i in range(len(file_sizes))
+        )
+    )
     paths = export_paths(source, fmt)
     for subset, directory in paths.items():
         (directory / "meta").mkdir(parents=True, exist_ok=True)
@@ -239,7 +248,7 @@ def make_export(
             "source_dir": str(source.resolve()),
             "subset": subset,
             "dataset_format": fmt,
-            "source_episode_indices": list(range(len(file_sizes))),
+            "source_episode_indices": list(range(len(file_sizes))) if subset == "accepted" else [],
             "rule": "qc_verdict pass > fail > red > green",
         }
         (directory / QUALITY_SPLIT).write_text(json.dumps(marker))
@@ -248,3 +257,20 @@ def make_export(
     job.rejected_dir = str(paths["rejected"])
     write_job(export_root(source, fmt) / EXPORT_JOB, job)
     return source, paths["accepted"]
+
+
+def sftp_config(
+    server: SshdServer, remote_dir: Path, known_hosts: Path, **kw: object
+) -> SftpConfig:
+    """An SftpConfig for the test server (``kw`` overrides fields)."""
+
+    values: dict = dict(
+        host="127.0.0.1",
+        port=server.port,
+        user=server.user,
+        identity_file=server.client_key,
+        remote_dir=str(remote_dir),
+        known_hosts=known_hosts,
+    )
+    values.update(kw)
+    return SftpConfig(**values)

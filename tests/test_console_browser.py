@@ -706,3 +706,24 @@ def test_format_selector_rule_and_upload(
     ).get_attribute("max")
     screenshot(d, artifacts, "upload-done")
     assert browser_errors(d) == []
+
+
+def test_dataset_text_is_never_parsed_as_html(console: Console, browser: WebDriver) -> None:
+    """A note (and a prompt) holding markup is shown as text: the page creates no element, and
+    no handler of it runs."""
+    d = browser
+    note = '<img src=x onerror="window.evaPwned=1"><b id="pwned">bold</b>'
+    put = console.api.put("/api/datasets/sort_parts/episodes/0/qc", json={"note": note})
+    assert put.status_code == 200, put.text
+    try:
+        open_console(d, console)
+        open_episode(d, "sort_parts", 0)
+        wait_until(d, lambda: by_id(d, "note").get_attribute("value") == note, "the note shown")
+        found = d.execute_script(
+            "return [document.querySelectorAll('img[src=\"x\"], [onerror], #pwned').length,"
+            " window.evaPwned === undefined]"
+        )
+        assert found == [0, True]
+        assert browser_errors(d) == []
+    finally:
+        console.api.put("/api/datasets/sort_parts/episodes/0/qc", json={"note": ""})

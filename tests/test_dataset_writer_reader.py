@@ -20,6 +20,7 @@ from eva.capture.synthetic import SyntheticScene, joint_actions, joint_states
 from eva.dataset import atomic, layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
+from eva.dataset.repair import MetadataNotUpdated
 from eva.dataset.video import VideoOptions, count_decoded_frames, probe
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
 
@@ -320,7 +321,8 @@ def test_crash_during_metadata_write_keeps_old_file(
         ep = writer.begin_episode("a")
         _add(ep, 0, 4, scene)
         monkeypatch.setattr(os, "replace", crash_on_info)
-        with pytest.raises(OSError, match="simulated"):
+        # Past the commit point: reported as committed with stale metadata, naming the cause.
+        with pytest.raises(MetadataNotUpdated, match="episode 1 committed; .*simulated"):
             ep.commit()
         monkeypatch.setattr(os, "replace", real_replace)
     # info.json: the old bytes, complete; no temp file left visible as a dataset file.
@@ -503,7 +505,7 @@ def test_reader_refuses_symlink_escape(tmp_path: Path, small_dataset: Path) -> N
     pq.write_table(pq.read_table(target), outside)
     target.unlink()
     target.symlink_to(outside)
-    with pytest.raises(DatasetError, match="outside the dataset"):
+    with pytest.raises(DatasetError, match="is a symlink; eva does not follow links"):
         DatasetReader(small_dataset).read_table(1)
 
 
@@ -654,7 +656,10 @@ def test_non_finite_vectors_are_kept_but_left_out_of_stats(tmp_path: Path) -> No
     assert stats["observation.state"]["count"] == [2]  # rows 0 and 2
     assert stats["observation.state"]["max"] == [6.0, 7.0, 8.0]
     assert "action" not in stats  # no finite row at all; still computable from the table
-    assert validate_dataset(root) == []
+    # Kept as evidence, but named by validation (an export refuses them unless asked to carry them).
+    problems = validate_dataset(root)
+    assert [p.code for p in problems] == ["non_finite_values"] * 2
+    assert "column observation.state: 2 NaN/inf values, the first in row 1" in problems[0].message
 
 
 def test_bad_options_are_refused_before_anything_is_written(tmp_path: Path) -> None:

@@ -400,12 +400,8 @@ def test_validation_errors_stop_before_writing(source: Path, case: str) -> None:
     assert r.exit_code == 1, r.output
     error_lines = [line for line in r.output.splitlines() if line.startswith("eva: error:")]
     assert len(error_lines) == 1 and needle in error_lines[0], r.output
-    export = source.parent / "export"
-    assert not (export / "lerobot_v21" / "accepted").exists()
-    assert not (export / "lerobot_v21" / "rejected").exists()
-    assert [p.name for p in export.iterdir() if p.name.startswith(".eva-staging")] == []
-    job = read_job(export / "lerobot_v21" / "job.json")
-    assert job is not None and job.state == "failed" and needle in (job.error or "")
+    # Nothing is written before validation passes: no export root, lock or job record.
+    assert not (source.parent / "export").exists()
 
 
 def test_cli_export_json_lines_and_lock_refusal(source: Path) -> None:

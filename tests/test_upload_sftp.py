@@ -11,7 +11,7 @@ from pathlib import Path
 import paramiko
 import pytest
 from click.testing import CliRunner
-from sftp_server import SshdServer, make_export, ssh_agent
+from sftp_server import SshdServer, make_export, sftp_config, ssh_agent
 
 from eva.cli import main
 from eva.dataset.layout import export_root
@@ -33,21 +33,6 @@ pytest_plugins = ["sftp_server"]
 
 FIXED_NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 STAMP = "20260102T030405Z"
-
-
-def sftp_config(
-    server: SshdServer, remote_dir: Path, known_hosts: Path, **kw: object
-) -> SftpConfig:
-    values: dict = dict(
-        host="127.0.0.1",
-        port=server.port,
-        user=server.user,
-        identity_file=server.client_key,
-        remote_dir=str(remote_dir),
-        known_hosts=known_hosts,
-    )
-    values.update(kw)
-    return SftpConfig(**values)
 
 
 @pytest.fixture

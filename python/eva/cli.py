@@ -17,13 +17,20 @@ import click
 
 from eva import __version__
 from eva._native import build_info
+from eva.textsafe import json_line, printable
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
 
 
 def emit_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, ensure_ascii=False, default=str))
+    click.echo(json_line(obj))
+
+
+def say(text: object, *, err: bool = False, nl: bool = True) -> None:
+    """Print one line that may hold dataset text (notes, prompts, keys, file names, messages
+    quoting them): controls are shown escaped, never sent to the terminal (eva.textsafe)."""
+    click.echo(printable(text), err=err, nl=nl)
 
 
 def first_line(text: str) -> str:
@@ -33,7 +40,7 @@ def first_line(text: str) -> str:
 
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     """One-line error on stderr and a non-zero exit."""
-    click.echo(f"eva: error: {first_line(message)}", err=True)
+    say(f"eva: error: {first_line(message)}", err=True)
     sys.exit(code)
 
 
@@ -45,7 +52,23 @@ def _version_message() -> str:
     return f"eva {__version__}, core: {core}"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _EvaGroup(click.Group):
+    """The command group; a filesystem error no command words itself (EACCES, EROFS, ENOSPC,
+    ELOOP... while reading or writing a dataset) becomes one line naming the path, exit 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OSError as e:
+            from eva.dataset.fsafe import os_error
+
+            fail(str(os_error(e)))
+
+
+@click.group(
+    cls=_EvaGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, message=_version_message())
 def main() -> None:
     """eva: record, review, split, export and upload robot-learning datasets.
@@ -81,6 +104,7 @@ def _dataset_summary(root: Path) -> dict[str, Any]:
         "tasks": [reader.tasks[i] for i in sorted(reader.tasks)],
         "quality": {"green": quality.count("green"), "red": quality.count("red")},
         "qc_verdict": {"pass": verdicts.count("pass"), "fail": verdicts.count("fail")},
+        "stale_exports": _stale_exports(root),
     }
 
 
@@ -105,14 +129,14 @@ def info_command(dataset: Path, as_json: bool) -> None:
         emit_json(summary)
         return
     cameras = ", ".join(f"{k} {s[1]}x{s[0]}" for k, s in summary["cameras"].items() if s)
-    click.echo(f"dataset   {summary['dataset']} ({summary['codebase_version']})")
-    click.echo(f"episodes  {summary['episodes']}, frames {summary['frames']}, fps {summary['fps']}")
-    click.echo(f"cameras   {cameras or '-'}")
-    click.echo(f"tasks     {len(summary['tasks'])}: " + "; ".join(summary["tasks"]))
+    say(f"dataset   {summary['dataset']} ({summary['codebase_version']})")
+    say(f"episodes  {summary['episodes']}, frames {summary['frames']}, fps {summary['fps']}")
+    say(f"cameras   {cameras or '-'}")
+    say(f"tasks     {len(summary['tasks'])}: " + "; ".join(map(printable, summary["tasks"])))
     q, v = summary["quality"], summary["qc_verdict"]
-    click.echo(
-        f"quality   green {q['green']}, red {q['red']}; qc pass {v['pass']}, fail {v['fail']}"
-    )
+    say(f"quality   green {q['green']}, red {q['red']}; qc pass {v['pass']}, fail {v['fail']}")
+    for entry in summary["stale_exports"]:
+        say(f"stale     {entry['format']} export {entry['export_root']}: {entry['detail']}")
 
 
 @main.command("validate")
@@ -141,8 +165,8 @@ def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
         )
     else:
         for problem in problems:
-            click.echo(str(problem))
-        click.echo(
+            say(str(problem))
+        say(
             f"{dataset}: valid" if not problems else f"{dataset}: {len(problems)} problem(s)",
             err=bool(problems),
         )
@@ -287,7 +311,8 @@ def _collect_list(cfg: Any, override: str | None, config_path: Path, as_json: bo
     for d in datasets:
         lines.append(f"  {d['name']} -> {d['dir']}")
         lines.extend(f"    task {i}: {p}" for i, p in enumerate(d["prompts"], 1))
-    click.echo("\n".join(lines))
+    for line in lines:
+        say(line)
 
 
 def _collect_setup(cfg: Any, override: str | None, seed: int) -> Any:
@@ -393,6 +418,7 @@ def _collect_job_line(job: Any, size: int | None = None) -> str:
         f"saved episode {job.episode_index}: {job.frames} frames, {quality}"
         + (f", {_human_bytes(size)}" if size is not None else "")
         + f" -> {job.dataset_dir}"
+        + (f" ({job.warning})" if getattr(job, "warning", None) else "")
     )
 
 
@@ -468,7 +494,7 @@ class _CaptureLogHandler(logging.Handler):
             if self.held:
                 self.queue.put(line)
             else:
-                sys.stderr.write(line + "\n")
+                sys.stderr.write(printable(line) + "\n")
                 sys.stderr.flush()
         except Exception:
             self.handleError(record)
@@ -487,7 +513,7 @@ class _CaptureLogHandler(logging.Handler):
         """Back to writing straight to stderr, after what was held."""
         self.held = False
         for line in self.pending() + self.limiter.leftovers():
-            sys.stderr.write(line + "\n")
+            sys.stderr.write(printable(line) + "\n")
         sys.stderr.flush()
 
 
@@ -516,7 +542,7 @@ class _JobReporter:
     def flush(self, jobs: list[Any]) -> None:
         for job in self.new(jobs):
             to_stderr = self.interactive or (job.state == "failed" and not self.as_json)
-            click.echo(self.line(job), err=to_stderr)
+            say(self.line(job), err=to_stderr)
 
 
 class _EpisodeNumbers:
@@ -558,12 +584,12 @@ class _StatusScreen:
         self.drawn = False
 
     def say(self, text: str) -> None:
-        sys.stderr.write(("\r\033[K" if self.drawn else "") + text + "\n")
+        sys.stderr.write(("\r\033[K" if self.drawn else "") + printable(text) + "\n")
         sys.stderr.flush()
         self.drawn = False
 
     def draw(self, line: str) -> None:
-        sys.stderr.write("\r\033[K" + _fit(line, _terminal_width()))
+        sys.stderr.write("\r\033[K" + _fit(printable(line), _terminal_width()))
         sys.stderr.flush()
         self.drawn = True
 
@@ -697,8 +723,9 @@ def collect_command(
     cfg = rec_source.config
     if not quiet:
         if rec_source.note:
-            click.echo(f"eva: note: {rec_source.note}", err=True)
-        click.echo("\n".join(_collect_header(cfg, source, config)), err=True)
+            say(f"eva: note: {rec_source.note}", err=True)
+        for line in _collect_header(cfg, source, config):
+            say(line, err=True)
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
         pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
     shorten_switch_interval()  # capture threads keep up beside busy Python threads
@@ -735,7 +762,7 @@ def collect_command(
     if problems:
         shut_down()
         for line in problems:
-            click.echo(f"eva: error: {line}", err=True)
+            say(f"eva: error: {line}", err=True)
         sys.exit(EXIT_USAGE)
     if check_only:
         shut_down()
@@ -794,24 +821,24 @@ def _collect_scripted(
             reporter.flush(recorder.jobs)
             time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
 
-    def say(text: str) -> None:
+    def announce(text: str) -> None:
         if not quiet:
-            click.echo(text, err=True)
+            say(text, err=True)
 
     for n in range(1, episodes + 1):
         if n > 1 and reset_seconds > 0:
-            say(f"reset: {reset_seconds:g} s to reset the scene before episode {n}/{episodes}")
+            announce(f"reset: {reset_seconds:g} s to reset the scene before episode {n}/{episodes}")
             wait(reset_seconds)
             if rec_source.finished.is_set():
                 break
         for message in rec_source.before_start():  # stopped source processes: restarted
-            say(f"eva: note: {message}")
-        say(f"episode {n}/{episodes}: recording {seconds:g} s")
+            announce(f"eva: note: {message}")
+        announce(f"episode {n}/{episodes}: recording {seconds:g} s")
         recorder.start(dataset, task)
         wait(seconds)
         recorder.stop()
         if rec_source.finished.is_set():
-            say(f"source ended after {n} of {episodes} episodes")
+            announce(f"source ended after {n} of {episodes} episodes")
             break
     while not recorder.wait_idle(0.05):
         reporter.flush(recorder.jobs)
@@ -962,6 +989,11 @@ def qc_command(
 
     if pass_ + fail_ + clear_ > 1:
         fail("qc: --pass, --fail and --clear exclude each other", EXIT_USAGE)
+    if note is not None:
+        try:
+            note.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the locale could not decode (surrogateescape)
+            fail("qc: --note: not valid UTF-8", EXIT_USAGE)
     verdict = "pass" if pass_ else "fail" if fail_ else None
     try:
         if list_:
@@ -976,7 +1008,7 @@ def qc_command(
                 f"{'ep':>6}  {'frames':>6}  quality verdict subset    reason{' ' * 21}issues  note"
             )
             for entry in table:
-                click.echo(_qc_list_line(entry))
+                say(_qc_list_line(entry))
             accepted = sum(1 for e in table if e["subset"] == "accepted")
             click.echo(f"accepted {accepted}, rejected {len(table) - accepted}")
             return
@@ -990,14 +1022,44 @@ def qc_command(
     from eva.quality.verdicts import subset_of
 
     row = update.row
+    stale = _stale_exports(dataset) if update.changed else []
     if as_json:
-        emit_json({**row, "subset": subset_of(row), "changed": update.changed})
+        emit_json(
+            {
+                **row,
+                "subset": subset_of(row),
+                "changed": update.changed,
+                "stale_exports": [s["format"] for s in stale],
+            }
+        )
     else:
-        click.echo(
+        say(
             f"episode {episode}: verdict {row.get('qc_verdict') or '-'}, "
             f"note {row.get('qc_note')!r} -> {subset_of(row)}"
             + ("" if update.changed else " (unchanged)")
         )
+    for entry in stale:
+        say(
+            f"eva: warning: the {entry['format']} export {entry['export_root']} is now stale "
+            f"({entry['detail']}): export again before uploading",
+            err=True,
+        )
+
+
+def _stale_exports(dataset: Path) -> list[dict[str, str]]:
+    """The exports of ``dataset`` the current review no longer gives (eva.export.staleness);
+    a review that cannot be read lists none (the command itself reports that dataset)."""
+    from eva.dataset.errors import DatasetError
+    from eva.export.staleness import stale_exports
+
+    try:
+        found = stale_exports(dataset)
+    except DatasetError:
+        return []
+    return [
+        {"format": s.format, "export_root": str(s.export_root), "detail": s.describe()}
+        for s in found
+    ]
 
 
 def _human_bytes(n: float) -> str:
@@ -1089,6 +1151,12 @@ def _check_hdf5_compression(value: str | None) -> str | None:
     "(default 1, evenly spread; 0 = every keyframe).",
 )
 @click.option(
+    "--allow-non-finite",
+    is_flag=True,
+    help="Export NaN/inf values in vector columns as they are (every format; by default a "
+    "source holding any is refused, naming file, episode, column and first row).",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="JSON progress lines (default when not a terminal)."
 )
 def export_command(
@@ -1104,6 +1172,7 @@ def export_command(
     video_file_size_mb: float | None,
     image_quantiles: str | None,
     image_quantile_keyframes: int | None,
+    allow_non_finite: bool,
     as_json: bool,
 ) -> None:
     """Split DATASET into accepted/rejected and export both as FMT, published as a pair.
@@ -1168,6 +1237,7 @@ def export_command(
                         ("video_files_size_in_mb", video_file_size_mb),
                         ("image_quantiles", image_quantiles),
                         ("image_quantile_keyframes", image_quantile_keyframes),
+                        ("allow_non_finite", allow_non_finite or None),
                     )
                     if v is not None
                 },
@@ -1199,12 +1269,12 @@ def export_command(
         emit_json(summary)
         return
     for line in result.recovered:
-        click.echo(f"recovered: {line}")
-    click.echo(
+        say(f"recovered: {line}")
+    say(
         f"accepted: {summary['accepted_dir']} ({summary['accepted_episodes']} episodes, "
         f"{summary['accepted_frames']} frames)"
     )
-    click.echo(
+    say(
         f"rejected: {summary['rejected_dir']} ({summary['rejected_episodes']} episodes, "
         f"{summary['rejected_frames']} frames)"
     )
@@ -1213,37 +1283,67 @@ def export_command(
 @main.command("verify")
 @click.argument("export_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--source", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Current source dataset (default: derived from the export path).")  # fmt: skip
+              help="Source dataset to compare with (default: the one the export's place derives, "
+              "if it exists; a moved copy is checked on its own).")  # fmt: skip
 @click.option("--format", "fmt", default=None, help="Expected format (default: from the path).")
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Decode every frame of every MP4 (default: sampled keyframes of every MP4 and every "
+    "frame of one random MP4 per camera).",
+)
 @click.option(
     "--json", "as_json", is_flag=True, help="One JSON object per problem, then a summary."
 )
-def verify_command(export_dir: Path, source: Path | None, fmt: str | None, as_json: bool) -> None:
+def verify_command(
+    export_dir: Path, source: Path | None, fmt: str | None, full: bool, as_json: bool
+) -> None:
     """Verify an exported accepted/rejected directory: marker, totals and a real read.
+
+    By default every MP4 has a few keyframes decoded and one random MP4 per camera is decoded
+    whole: that proves the files are MP4s whose sampled frames decode, not that every frame of
+    every file does (damage between keyframes of an unsampled file passes); --full decodes all.
+
+    A copy moved or renamed away from <parent>/export/<fmt>/ is checked on its own (marker,
+    totals, a real read); --source also compares it with that dataset's current review.
 
     \b
     Example:
       eva verify data/pick/export/lerobot_v21/accepted
+      eva verify /archive/pick-2026-01 --source data/pick/raw
     """
     from eva.dataset.errors import DatasetError
     from eva.export.pipeline import problem_line
-    from eva.export.verify import verify_export
+    from eva.export.verify import verify_export_report
 
     try:
-        problems = verify_export(export_dir, source_dir=source, fmt=fmt)
+        report = verify_export_report(export_dir, source_dir=source, fmt=fmt, full=full)
     except (DatasetError, ValueError) as e:
         fail(str(e))
+    problems = report.problems
+    compared = (
+        f"compared with the source {report.source}"
+        if report.source is not None
+        else "own consistency only: no source known (--source compares it with one)"
+    )
     if as_json:
         for p in problems:
             emit_json(
                 {"code": p.code, "message": p.message, "path": str(p.path), "episode": p.episode}
             )
-        emit_json({"ok": not problems, "problems": len(problems), "export_dir": str(export_dir)})
+        emit_json(
+            {
+                "ok": not problems,
+                "problems": len(problems),
+                "export_dir": str(export_dir),
+                "source": str(report.source) if report.source is not None else None,
+            }
+        )
     else:
         for p in problems:
-            click.echo(f"{p.code}: {problem_line(p)}", err=True)
+            say(f"{p.code}: {problem_line(p)}", err=True)
         if not problems:
-            click.echo(f"ok: {export_dir}")
+            say(f"ok: {export_dir} ({compared})")
     if problems:
         sys.exit(EXIT_INVALID)
 
@@ -1272,7 +1372,7 @@ def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
     count = 0
     for name, lines in actions.items():
         for line in lines:
-            click.echo(f"{name}: {line}")
+            say(f"{name}: {line}")
             count += 1
     if not count:
         click.echo("nothing to clean up")
@@ -1340,7 +1440,7 @@ def console_command(
     if problems:
         session.close()
         for line in problems:
-            click.echo(f"eva: error: {line}", err=True)
+            say(f"eva: error: {line}", err=True)
         sys.exit(EXIT_USAGE)
     token = new_token()
     path = token_file or default_token_file(session.config.log_dir)
@@ -1352,11 +1452,11 @@ def console_command(
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"eva: warning: serving on {host}: reachable from other hosts", err=True)
     if session.source_note:
-        click.echo(f"eva: note: {session.source_note}", err=True)
+        say(f"eva: note: {session.source_note}", err=True)
 
     def ready(url: str) -> None:
         for stream, text in session.source.streams.items():
-            click.echo(f"eva console: {stream}: {text}", err=True)
+            say(f"eva console: {stream}: {text}", err=True)
         click.echo(f"eva console: token written to {path}", err=True)
         click.echo(url)
         sys.stdout.flush()
@@ -1494,13 +1594,13 @@ def upload_command(
                 last_emit = now
             elif interactive:
                 line = _upload_progress_line(job.record.progress, now - started)
-                click.echo("\r" + line + "\x1b[K", nl=False, err=True)
+                click.echo("\r" + printable(line) + "\x1b[K", nl=False, err=True)
     except KeyboardInterrupt:
         job.cancel()
         job.wait()
     if interactive:
         line = _upload_progress_line(job.record.progress, time.monotonic() - started)
-        click.echo("\r" + line + "\x1b[K", err=True)
+        click.echo("\r" + printable(line) + "\x1b[K", err=True)
 
     record = job.snapshot()
     if job.result is None:
@@ -1516,7 +1616,7 @@ def upload_command(
     skipped = (
         f", {job.result.skipped_files} already staged files skipped" if job.result.resumed else ""
     )
-    click.echo(
+    say(
         f"uploaded {job.result.files} files ({_human_bytes(job.result.bytes)}) to "
         f"{sftp_config.host if sftp_config else ''}:{job.result.remote_path}{note}{skipped}"
     )

@@ -319,6 +319,7 @@ def parse_collection(
     if not tasks_table:
         raise r.fail("tasks", "needs at least one dataset name")
     tasks: dict[str, list[str]] = {}
+    directories: dict[str, str] = {}  # sanitised directory name -> the dataset name it came from
     for name, prompts in tasks_table.items():
         key = f"tasks.{name}"
         if isinstance(prompts, str):
@@ -329,10 +330,21 @@ def parse_collection(
             or not all(isinstance(p, str) and p.strip() for p in prompts)
         ):
             raise r.fail(key, "expected a non-empty list of non-empty task prompts")
+        if "/" in name or "\\" in name:
+            # A user writing "pick/red" expects a subdirectory; one dataset is one directory.
+            raise r.fail(key, f"dataset name {name!r}: '/' and '\\' are not allowed")
         try:
-            layout.sanitize_dataset_name(name)
+            directory = layout.sanitize_dataset_name(name)
         except layout.UnsafeNameError as e:
             raise r.fail(key, str(e)) from None
+        if directory in directories:
+            # Both would record into one raw dataset.
+            raise r.fail(
+                key,
+                f"dataset name {name!r} and {directories[directory]!r} both map to the "
+                f"directory {directory!r}; rename one",
+            )
+        directories[directory] = name
         tasks[name] = [p.strip() for p in prompts]
 
     cameras = _parse_cameras(r)

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from eva.dataset import fsafe
 from eva.dataset.atomic import atomic_write_json
 from eva.progress import Progress
 from eva.timestamps import utc_now
@@ -108,8 +109,9 @@ def write_job(path: Path, job: Job, *, durable: bool = True) -> None:
 def read_job(path: Path) -> Job | None:
     """The job stored at ``path``, or None when there is none (or it is unreadable)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):  # OSError: also a directory there
+        # Not through a link, and a FIFO there must not block (eva.dataset.fsafe).
+        data = json.loads(fsafe.read_bytes(path).decode("utf-8"))
+    except (OSError, ValueError):  # a directory, link or FIFO there; bad JSON or UTF-8
         return None
     if not isinstance(data, dict) or data.get("state") not in STATES:
         return None

@@ -17,6 +17,10 @@ of the second rename puts the backup back. A ``kill -9`` between those two renam
 all (never a mixed pair); ``recover`` then rolls forward (the staging dir is complete) or back.
 
 The lock file sits beside R, not inside it, because R itself is swapped.
+
+Neither ``<parent>/export`` nor R may be a symlink, and the lock is opened without following one
+(``eva.dataset.fsafe``): a planted link must not make an export, cleanup or upload truncate a
+file or write a job record somewhere else. Such a tree is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from eva.dataset import fsafe
 from eva.dataset.atomic import atomic_write_bytes, fsync_dir, remove_stale_temporaries
 from eva.dataset.errors import DatasetError
 from eva.jobs import EXPORT_JOB, mark_interrupted
@@ -62,8 +67,12 @@ def backup_dir(root: Path, export_id: str) -> Path:
 def export_lock(root: Path, description: str) -> Iterator[None]:
     """Hold the exclusive export lock of ``root`` or raise ``ExportBusy`` at once."""
     path = lock_path(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fsafe.check_export_tree(root)
+    fsafe.real_directory(path.parent, create=True)
+    try:
+        fd = fsafe.create_file(path)
+    except OSError as e:  # EROFS, EACCES: one line naming the lock
+        raise fsafe.os_error(e, path) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -25,6 +25,7 @@ from typing import Any
 from eva.dataset import layout
 from eva.dataset.errors import error_line
 from eva.dataset.locks import try_flock
+from eva.dataset.repair import MetadataNotUpdated
 from eva.dataset.writer import DatasetWriter, EpisodeWriter
 from eva.timestamps import utc_now
 
@@ -49,6 +50,8 @@ class SaveJob:
     quality: str | None = None
     quality_issues: list[dict[str, str]] = field(default_factory=list)
     error: str | None = None
+    # Saved, but info.json / stats.json were not rewritten after the commit: what to run.
+    warning: str | None = None
     created_at: str = field(default_factory=utc_now)
     finished_at: str | None = None
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -78,6 +81,7 @@ class SaveJob:
             "quality": self.quality,
             "quality_issues": list(self.quality_issues),
             "error": self.error,
+            "warning": self.warning,
             "created_at": self.created_at,
             "finished_at": self.finished_at,
         }
@@ -132,6 +136,12 @@ def commit_episode(
         index = episode.commit(row_fields)
         job.episode_index = index
         job.frames = episode.length
+        job._finish(SAVED)
+    except MetadataNotUpdated as e:
+        # The episode is committed (its row is in episodes.jsonl): saved, with the warning.
+        job.episode_index = e.episode_index
+        job.frames = episode.length
+        job.warning = str(e)
         job._finish(SAVED)
     except Exception as e:  # the job records the failure; the recorder keeps running
         episode.abort()

@@ -49,6 +49,14 @@ from eva.dataset.errors import error_line
 log = logging.getLogger("eva.console")
 
 STATIC_DIR = Path(__file__).parent / "static"
+# The page runs only its own script and loads only its own resources: dataset text (notes,
+# prompts, names) is shown through textContent, and should any of it ever end up parsed as HTML,
+# an inline handler or a foreign script it smuggled in would not run.
+PAGE_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' blob: data:; media-src 'self' blob:; connect-src 'self'; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
 COOKIE = "eva_console_token"
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 MAX_BODY = 64 * 1024
@@ -200,7 +208,10 @@ def create_app(
         return run_in_threadpool(fn, *args)
 
     async def index(request: Request) -> Response:
-        return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-store"})
+        return FileResponse(
+            STATIC_DIR / "index.html",
+            headers={"cache-control": "no-store", "content-security-policy": PAGE_POLICY},
+        )
 
     async def status(request: Request) -> Response:
         return JSONResponse(await call(session.status))

@@ -19,7 +19,6 @@ derived here. One background job (export or upload) runs at a time.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -36,7 +35,7 @@ import numpy as np
 from eva.capture.recorder import Recorder, RecorderError
 from eva.capture.sources import open_source
 from eva.config import CollectionConfig, ConfigError, load_config
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.errors import DatasetError, error_line
 from eva.jobs import new_job_id, read_job
 from eva.timestamps import utc_now
@@ -117,6 +116,12 @@ def issue_frames(detail: object) -> list[int]:
     if not isinstance(detail, str):
         return []
     return sorted({int(m) for m in _FRAME_REF.findall(detail)})
+
+
+def _console_reason(gate_reason: str) -> str:
+    """The console's code for an upload gate refusal: its API has always called a stale export
+    ``export_stale`` (the gate's ``stale_review``, decided by the same eva.export.staleness)."""
+    return "export_stale" if gate_reason == "stale_review" else gate_reason
 
 
 class ConsoleSession:
@@ -215,6 +220,10 @@ class ConsoleSession:
             raise _conflict("no_episodes", f"dataset {name!r} has no recorded episodes yet")
         if not layout.is_within(root.resolve(), log_dir):
             raise _conflict("unsafe_path", f"{root}: resolves outside the log directory")
+        try:  # the containment check qc, cleanup, the writer and export share
+            fsafe.check_dataset_tree(root)
+        except DatasetError as e:
+            raise _conflict("unsafe_path", str(e)) from None
         return root
 
     def _episode_count(self, root: Path) -> int | None:
@@ -623,6 +632,8 @@ class ConsoleSession:
     # ---- exports -----------------------------------------------------------------------
 
     def _export_states(self, root: Path, plan: Any) -> dict[str, dict[str, Any]]:
+        from eva.export.staleness import export_staleness
+
         states: dict[str, dict[str, Any]] = {}
         for fmt in layout.FORMATS:
             export_root = layout.export_root(root, fmt)
@@ -638,25 +649,18 @@ class ConsoleSession:
                 "finished_at": job.finished_at,
                 "stale": False,
             }
-            if job.state == "completed":
-                markers = {}
-                for subset, directory in layout.export_paths(root, fmt).items():
-                    try:
-                        marker = json.loads((directory / layout.QUALITY_SPLIT).read_text("utf-8"))
-                        markers[subset] = marker if isinstance(marker, dict) else None
-                    except (OSError, ValueError):
-                        markers[subset] = None
+            # The one staleness rule the upload gate and `eva qc` / `eva info` use too.
+            staleness = export_staleness(root, fmt, plan) if job.state == "completed" else None
+            if staleness is not None:
                 entry["totals"] = {
                     subset: {
                         "episodes": (m or {}).get("total_episodes"),
                         "frames": (m or {}).get("total_frames"),
                     }
-                    for subset, m in markers.items()
+                    for subset, m in staleness.markers.items()
                 }
-                entry["stale"] = any(
-                    m is None or m.get("source_episode_indices") != plan.indices(subset)
-                    for subset, m in markers.items()
-                )
+                entry["stale"] = staleness.stale
+                entry["stale_detail"] = staleness.describe() if staleness.stale else None
             states[fmt] = entry
         return states
 
@@ -683,7 +687,8 @@ class ConsoleSession:
                 check_upload(root, fmt, backend_configured=self.sftp is not None)
                 entry["upload"] = {"allowed": True, "reason": None, "message": None}
             except UploadRefused as e:
-                entry["upload"] = {"allowed": False, "reason": e.reason, "message": str(e)}
+                reason = _console_reason(e.reason)
+                entry["upload"] = {"allowed": False, "reason": reason, "message": str(e)}
             if entry["upload"]["allowed"] and entry.get("stale"):
                 entry["upload"] = {
                     "allowed": False,
@@ -852,14 +857,15 @@ class ConsoleSession:
             # The gate first: without a backend nothing else matters and no thread starts.
             check_upload(root, fmt, backend_configured=self.sftp is not None)
         except UploadRefused as e:
-            raise _conflict(e.reason, str(e)) from None
+            raise _conflict(_console_reason(e.reason), str(e)) from None
         root = self._checked_root(name)
         plan = plan_split(read_episode_rows(root))
-        if self._export_states(root, plan).get(fmt, {}).get("stale"):
+        state = self._export_states(root, plan).get(fmt, {})
+        if state.get("stale"):
             raise _conflict(
                 "export_stale",
                 f"{layout.export_paths(root, fmt)['accepted']}: the review changed since this "
-                "export; export again before uploading",
+                f"export ({state.get('stale_detail')}); export again before uploading",
             )
         job = ConsoleJob(job_id=new_job_id(), kind="upload", dataset=name, format=fmt)
         self._claim(job)
@@ -867,7 +873,7 @@ class ConsoleSession:
             upload = start_upload(root, fmt, self.sftp)
         except UploadRefused as e:
             self._update(job, state="failed", error=str(e), finished_at=utc_now())
-            raise _conflict(e.reason, str(e)) from None
+            raise _conflict(_console_reason(e.reason), str(e)) from None
         except (UploadError, ExportBusy, DatasetError, ValueError) as e:
             self._update(job, state="failed", error=str(e), finished_at=utc_now())
             raise _conflict("upload_refused", str(e)) from None

@@ -10,17 +10,28 @@ complete lines to an ``O_APPEND`` descriptor, then fsync. A line only counts onc
 there: ``read_jsonl`` ignores an unterminated final fragment that does not parse (an append in
 progress, or one cut short by a crash), and ``heal_jsonl_tail`` / the next in-place append drop
 such a fragment, so readers still see either the old rows or the old rows plus the new ones.
+
+Every file is opened without following symlinks and must be a regular file
+(``eva.dataset.fsafe``). A new file gets mode 0o666 minus the umask, like any other program's; a
+rewrite keeps the mode of the file it replaces (a 0644 episodes.jsonl stays readable by the
+training account after ``eva qc``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
-import tempfile
+import secrets
+import stat
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from eva.dataset import fsafe
+from eva.dataset.errors import DatasetError
 
 TMP_PREFIX = ".eva-tmp-"
 
@@ -34,27 +45,73 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """A new, exclusive temp file beside ``path`` (``O_EXCL|O_NOFOLLOW``, mode 0o666 minus the
+    umask; ``tempfile.mkstemp`` would make it 0600)."""
+    for _ in range(100):
+        tmp = path.parent / f"{TMP_PREFIX}{path.name}.{secrets.token_hex(4)}"
+        try:
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666
+            )
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise fsafe.named(e, tmp) from None
+        return fd, tmp
+    raise OSError(errno.EEXIST, "no free temporary file name", str(path))
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` (see the module docstring); the parent directory must be a
+    real directory (it is made if missing) and ``path``, if it exists, a regular file whose mode
+    the new file keeps."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name + ".", dir=path.parent)
+    fsafe.real_directory(path.parent, create=True)
+    try:
+        old = os.lstat(path)
+    except FileNotFoundError:
+        old = None
+    except OSError as e:
+        raise fsafe.named(e, path) from None
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        if stat.S_ISLNK(old.st_mode):
+            raise fsafe.os_error(OSError(errno.ELOOP, "symlink"), path)
+        raise DatasetError(f"{path}: not a regular file; eva does not replace it")
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
+            if old is not None:
+                os.fchmod(f.fileno(), stat.S_IMODE(old.st_mode))
             f.write(data)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:
+            raise fsafe.named(e, path) from None  # ENOSPC/EIO name no file by themselves
         raise
     if durable:
         fsync_dir(path.parent)
 
 
+def _utf8_json(obj: Any, indent: int | None) -> str:
+    """JSON text that encodes as UTF-8: a lone surrogate (a JSON ``\\ud800`` escape read back,
+    a mis-decoded note) cannot be written as UTF-8, so such a document is written with ASCII
+    escapes, which store the same string exactly."""
+    text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, indent=indent, ensure_ascii=True, allow_nan=False)
+    return text
+
+
 def dumps_json(obj: Any) -> str:
-    return json.dumps(obj, indent=4, ensure_ascii=False, allow_nan=False)
+    return _utf8_json(obj, 4)
 
 
 def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
@@ -62,7 +119,7 @@ def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
 
 
 def jsonl_line(obj: Any) -> bytes:
-    return (json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n").encode()
+    return (_utf8_json(obj, None) + "\n").encode()
 
 
 def atomic_write_jsonl(path: Path, rows: Iterable[Any], *, durable: bool = True) -> None:
@@ -74,7 +131,7 @@ def atomic_append_lines(path: Path, data: bytes, *, durable: bool = True) -> Non
     sees a partial line; a final line that lacks its newline is terminated first."""
     path = Path(path)
     try:
-        old = path.read_bytes()
+        old = fsafe.read_bytes(path)
     except FileNotFoundError:
         old = b""
     if old and not old.endswith(b"\n"):
@@ -85,8 +142,7 @@ def atomic_append_lines(path: Path, data: bytes, *, durable: bool = True) -> Non
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Rows of a jsonl file. An unterminated final fragment that does not parse is an append in
     progress (or cut short by a crash) and is ignored; any other bad line raises ValueError."""
-    with open(path, "rb") as f:
-        data = f.read()
+    data = fsafe.read_bytes(path)
     lines = data.split(b"\n")
     torn_tail_possible = not data.endswith(b"\n")
     rows = []
@@ -148,7 +204,7 @@ def _write_all(fd: int, data: bytes) -> None:
 def has_torn_tail(path: Path) -> bool:
     """True when the file ends in an unterminated fragment that is not a complete JSON row."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = fsafe.open_regular(path)
     except FileNotFoundError:
         return False
     try:
@@ -167,7 +223,7 @@ def has_torn_tail(path: Path) -> bool:
 def heal_jsonl_tail(path: Path, *, durable: bool = True) -> bool:
     """Drop a torn final fragment (or terminate a complete final row); True if changed."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        fd = fsafe.open_regular(path, os.O_RDWR | os.O_APPEND)
     except FileNotFoundError:
         return False
     try:
@@ -186,27 +242,51 @@ def append_jsonl_inplace(path: Path, rows: Iterable[Any], *, durable: bool = Tru
     """
     path = Path(path)
     data = b"".join(jsonl_line(r) for r in rows)
-    created = not path.exists()
-    if created:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    created = not os.path.lexists(path)
+    fsafe.real_directory(path.parent, create=created)
+    fd = fsafe.create_file(path, os.O_RDWR | os.O_APPEND)
     try:
         _heal_fd(fd)
         _write_all(fd, data)
         if durable:
             os.fsync(fd)
+    except OSError as e:
+        raise fsafe.named(e, path) from None
     finally:
         os.close(fd)
     if created and durable:
         fsync_dir(path.parent)
 
 
-def remove_stale_temporaries(directory: Path) -> list[Path]:
-    """Delete temp files a crash left behind in ``directory`` (not recursive)."""
-    removed = []
-    if directory.is_dir():
-        for p in directory.iterdir():
-            if p.name.startswith(TMP_PREFIX) and p.is_file() and not p.is_symlink():
-                p.unlink()
-                removed.append(p)
+def remove_stale_temporaries(
+    directory: Path, *, target: str | None = None, older_than_s: float | None = None
+) -> list[Path]:
+    """Delete temp files a crash left behind in ``directory`` (not recursive).
+
+    A temp file of a live writer must survive: call this holding the lock that serialises the
+    writers of those files, or narrow it with ``target`` (only temps of that file name, e.g.
+    ``episodes.jsonl``, whose rewrites one held lock serialises) and/or ``older_than_s`` (only
+    temps not modified for that long). Never follows a link; a directory that is a link is left
+    alone.
+    """
+    removed: list[Path] = []
+    directory = Path(directory)
+    if os.path.islink(directory) or not directory.is_dir():
+        return removed
+    prefix = TMP_PREFIX + (f"{target}." if target is not None else "")
+    now = time.time()
+    for p in directory.iterdir():
+        if not p.name.startswith(prefix):
+            continue
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            continue  # eva's temporaries are files (a link is removed, never followed)
+        if older_than_s is not None and now - st.st_mtime < older_than_s:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+            removed.append(p)
     return removed

@@ -3,6 +3,10 @@
 
 Every read-modify-write of ``meta/episodes.jsonl`` holds ``meta_lock``; the writer holds the
 saving marker of the episode it is committing and ``WRITER_LOCK`` while the dataset is open.
+
+Lock files are opened without following symlinks, in a parent that must be a real directory
+(``eva.dataset.fsafe.create_file``): a planted link can never make eva truncate or create a file
+elsewhere. Failures are one-line ``DatasetError``s naming the lock.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 
 __all__ = ["flocked", "meta_lock", "try_flock"]
 
@@ -21,7 +25,7 @@ __all__ = ["flocked", "meta_lock", "try_flock"]
 @contextlib.contextmanager
 def flocked(path: Path, *, unlink: bool = False) -> Iterator[None]:
     """Hold an exclusive flock on ``path`` (created if needed); optionally unlink before release."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = fsafe.create_file(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -36,7 +40,11 @@ def try_flock(path: Path, *, create: bool = True) -> int | None:
     """Take an exclusive flock on ``path`` without waiting: the open fd that holds it (closing it
     releases the lock), or None when another open file holds the lock. Without ``create`` a
     missing file raises ``FileNotFoundError``."""
-    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    if create:
+        fd = fsafe.create_file(path)
+    else:
+        fsafe.real_directory(Path(path).parent)
+        fd = fsafe.open_regular(path, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -51,7 +59,6 @@ def try_flock(path: Path, *, create: bool = True) -> int | None:
 @contextlib.contextmanager
 def meta_lock(root: Path) -> Iterator[None]:
     """Exclusive lock serialising read-modify-write of ``meta/episodes.jsonl`` with the writer."""
-    work = Path(root) / layout.WORK_DIR
-    work.mkdir(exist_ok=True)
+    work = fsafe.real_directory(Path(root) / layout.WORK_DIR, create=True)
     with flocked(work / layout.META_LOCK):
         yield

@@ -2,13 +2,13 @@
 
 Metadata (info.json, the jsonl files, stats.json) is read once, lazily, on first use; episode
 tables are read per episode on request; video frames are decoded in bounded batches. Every path
-the reader hands out is checked to stay inside the dataset after resolving symlinks.
+the reader hands out is checked to follow no symlink below the dataset root and, if it exists,
+to be a regular file (``eva.dataset.fsafe``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from eva.dataset import atomic, layout, video
+from eva.dataset import atomic, fsafe, layout, video
 from eva.dataset.errors import DatasetError
 
 __all__ = ["DatasetReader"]
@@ -37,37 +37,27 @@ class DatasetReader:
         self.root = Path(root)
         if not self.root.is_dir():
             raise DatasetError(f"{self.root}: not a directory")
-        self._resolved_root = self.root.resolve()
-        # realpath of each parent directory asked about (path checks of every episode file
-        # otherwise lstat every component of every path: ~0.15 ms each)
-        self._resolved_dirs: dict[str, str] = {}
+        # directories below the root already checked to be real directories (not links)
+        self._checked_dirs: set[str] = set()
 
     # ---- metadata ------------------------------------------------------------------------
 
     def _path(self, rel: str) -> Path:
-        """``root / rel``, refusing anything that escapes the dataset (symlinks resolved)."""
-        path = self.root / rel
-        try:
-            self._realpath(path).relative_to(self._resolved_root)
-        except ValueError:
-            raise DatasetError(f"{path}: resolves outside the dataset {self.root}") from None
-        return path
-
-    def _realpath(self, path: Path) -> Path:
-        """``path.resolve()``: the parent directory's realpath is cached, the last component is
-        a plain name that is not a symlink, or everything is resolved afresh."""
-        parent, name = os.path.split(str(path))
-        if name in ("", ".", "..") or os.path.islink(path):
-            return path.resolve()
-        resolved = self._resolved_dirs.get(parent)
-        if resolved is None:
-            resolved = self._resolved_dirs[parent] = os.path.realpath(parent)
-        return Path(resolved, name)
+        """``root / rel``, refusing a symlink or ``..`` in any component below the root, and an
+        existing file that is not a regular file (a FIFO would block every later open):
+        ``eva.dataset.fsafe.contained``. Checked directories are remembered (each component
+        is lstat()ed once per reader)."""
+        parent, _, name = rel.rpartition("/")
+        if parent and parent not in self._checked_dirs:
+            fsafe.contained(self.root, parent, "dir")
+            if (self.root / parent).is_dir():
+                self._checked_dirs.add(parent)
+        return fsafe.contained(self.root / parent if parent else self.root, name, "file")
 
     def _json(self, rel: str) -> Any:
         path = self._path(rel)
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            return json.loads(fsafe.read_bytes(path).decode("utf-8"))
         except FileNotFoundError:
             raise DatasetError(f"{path}: missing") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -94,10 +84,9 @@ class DatasetReader:
         path = self.root / layout.INFO
         if not isinstance(info, dict):
             raise DatasetError(f"{path}: not a JSON object")
-        if not isinstance(info.get("features"), dict):
-            raise DatasetError(f"{path}: field 'features' missing or not an object")
-        if not isinstance(info.get("fps"), int | float) or info["fps"] <= 0:
-            raise DatasetError(f"{path}: field 'fps' missing or not a positive number")
+        problems = info_field_problems(info)
+        if problems:
+            raise DatasetError(f"{path}: {problems[0]}")
         return info
 
     @property
@@ -309,9 +298,13 @@ class DatasetReader:
         chunked = table.column(column)
         arr = chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
         if pa.types.is_fixed_size_list(arr.type):
-            return (
-                arr.flatten().to_numpy(zero_copy_only=False).reshape(len(arr), arr.type.list_size)
-            )
+            flat = arr.flatten().to_numpy(zero_copy_only=False)
+            if arr.null_count or len(flat) != len(arr) * arr.type.list_size:
+                raise DatasetError(
+                    f"{self.data_path(episode_index)}: episode {episode_index}: column {column} "
+                    "has null rows"
+                )
+            return flat.reshape(len(arr), arr.type.list_size)
         if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
             rows = _uniform_float_rows(arr)
             if rows is not None:
@@ -354,6 +347,50 @@ class DatasetReader:
             return pq.ParquetFile(path).metadata.num_rows
         except (pa.ArrowInvalid, OSError) as e:
             raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
+
+
+# Frame rates a dataset may declare: LeRobot stores fps as a whole number of frames per second.
+MAX_FPS = 1000
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def info_field_problems(info: dict[str, Any]) -> list[str]:
+    """Every info.json field that readers rely on and that is unusable, as ``field ...: why``.
+
+    Checked here, once, so that no reader entry point meets them as a traceback later: fps is
+    a whole number in 1..MAX_FPS (``int(fps)`` of 0.5 would divide by zero), ``chunks_size`` a
+    positive integer (it names the ``chunk-NNN`` directories), ``total_*`` integers >= 0 and
+    every feature an object with a string ``dtype`` and a list of positive integers as ``shape``.
+    """
+    problems: list[str] = []
+    fps = info.get("fps")
+    if not isinstance(fps, int | float) or isinstance(fps, bool) or not 0 < fps <= MAX_FPS:
+        problems.append(f"field 'fps' {fps!r} is not a number in 1..{MAX_FPS}")
+    elif not float(fps).is_integer():
+        problems.append(f"field 'fps' {fps!r} is not a whole number of frames per second")
+    chunks_size = info.get("chunks_size")
+    if chunks_size is not None and (not _is_int(chunks_size) or chunks_size < 1):
+        problems.append(f"field 'chunks_size' {chunks_size!r} is not an integer >= 1")
+    for key, value in info.items():
+        if key.startswith("total_") and (not _is_int(value) or value < 0):
+            problems.append(f"field {key!r} {value!r} is not an integer >= 0")
+    features = info.get("features")
+    if not isinstance(features, dict):
+        problems.append("field 'features' missing or not an object")
+        return problems
+    for key, feature in features.items():
+        if not isinstance(feature, dict):
+            problems.append(f"feature {key!r} is not an object")
+            continue
+        if not isinstance(feature.get("dtype"), str):
+            problems.append(f"feature {key!r}: dtype {feature.get('dtype')!r} is not a string")
+        shape = feature.get("shape")
+        if not isinstance(shape, list) or not all(_is_int(d) and d > 0 for d in shape):
+            problems.append(f"feature {key!r}: shape {shape!r} is not a list of integers >= 1")
+    return problems
 
 
 def _uniform_float_rows(arr: pa.Array) -> np.ndarray | None:

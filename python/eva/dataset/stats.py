@@ -29,6 +29,9 @@ plain numpy definitions the native kernel is tested against.
 ``merge_stats`` and ``RunningMerge`` build dataset-level stats (``meta/stats.json``) from
 per-episode stats: count-weighted mean, pooled population std, min of mins, max of maxes, count sum.
 Quantile keys are not mergeable from per-episode summaries and are left out of merged results.
+
+NaN/inf values (in an export asked to carry them) are left out of every stat: ``finite_rows``
+for min/max/mean/std, each dimension's finite values for the quantiles.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ __all__ = [
     "merge_stats",
     "quantile_key",
     "quantiles_from_histogram",
+    "finite_rows",
+    "vector_quantile_table",
     "vector_quantiles",
 ]
 
@@ -143,16 +148,48 @@ def _vector_result(
     }
 
 
-def vector_quantiles(
-    values: Any, qs: Sequence[float] = DEFAULT_QUANTILES
-) -> dict[str, list[float]]:
-    """Exact per-dim quantiles of (n, dim) values (numpy's default linear interpolation)."""
+def finite_rows(values: np.ndarray) -> np.ndarray:
+    """The rows of (n, dim) ``values`` whose values are all finite (all rows when they are).
+
+    NaN/inf reach an export only when it is asked to carry them (``allow_non_finite``); the
+    mean/std/min/max stats then describe the finite rows, as the capture writer's per-episode
+    stats do, because JSON cannot hold NaN and one NaN would poison every merged stat.
+    """
+    finite = np.isfinite(values).all(axis=1)
+    return values if finite.all() else values[finite]
+
+
+def vector_quantile_table(values: Any, qs: Sequence[float] = DEFAULT_QUANTILES) -> np.ndarray:
+    """(len(qs), dim) exact per-dim quantiles of (n, dim) values (numpy's default linear
+    interpolation) over each dimension's finite values; NaN in a dimension without any."""
     array = np.asarray(values, dtype=np.float64)
     if array.ndim == 1:
         array = array.reshape(-1, 1)
     if array.ndim != 2 or array.shape[0] == 0:
         raise ValueError(f"expected a non-empty (n, dim) array, got shape {array.shape}")
-    table = np.quantile(array, np.asarray(qs, dtype=np.float64), axis=0)
+    q = np.asarray(qs, dtype=np.float64)
+    finite = np.isfinite(array)
+    if finite.all():
+        return np.quantile(array, q, axis=0)
+    # nanquantile leaves NaN out; inf becomes NaN first. A dimension with no finite value at all
+    # is computed on zeros (no All-NaN warning) and set to NaN afterwards.
+    empty = ~finite.any(axis=0)
+    array = np.where(finite, array, np.nan)
+    array[:, empty] = 0.0
+    table = np.nanquantile(array, q, axis=0)
+    table[:, empty] = np.nan
+    return table
+
+
+def vector_quantiles(
+    values: Any, qs: Sequence[float] = DEFAULT_QUANTILES
+) -> dict[str, list[float]]:
+    """Exact per-dim quantiles of (n, dim) values (numpy's default linear interpolation), over
+    the finite values (see ``finite_rows``); empty when a dimension has no finite value (JSON
+    cannot carry the NaN it would be)."""
+    table = vector_quantile_table(values, qs)
+    if np.isnan(table).any():
+        return {}
     return {quantile_key(q): [float(v) for v in row] for q, row in zip(qs, table, strict=True)}
 
 

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from eva.dataset import layout
 from eva.dataset.atomic import dumps_json, jsonl_line
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, naming_write_errors
 
 # Columns whose values the renumbering changes (so their per-episode stats are recomputed).
 INDEX_COLUMNS = ("episode_index", "index", "task_index")
@@ -290,11 +290,15 @@ def write_common_meta(dest: Path, meta: SubsetMeta, info: Mapping[str, Any]) -> 
     for rel, obj in json_files.items():
         write_staged_json(dest / rel, obj)
     for rel, rows in jsonl_files.items():
-        (dest / rel).write_bytes(b"".join(jsonl_line(row) for row in rows))
+        data = b"".join(jsonl_line(row) for row in rows)
+        with naming_write_errors(dest / rel):
+            (dest / rel).write_bytes(data)
     return len(json_files) + len(jsonl_files)
 
 
 def write_staged_json(path: Path, obj: Any) -> None:
     """A JSON file inside a staging directory (same text as ``atomic_write_json``), written in
     place: see ``write_common_meta``."""
-    Path(path).write_bytes((dumps_json(obj) + "\n").encode())
+    data = (dumps_json(obj) + "\n").encode()
+    with naming_write_errors(path):  # a full disk names the file
+        Path(path).write_bytes(data)

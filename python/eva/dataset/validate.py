@@ -11,11 +11,23 @@ bad_dataset_format, invalid_tasks, duplicate_episode_index, invalid_episode_row,
 missing_parquet, unreadable_parquet, missing_column, wrong_episode_index, unknown_task_index,
 bad_frame_index, index_not_contiguous, timestamp_off_grid, length_mismatch, missing_video,
 unreadable_video, frame_count_mismatch, missing_stats, invalid_episodes_stats, totals_mismatch,
-torn_jsonl_tail, unsafe_path.
+torn_jsonl_tail, unsafe_path, wrong_column_type, null_values, non_finite_values,
+undecodable_video, invalid_text.
+
+Every feature column of every episode table is checked against info.json before anything is
+exported: present, of the arrow type its ``dtype`` names (the bookkeeping columns index,
+episode_index, frame_index and task_index int64, timestamp a float), lists of exactly ``shape``
+values, no nulls, and no NaN/inf in float columns (``non_finite_values``, which an export refuses
+unless asked to carry them). The types come from the parquet footer; values are read only for
+what the footer cannot tell (variable-length lists, nulls, NaN/inf). Every MP4 has a few
+keyframes decoded (``eva.dataset.decode_check.check_keyframes``): an overwritten ``mdat`` with
+an intact ``moov`` fails here, not in the exported pair.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,13 +38,34 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from eva.dataset import atomic, layout, video
-from eva.dataset.errors import DatasetError
+from eva.dataset import atomic, decode_check, fsafe, layout, video
+from eva.dataset.errors import DatasetError, one_line
 from eva.dataset.reader import DatasetReader
 
 __all__ = ["Problem", "validate_dataset", "REQUIRED_COLUMNS"]
 
 REQUIRED_COLUMNS = ("episode_index", "index")
+# Bookkeeping columns LeRobot stores as int64 whatever info.json says.
+INT64_COLUMNS = ("index", "episode_index", "frame_index", "task_index")
+# info.json dtype -> the arrow type of the column's values.
+_ARROW_DTYPES: dict[str, pa.DataType] = {
+    "float16": pa.float16(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "int8": pa.int8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "uint8": pa.uint8(),
+    "uint16": pa.uint16(),
+    "uint32": pa.uint32(),
+    "uint64": pa.uint64(),
+    "bool": pa.bool_(),
+    "string": pa.string(),
+}
+_NUMBERING_COLUMNS = (*INT64_COLUMNS, "timestamp")
+# Tells an interrupted save (committed rows ahead of info.json) how to repair it.
+REPAIR_HINT = "run eva cleanup {root} to repair the metadata after an interrupted save"
 # LeRobot's default tolerance for timestamp vs frame_index / fps.
 TIMESTAMP_TOLERANCE_S = 1e-4
 
@@ -58,8 +91,9 @@ class _Collector:
     def add(
         self, code: str, message: str, path: Path | str | None = None, episode: int | None = None
     ) -> None:
+        # one line: messages can carry a library's multi-line text (pyarrow, FFmpeg)
         self.problems.append(
-            Problem(code, message, str(path) if path is not None else None, episode)
+            Problem(code, one_line(message), str(path) if path is not None else None, episode)
         )
 
 
@@ -69,8 +103,13 @@ def validate_dataset(
     *,
     on_episode: Callable[[int, int], None] | None = None,
     on_table: Callable[[int, pa.Table], None] | None = None,
+    reader: DatasetReader | None = None,
 ) -> list[Problem]:
     """All problems of the v2.1 dataset at ``root`` (empty list: valid).
+
+    ``reader``: validate what that reader has read (or reads) of ``root``, so that a caller that
+    goes on using the reader (the export) sees the same snapshot of the metadata files as the
+    validation did, even while a capture appends episodes.
 
     ``decode=True`` also decodes every video to count its frames (slow, exact); otherwise the
     container's frame count is used. ``on_episode(done, total)`` reports progress.
@@ -83,11 +122,19 @@ def validate_dataset(
     if not root.is_dir():
         out.add("missing_info", f"{root}: not a directory", root)
         return out.problems
-    reader = DatasetReader(root)
+    try:  # the shared containment check: a link or FIFO in meta/, .eva-work/, data/, videos/
+        fsafe.check_dataset_tree(root, episode_files=True)
+    except DatasetError as e:
+        out.add("unsafe_path", str(e), root)
+        return out.problems
+    if reader is None:
+        reader = DatasetReader(root)
     info_path = root / layout.INFO
     info = _read_meta(out, info_path, "info", lambda: reader.info)
     if info is not None:
         _check_info(info, info_path, out)
+    elif _has(out, "invalid_info"):
+        _more_info_problems(reader, info_path, out)
     episodes_path = root / layout.EPISODES
     episodes: list[dict[str, Any]] | None = _read_meta(
         out, episodes_path, "episodes", lambda: reader.episodes
@@ -114,12 +161,14 @@ def validate_dataset(
     except DatasetError as e:
         out.add("invalid_episodes_stats", str(e), root / layout.EPISODES_STATS)
         episodes_stats = {}
+    _check_episodes_stats(reader, episodes_stats, out)
 
     assert episodes is not None
     video_keys = _safe_video_keys(reader, out)
     seen: set[int] = set()
     total_frames = 0
     numbering: list[tuple[int, int | None, int | None]] = []
+    _check_text(reader, episodes, tasks, out)
     for done, row in enumerate(episodes, 1):
         ep = row["episode_index"]
         if ep in seen:
@@ -160,14 +209,176 @@ def validate_dataset(
     _check_image_histograms(reader, out)
     info = reader.info
     expected = {"total_episodes": len(seen), "total_frames": total_frames}
+    if any(isinstance(info.get(k), int) and info[k] < v for k, v in expected.items()):
+        info = _settled_info(info_path, expected, info)
     for key, value in expected.items():
         if key in info and info[key] != value:
+            # Committed rows ahead of info.json: a save died after its commit point.
+            hint = (
+                f" ({REPAIR_HINT.format(root=root)})"
+                if isinstance(info[key], int) and info[key] < value
+                else ""
+            )
             out.add(
                 "totals_mismatch",
-                f"{info_path}: field {key} is {info[key]!r}, episodes.jsonl gives {value}",
+                f"{info_path}: field {key} is {info[key]!r}, episodes.jsonl gives {value}{hint}",
                 info_path,
             )
     return out.problems
+
+
+# How long a running save may take to rewrite info.json after its commit point.
+SETTLE_TIMEOUT_S = 0.5
+
+
+def _settled_info(path: Path, expected: dict[str, int], info: dict[str, Any]) -> dict[str, Any]:
+    """info.json read again when the snapshot's committed rows are ahead of it: a running save
+    rewrites it right after its commit point, so a read shortly after catches up (or runs ahead
+    with the next episode). Still behind after SETTLE_TIMEOUT_S: an interrupted save."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        try:
+            fresh = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return info
+        if not isinstance(fresh, dict):
+            return info
+        behind = [
+            k for k, v in expected.items() if not (isinstance(fresh.get(k), int) and fresh[k] >= v)
+        ]
+        if not behind:
+            # Caught up: the totals of the snapshot's rows are what it would say.
+            return {**fresh, **expected}
+        if time.monotonic() >= deadline:
+            return info
+        time.sleep(0.05)
+
+
+def _not_unicode(value: Any, where: str) -> str | None:
+    """The dotted field of the first string in ``value`` that is not valid Unicode (a lone
+    surrogate, as a JSON ``\\ud800`` escape gives), None when every string is."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        found = _not_unicode(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _check_text(
+    reader: DatasetReader,
+    episodes: list[dict[str, Any]],
+    tasks: dict[int, str] | None,
+    out: _Collector,
+) -> None:
+    """Text every format must store as UTF-8 (HDF5 and MCAP strings, JSON files): a lone
+    surrogate in a note or task cannot be, so it is named here rather than failing a writer."""
+    path = reader.root / layout.EPISODES
+    for row in episodes:
+        field = _not_unicode(row, "")
+        if field is not None:
+            ep = row.get("episode_index")
+            fix = (
+                f" (replace it: eva qc {reader.root} {ep} --note TEXT)"
+                if field == "qc_note"
+                else ""
+            )
+            out.add(
+                "invalid_text",
+                f"{path}: episode {ep}: field {field} holds a lone surrogate, not valid "
+                f"Unicode{fix}",
+                path,
+                ep if isinstance(ep, int) else None,
+            )
+    for index, text in (tasks or {}).items():
+        if _not_unicode(text, "task") is not None:
+            where = reader.root / layout.TASKS
+            out.add(
+                "invalid_text",
+                f"{where}: task_index {index}: task holds a lone surrogate, not valid Unicode",
+                where,
+            )
+
+
+def _more_info_problems(reader: DatasetReader, path: Path, out: _Collector) -> None:
+    """The reader stops at the first unusable info.json field; report the others too."""
+    from eva.dataset.reader import info_field_problems
+
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return
+    if isinstance(info, dict):
+        for message in info_field_problems(info)[1:]:
+            out.add("invalid_info", f"{path}: {message}", path)
+
+
+# Keys every per-episode stat of a feature has (LeRobot v2.1 episodes_stats.jsonl).
+_STAT_KEYS = ("min", "max", "mean", "std", "count")
+
+
+def _stat_shape(feature: dict[str, Any]) -> tuple[int, ...] | None:
+    """The shape of a feature's min/max/mean/std arrays, None when not checkable."""
+    if feature.get("dtype") in ("video", "image"):
+        return (3, 1, 1)
+    shape = feature.get("shape")
+    if isinstance(shape, list) and len(shape) == 1:
+        return (int(shape[0]),)
+    return None
+
+
+def _check_episodes_stats(
+    reader: DatasetReader, episodes_stats: dict[int, dict[str, Any]], out: _Collector
+) -> None:
+    """Each row's stats of a known feature: min/max/mean/std numeric arrays of the feature's
+    shape and count one integer >= 1 (what the export merges), naming file, episode and field."""
+    path = reader.root / layout.EPISODES_STATS
+    features = reader.features
+    for ep, stats in episodes_stats.items():
+        for name, stat in stats.items():
+            feature = features.get(name)
+            if not isinstance(feature, dict):
+                continue  # not a feature of this dataset: never read
+            problem = _stat_problem(stat, _stat_shape(feature))
+            if problem is not None:
+                out.add(
+                    "invalid_episodes_stats",
+                    f"{path}: episode {ep}: field {name!r}: {problem}",
+                    path,
+                    ep,
+                )
+
+
+def _stat_problem(stat: Any, shape: tuple[int, ...] | None) -> str | None:
+    if not isinstance(stat, dict):
+        return "not an object"
+    missing = [k for k in _STAT_KEYS if k not in stat]
+    if missing:
+        return f"{missing[0]} missing"
+    for key in _STAT_KEYS:
+        try:
+            array = np.asarray(stat[key], dtype=np.float64)
+        except (TypeError, ValueError):
+            return f"{key} is not an array of numbers"
+        if key == "count":
+            if array.shape != (1,) or not float(array[0]).is_integer() or array[0] < 1:
+                return f"count {stat[key]!r} is not [an integer >= 1]"
+            continue
+        if shape is not None and array.shape != shape:
+            return f"{key} has shape {list(array.shape)}, expected {list(shape)}"
+    return None
 
 
 def _read_meta(out: _Collector, path: Path, what: str, read: Callable[[], Any]) -> Any:
@@ -358,6 +569,11 @@ def _check_episode(
                 video_path,
                 ep,
             )
+        elif not decode:  # decode=True has decoded every frame already
+            try:
+                decode_check.check_keyframes(video_path)
+            except DatasetError as e:
+                out.add("undecodable_video", f"{e} (episode {ep} camera {key})", video_path, ep)
 
     # Every feature needs stats: from the per-episode stats, or computable from the table.
     stats = stats or {}
@@ -408,11 +624,22 @@ def _check_table(
                 data_path,
                 ep,
             )
-    wanted = [
-        c
-        for c in ("episode_index", "task_index", "index", "frame_index", "timestamp")
-        if c in columns
-    ]
+    _check_feature_columns(reader, parquet, data_path, ep, rows, out)
+    wanted = []
+    for c in ("episode_index", "task_index", "index", "frame_index", "timestamp"):
+        if c not in columns:
+            continue
+        schema = parquet.schema_arrow
+        type_ = schema.field(schema.get_all_field_indices(c)[0]).type  # duplicates: reported
+        if pa.types.is_integer(type_) or pa.types.is_floating(type_):
+            wanted.append(c)
+        elif c not in reader.features:  # a feature's wrong type is reported already
+            out.add(
+                "wrong_column_type",
+                f"{data_path}: episode {ep}: column {c} is {type_}, must be a number",
+                data_path,
+                ep,
+            )
     if not wanted or rows == 0:
         return None
     try:
@@ -446,6 +673,149 @@ def _check_table(
                 ep,
             )
     return first_index
+
+
+def _type_problem(name: str, feature: dict[str, Any], type_: pa.DataType) -> str | None:
+    """Why a column of arrow type ``type_`` cannot hold ``feature`` (None: it can).
+
+    ``shape`` [1] is a plain column (LeRobot's ``Value``) or a one-element list; a longer shape
+    is (nested) lists, fixed-size ones of exactly that size. A dtype eva does not know (or an
+    image, stored as a struct) is not checked beyond its presence.
+    """
+    if name in INT64_COLUMNS:
+        return None if type_ == pa.int64() else f"is {type_}, must be int64"
+    if name == "timestamp":
+        return None if pa.types.is_floating(type_) else f"is {type_}, must be a float"
+    dtype, shape = feature.get("dtype"), feature.get("shape")
+    leaf = _ARROW_DTYPES.get(dtype) if isinstance(dtype, str) else None
+    if leaf is None or not isinstance(shape, list):
+        return None
+    want = f"{dtype}{shape}"
+    dims = [] if shape == [1] and not _is_list(type_) else list(shape)
+    for dim in dims:
+        if pa.types.is_fixed_size_list(type_):
+            if type_.list_size != dim:
+                return f"is {type_}, expected {want} (lists of {dim})"
+        elif not _is_list(type_):
+            return f"is {type_}, expected {want}"
+        type_ = type_.value_type
+    if type_ == leaf or (dtype == "string" and pa.types.is_large_string(type_)):
+        return None
+    return f"holds {type_} values, expected {want}"
+
+
+def _is_list(type_: pa.DataType) -> bool:
+    return (
+        pa.types.is_list(type_)
+        or pa.types.is_large_list(type_)
+        or pa.types.is_fixed_size_list(type_)
+    )
+
+
+def _check_feature_columns(
+    reader: DatasetReader,
+    parquet: pq.ParquetFile,
+    data_path: Path,
+    ep: int,
+    rows: int,
+    out: _Collector,
+) -> None:
+    """Every non-video feature of info.json is a column of the right type and shape, without
+    nulls and (floats) without NaN/inf. Types from the footer; values are read only for the
+    columns whose footer type cannot vouch for them (variable-length lists, nulls, floats)."""
+    schema = parquet.schema_arrow
+    names = schema.names
+    to_read: list[tuple[str, dict[str, Any]]] = []
+    for name, feature in reader.features.items():
+        if feature.get("dtype") == "video":
+            continue
+        if name not in names:
+            if name not in REQUIRED_COLUMNS:  # reported by the caller already
+                out.add(
+                    "missing_column",
+                    f"{data_path}: episode {ep}: column {name} missing (a feature in info.json)",
+                    data_path,
+                    ep,
+                )
+            continue
+        if names.count(name) > 1:
+            out.add(
+                "wrong_column_type",
+                f"{data_path}: episode {ep}: column {name} appears more than once",
+                data_path,
+                ep,
+            )
+            continue
+        type_ = schema.field(name).type
+        problem = _type_problem(name, feature, type_)
+        if problem is not None:
+            out.add(
+                "wrong_column_type",
+                f"{data_path}: episode {ep}: column {name} {problem}",
+                data_path,
+                ep,
+            )
+            continue
+        # The index columns are read (and their values checked) by the numbering checks.
+        if rows and feature.get("dtype") in _ARROW_DTYPES and name not in _NUMBERING_COLUMNS:
+            to_read.append((name, feature))
+    if not to_read:
+        return
+    try:
+        table = _read_columns(parquet, data_path, [name for name, _ in to_read])
+    except (pa.ArrowInvalid, OSError) as e:
+        out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
+        return
+    for name, feature in to_read:
+        problem = _value_problem(table.column(name).combine_chunks(), feature, name)
+        if problem is not None:
+            code, message = problem
+            out.add(code, f"{data_path}: episode {ep}: column {name}: {message}", data_path, ep)
+
+
+def _value_problem(array: pa.Array, feature: dict[str, Any], name: str) -> tuple[str, str] | None:
+    """(code, message) of the first problem in a column's values: a null, a list of the wrong
+    length, a NaN/inf (with the first row holding one); None when the values are sound."""
+    shape = feature.get("shape")
+    parents: np.ndarray | None = None  # row of each value once the lists are flattened
+    depth = 0
+    while _is_list(array.type):
+        if array.null_count:
+            first = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+            return "null_values", f"row {_row(parents, first)} is null"
+        if not pa.types.is_fixed_size_list(array.type) and isinstance(shape, list):
+            dim = shape[depth] if depth < len(shape) else None
+            lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
+            wrong = np.flatnonzero(lengths != dim) if dim is not None else np.zeros(0, int)
+            if len(wrong):
+                first = int(wrong[0])
+                return (
+                    "wrong_column_type",
+                    f"row {_row(parents, first)} holds {int(lengths[first])} values, "
+                    f"shape is {shape}",
+                )
+        child = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        parents = child if parents is None else parents[child]
+        array = array.flatten()
+        depth += 1
+    if array.null_count:
+        first = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+        return "null_values", f"row {_row(parents, first)} holds a null"
+    if pa.types.is_floating(array.type) and name != "timestamp":
+        values = array.to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if len(bad):
+            first = int(bad[0])
+            return (
+                "non_finite_values",
+                f"{len(bad)} NaN/inf values, the first in row {_row(parents, first)} "
+                f"({values[first]})",
+            )
+    return None
+
+
+def _row(parents: np.ndarray | None, position: int) -> int:
+    return int(parents[position]) if parents is not None else position
 
 
 def _numeric(table: pa.Table, name: str) -> np.ndarray | None:

@@ -215,7 +215,10 @@ def _video_stream(
 ) -> av.video.stream.VideoStream:
     if not container.streams.video:
         raise DatasetError(f"{path}: no video stream")
-    return container.streams.video[0]
+    stream = container.streams.video[0]
+    if stream.codec_context is None:  # a sample description FFmpeg has no decoder for
+        raise DatasetError(f"{path}: the video stream has no decoder (damaged or unknown codec)")
+    return stream
 
 
 def probe(path: Path) -> dict[str, Any]:

@@ -18,7 +18,9 @@ camera, and the episode is aborted (work dir removed, nothing published); ``comm
 join the workers before they return. Publishing order:
 
 1. parquet written under a temporary name, then renamed into ``data/chunk-XXX/``;
-2. MP4s renamed into ``videos/chunk-XXX/<key>/``;
+2. MP4s renamed into ``videos/chunk-XXX/<key>/``; both lose their write bits before the rename
+   (committed raw evidence is read-only, 0444 under a 022 umask, so an export may share it by
+   hard link: ``eva.dataset.fsafe.share_file``);
 3. ``tasks.jsonl`` (if the task is new), ``eva_image_histograms.jsonl`` (eva's sidecar: each
    camera's exact 3 x 256 pixel histogram of the frames given to ``add_frames``, for exact image
    quantiles at export without decoding; not in episodes_stats.jsonl, whose image stats LeRobot
@@ -56,10 +58,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eva.dataset import atomic, layout
+from eva.dataset import atomic, fsafe, layout
 from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.layout import WRITER_LOCK, saving_marker_name
 from eva.dataset.locks import flocked, meta_lock, try_flock
+from eva.dataset.repair import MetadataNotUpdated
 from eva.dataset.stats import ImageStats, RunningMerge, VectorStats, merge_stats
 from eva.dataset.video import VideoEncoder, VideoOptions
 
@@ -226,6 +229,66 @@ def _finite_row_stats(values: np.ndarray) -> dict[str, Any] | None:
     return stats.result()
 
 
+def _has_temporaries(directory: Path) -> bool:
+    if not directory.is_dir() or directory.is_symlink():
+        return False
+    return any(p.name.startswith(atomic.TMP_PREFIX) for p in directory.iterdir())
+
+
+def _remove_temporaries(root: Path) -> list[Path]:
+    """Temp files of ``meta/`` and ``data/chunk-*/``; the caller holds the writer lock.
+
+    The writer lock excludes other writers; the meta lock (taken only when there is something
+    to remove, so a fresh dataset gets no lock file) excludes a concurrent ``eva qc``, whose
+    episodes.jsonl rewrite would lose its temp.
+    """
+    removed: list[Path] = []
+    meta = root / layout.META_DIR
+    if _has_temporaries(meta):
+        with meta_lock(root):
+            removed += atomic.remove_stale_temporaries(meta)
+    data = root / "data"
+    if data.is_dir() and not data.is_symlink():
+        for chunk in data.iterdir():  # a parquet temp file a crash left before its rename
+            if chunk.is_dir() and not chunk.is_symlink():
+                removed += atomic.remove_stale_temporaries(chunk)
+    return removed
+
+
+def remove_stale_temporaries(root: Path | str) -> list[Path]:
+    """What ``eva cleanup`` does to a raw dataset: delete the temp files killed writers or a
+    killed ``eva qc`` left (``.eva-tmp-*`` in ``meta/`` and ``data/chunk-*/``), never a live
+    writer's. With a writer open (``writer.lock`` held) only the episodes.jsonl copies of a
+    killed qc go, under the meta lock; otherwise the writer lock is taken first. Returns the
+    removed paths; a filesystem error is a one-line ``DatasetError`` naming the path."""
+    root = Path(root)
+    fsafe.check_dataset_tree(root)
+    if not (root / layout.META_DIR).is_dir():
+        return []
+    data = root / "data"
+    chunks = (
+        [c for c in data.iterdir() if c.is_dir() and not c.is_symlink()]
+        if data.is_dir() and not data.is_symlink()
+        else []
+    )
+    if not _has_temporaries(root / layout.META_DIR) and not any(map(_has_temporaries, chunks)):
+        return []
+    try:
+        fsafe.real_directory(root / layout.WORK_DIR, create=True)
+        lock_fd = try_flock(root / layout.WORK_DIR / WRITER_LOCK)
+        if lock_fd is None:  # a writer is open: its own temps stay
+            with meta_lock(root):
+                return atomic.remove_stale_temporaries(
+                    root / layout.META_DIR, target=Path(layout.EPISODES).name
+                )
+        try:
+            return _remove_temporaries(root)
+        finally:
+            os.close(lock_fd)
+    except OSError as e:
+        raise fsafe.os_error(e) from None
+
+
 class DatasetWriter:
     """Appends episodes to one raw v2.1 dataset. Use ``create_or_open``."""
 
@@ -295,9 +358,11 @@ class DatasetWriter:
         self._lock = threading.Lock()
         self._closed = False
 
-        root.mkdir(parents=True, exist_ok=True)
-        self.work_root = root / layout.WORK_DIR
-        self.work_root.mkdir(exist_ok=True)
+        fsafe.real_directory(root, create=True)
+        # The shared containment check: a planted link in meta/ or .eva-work/ is refused before
+        # the writer creates, truncates or appends anything.
+        fsafe.check_dataset_tree(root)
+        self.work_root = fsafe.real_directory(root / layout.WORK_DIR, create=True)
         lock_fd = try_flock(self.work_root / WRITER_LOCK)
         if lock_fd is None:
             raise DatasetError(f"{root}: another writer has this dataset open")
@@ -319,12 +384,7 @@ class DatasetWriter:
         for entry in self.work_root.iterdir():
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
-        atomic.remove_stale_temporaries(self.root / layout.META_DIR)
-        data = self.root / "data"
-        if data.is_dir() and not data.is_symlink():
-            for chunk in data.iterdir():  # a parquet temp file a crash left before its rename
-                if chunk.is_dir() and not chunk.is_symlink():
-                    atomic.remove_stale_temporaries(chunk)
+        _remove_temporaries(self.root)
 
     def _create_new(self, robot_type: str, chunks_size: int) -> None:
         episodes = self.root / layout.EPISODES
@@ -369,8 +429,8 @@ class DatasetWriter:
     def _read_json(self, rel: str) -> Any:
         path = self.root / rel
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
+            return json.loads(fsafe.read_bytes(path).decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise DatasetError(f"{path}: cannot read ({e})") from None
 
     def _read_jsonl(self, rel: str) -> list[dict[str, Any]]:
@@ -516,7 +576,7 @@ class DatasetWriter:
         writer puts it first), so the histograms are not parsed on every open."""
         path = self.root / layout.IMAGE_HISTOGRAMS
         try:
-            lines = path.read_bytes().splitlines(keepends=True)
+            lines = fsafe.read_bytes(path).splitlines(keepends=True)
         except FileNotFoundError:
             return
         except OSError as e:
@@ -618,6 +678,13 @@ class DatasetWriter:
             raise DatasetError(f"{path}: {template_key} leads outside the dataset {self.root}")
         return path
 
+    def _real_parent(self, path: Path) -> None:
+        """Make ``path``'s parent directories, each a real directory inside the dataset."""
+        rel = path.parent.relative_to(self.root)
+        fsafe.contained(self.root, rel, "dir")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fsafe.contained(self.root, rel, "dir")
+
     def _data_path(self, episode_index: int) -> Path:
         chunk = layout.episode_chunk(episode_index, self.chunks_size)
         return self._path_from_template(
@@ -699,16 +766,25 @@ class DatasetWriter:
             # `eva qc` refuses a verdict for episode ep while this marker is locked.
             with flocked(self.work_root / saving_marker_name(ep), unlink=True):
                 try:
-                    data_path.parent.mkdir(parents=True, exist_ok=True)
+                    self._real_parent(data_path)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)  # a planted link there would be written through
                     pq.write_table(table, tmp)
+                    # Committed raw evidence is read-only (0444 under the usual umask): an
+                    # export may then share it by hard link without exposing it to writes.
+                    fsafe.make_read_only(tmp)
                     if self.durable:
-                        with open(tmp, "rb") as f:
-                            os.fsync(f.fileno())
+                        fd = fsafe.open_regular(tmp)
+                        try:
+                            os.fsync(fd)
+                        finally:
+                            os.close(fd)
                     os.replace(tmp, data_path)
                     moved.append(data_path)
                     for cam in self.cameras:
                         dest = self._video_path(ep, cam.key)
-                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        self._real_parent(dest)
+                        fsafe.make_read_only(episode._video_files[cam.key])
                         os.replace(episode._video_files[cam.key], dest)
                         moved.append(dest)
                     if self.durable:
@@ -747,11 +823,16 @@ class DatasetWriter:
             self._total_frames += n
             self._max_chunk = max(self._max_chunk, layout.episode_chunk(ep, self.chunks_size))
             self._stats.add(ep_stats)
-            atomic.atomic_write_json(
-                self.root / layout.STATS, self._stats.result(), durable=self.durable
-            )
-            self.info.update(self._info_totals())
-            atomic.atomic_write_json(self.root / layout.INFO, self.info, durable=self.durable)
+            try:
+                atomic.atomic_write_json(
+                    self.root / layout.STATS, self._stats.result(), durable=self.durable
+                )
+                self.info.update(self._info_totals())
+                atomic.atomic_write_json(self.root / layout.INFO, self.info, durable=self.durable)
+            except Exception as e:
+                # Past the commit point the episode exists: only metadata derived from the rows
+                # is stale, which `eva cleanup` (or the next open) repairs. Not a failed save.
+                raise MetadataNotUpdated(self.root, ep, e) from e
             return ep
 
 

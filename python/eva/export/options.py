@@ -32,6 +32,16 @@ class OptionSpec:
         return data
 
 
+# Options every format takes (``eva export --allow-non-finite``).
+COMMON_OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec(
+        "allow_non_finite",
+        "bool",
+        False,
+        "Export NaN/inf values in vector columns as they are (refused by default).",
+    ),
+)
+
 FORMAT_OPTIONS: dict[str, tuple[OptionSpec, ...]] = {
     "lerobot_v21": (
         OptionSpec("copy_videos", "bool", False, "Copy the MP4s instead of hard-linking them."),
@@ -106,6 +116,7 @@ FORMAT_OPTIONS: dict[str, tuple[OptionSpec, ...]] = {
         ),  # fmt: skip
     ),
 }
+FORMAT_OPTIONS = {fmt: (*specs, *COMMON_OPTIONS) for fmt, specs in FORMAT_OPTIONS.items()}
 
 
 def _coerce(fmt: str, spec: OptionSpec, value: Any) -> Any:

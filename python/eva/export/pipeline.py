@@ -3,22 +3,25 @@
 Order of work (nothing is written before the source has passed validation):
 
 1. format module from the registry (an unavailable format stops here);
-2. the export lock (a second export of the same source+format is refused), then ``recover`` of
+2. source validation (``eva.dataset.validate``) plus the export's own checks (v2.1 only, task
+   indices resolvable, stats available) -> one-line ``DatasetError`` naming file/episode/field,
+   the split plan and one ``SubsetMeta`` per subset, all from one snapshot of the source's
+   metadata, before anything is written (not even the lock or job.json);
+3. the export lock (a second export of the same source+format is refused), then ``recover`` of
    whatever an interrupted earlier run left;
-3. source validation (``eva.dataset.validate``) plus the export's own checks (v2.1 only, task
-   indices resolvable, stats available) -> one-line ``DatasetError`` naming file/episode/field;
-4. the split plan (contracts §2) and one ``SubsetMeta`` per subset;
-5. both subsets written by the format module into one hidden staging dir, each with its
+4. both subsets written by the format module into one hidden staging dir, each with its
    ``meta/quality_split.json``; the completed job record and the completion marker last;
-6. ``publish.publish_pair``: one atomic swap makes the new pair (and its completed job) visible.
+5. ``publish.publish_pair``: one atomic swap makes the new pair (and its completed job) visible.
 
-The job record (``<export root>/job.json``) follows every state change; a failure leaves the old
-pair untouched, records the error and removes the staging dir.
+The job record (``<export root>/job.json``) follows every state change from step 3 on; a failure
+leaves the old pair untouched, records the error and removes the staging dir. A source refused in
+step 2 writes nothing at all: the error is the caller's to report.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 from collections.abc import Callable
@@ -33,7 +36,7 @@ import pyarrow.parquet as pq
 from eva import __version__
 from eva.dataset import layout
 from eva.dataset.columns import fixed_size_values
-from eva.dataset.errors import DatasetError, error_line
+from eva.dataset.errors import DatasetError, error_line, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, build_subset_meta, write_staged_json
 from eva.export.registry import ExportOptions, load_format
@@ -71,12 +74,19 @@ def problem_line(problem: Any) -> str:
     return str(getattr(problem, "message", problem))
 
 
-def validate_source(source: Path) -> dict[int, np.ndarray]:
+# Validation problems an export can be asked to carry (ExportOptions.extra key -> codes).
+CARRIABLE_PROBLEMS = {"allow_non_finite": ("non_finite_values",)}
+
+
+def validate_source(
+    source: Path, *, reader: DatasetReader | None = None, allow_non_finite: bool = False
+) -> dict[int, np.ndarray]:
     """Stop with the first problem of the shared v2.1 validation (file/episode/field named).
 
     Returns each episode's ``task_index`` column as read by the validation's checks (so the
     export does not read every parquet again for the task remap); an episode without rows or
-    without that column is absent.
+    without that column is absent. ``reader``: validate the snapshot that reader holds.
+    ``allow_non_finite``: NaN/inf in vector columns are exported as they are, not refused.
     """
     from eva.dataset.validate import validate_dataset
 
@@ -86,10 +96,17 @@ def validate_source(source: Path) -> dict[int, np.ndarray]:
         if "task_index" in table.column_names:
             task_values[episode] = table.column("task_index").to_numpy()
 
-    problems = validate_dataset(source, decode=False, on_table=keep_task_index)
+    problems = validate_dataset(source, decode=False, on_table=keep_task_index, reader=reader)
+    if allow_non_finite:
+        problems = [p for p in problems if p.code not in CARRIABLE_PROBLEMS["allow_non_finite"]]
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        raise DatasetError(problem_line(problems[0]) + more)
+        hint = (
+            " (eva export --allow-non-finite exports them as they are)"
+            if problems[0].code in CARRIABLE_PROBLEMS["allow_non_finite"]
+            else ""
+        )
+        raise DatasetError(problem_line(problems[0]) + hint + more)
     return task_values
 
 
@@ -106,12 +123,15 @@ def _check_version(reader: DatasetReader) -> None:
 
 
 def _column_stats(column: pa.ChunkedArray, where: str) -> dict[str, list[Any]]:
-    from eva.dataset.stats import VectorStats
+    from eva.dataset.stats import VectorStats, finite_rows
 
     values = fixed_size_values(column.combine_chunks())
     if values is None:
         raise DatasetError(f"{where}: no per-episode stats and the column is not numeric")
-    values = values.reshape(len(values), -1)
+    # NaN/inf rows (carried only with allow_non_finite) are left out, as the writer's stats do.
+    values = finite_rows(values.reshape(len(values), -1))
+    if len(values) == 0:
+        raise DatasetError(f"{where}: no per-episode stats and no row without NaN/inf")
     stats = VectorStats(values.shape[1])
     stats.update(values)
     return stats.result()
@@ -149,10 +169,17 @@ def complete_episode_stats(reader: DatasetReader, episode: int) -> dict[str, Any
     return stats
 
 
-def prepare(source: Path) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]]:
-    """Validate ``source`` and describe both subsets. Reads metadata and index columns only."""
-    task_values = validate_source(source)
-    reader = DatasetReader(source)
+def prepare(
+    source: Path, *, reader: DatasetReader | None = None, allow_non_finite: bool = False
+) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]]:
+    """Validate ``source`` and describe both subsets. Reads metadata and index columns only.
+
+    Validation and description use ONE reader, hence one snapshot of the metadata files: an
+    episode a running capture commits meanwhile is not half-seen (validated by neither, but
+    described), it is simply not part of this export.
+    """
+    reader = reader if reader is not None else DatasetReader(source)
+    task_values = validate_source(source, reader=reader, allow_non_finite=allow_non_finite)
     _check_version(reader)
     plan = plan_split(reader.episodes)
     rows = {row["episode_index"]: row for row in reader.episodes}
@@ -210,6 +237,53 @@ def _one_line(error: BaseException) -> str:
     return error_line(error)
 
 
+def _carry_unfinished_upload(root: Path, staging: Path) -> None:
+    """An interrupted upload's record names the remote staging directory it left behind, which
+    only the next upload removes; the swap would delete the record with the old pair, so an
+    unfinished one moves into the new pair."""
+    from eva.dataset.atomic import atomic_write_json
+    from eva.jobs import UPLOAD_JOB
+
+    try:
+        record = json.loads((root / UPLOAD_JOB).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if (
+        isinstance(record, dict)
+        and record.get("state") != "completed"
+        and record.get("staging_path")
+    ):
+        atomic_write_json(staging / UPLOAD_JOB, record, durable=False)
+
+
+def _record_refusal(
+    root: Path, source: Path, fmt: str, job_id: str | None, error: DatasetError
+) -> None:
+    """A refused source of an export root that exists already (an earlier export): its job
+    record says this run failed and why, as for any later failure. Without an export root
+    nothing is created: the caller reports the error. A busy root keeps its running job."""
+    if not (root / EXPORT_JOB).is_file():
+        return
+    job = _new_job(root, source, fmt, job_id)
+    job.start()
+    job.fail(_one_line(error))
+    with contextlib.suppress(DatasetError, OSError), export_lock(root, f"{source} to {fmt}"):
+        write_job(root / EXPORT_JOB, job)
+
+
+def _new_job(root: Path, source: Path, fmt: str, job_id: str | None) -> Job:
+    job = Job(
+        kind="export",
+        source_dir=str(source),
+        format=fmt,
+        accepted_dir=str(root / "accepted"),
+        rejected_dir=str(root / "rejected"),
+    )
+    if job_id is not None:
+        job.job_id = job_id
+    return job
+
+
 def export_dataset(
     source_dir: Path | str,
     fmt: str,
@@ -236,6 +310,17 @@ def export_dataset(
     root = layout.export_root(source, fmt)
     if layout.is_within(root, source):
         raise DatasetError(f"{root}: export root would lie inside the source {source}")
+    # It names the staging directory: letters, digits and dashes only.
+    if job_id is not None and not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z-]{0,63}", job_id):
+        raise DatasetError(f"export job id {job_id!r}: letters, digits and '-' only")
+    # The source is validated and described before anything is written (the lock and job.json
+    # included): a directory that is not a dataset leaves no export root behind. Only the
+    # source is read, so no lock is needed for it.
+    try:
+        prepared = prepare(source, allow_non_finite=bool(options.extra.get("allow_non_finite")))
+    except DatasetError as e:
+        _record_refusal(root, source, fmt, job_id, e)
+        raise
 
     with export_lock(root, f"{source} to {fmt}"):
         upload = read_job(job_path(root, "upload"))
@@ -246,35 +331,26 @@ def export_dataset(
             )
         recovered = recover(root)
         root.mkdir(parents=True, exist_ok=True)
-        job = Job(
-            kind="export",
-            source_dir=str(source),
-            format=fmt,
-            accepted_dir=str(root / "accepted"),
-            rejected_dir=str(root / "rejected"),
-        )
-        if job_id is not None:
-            # It names the staging directory: letters, digits and dashes only.
-            if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z-]{0,63}", job_id):
-                raise DatasetError(f"export job id {job_id!r}: letters, digits and '-' only")
-            job.job_id = job_id
+        job = _new_job(root, source, fmt, job_id)
         recorder = JobRecorder(job, root / EXPORT_JOB)
         # The queued -> running records need no fsync: after a power loss a "running" job whose
         # pid is gone is marked failed by recover(); the final record is made durable below.
-        write_job(recorder.path, job, durable=False)
-        job.start()
-        write_job(recorder.path, job, durable=False)
+        with naming_write_errors(recorder.path):
+            write_job(recorder.path, job, durable=False)
+            job.start()
+            write_job(recorder.path, job, durable=False)
         progress = Progress()
 
         def listener(p: Progress) -> None:
-            recorder.on_progress(p)
+            with naming_write_errors(recorder.path):
+                recorder.on_progress(p)
             if on_progress is not None:
                 on_progress(p, job)
 
         progress.listeners.append(listener)
         staging: Path | None = None
         try:
-            reader, plan, metas = prepare(source)
+            reader, plan, metas = prepared
             progress.total_episodes = sum(m.total_episodes for m in metas.values())
             listener(progress)
             staging = make_staging(root, job.job_id)
@@ -291,8 +367,11 @@ def export_dataset(
                 progress(files=1)
             job.set_progress(progress)
             job.complete()
-            write_job(staging / EXPORT_JOB, job, durable=False)
-            mark_complete(staging, job.job_id, durable=options.durable)
+            with naming_write_errors(staging / EXPORT_JOB):
+                write_job(staging / EXPORT_JOB, job, durable=False)
+                _carry_unfinished_upload(root, staging)
+            with naming_write_errors(staging):
+                mark_complete(staging, job.job_id, durable=options.durable)
             publish_pair(root, staging, exchange=exchange)
             staging = None
         except BaseException as e:
@@ -319,7 +398,9 @@ def export_dataset(
 
 
 def cleanup(source_dir: Path | str, fmt: str | None = None) -> dict[str, list[str]]:
-    """Recover interrupted publications and remove hidden leftovers, per format (all by default)."""
+    """Recover interrupted publications and remove hidden leftovers, per format (all by default),
+    then the raw dataset's stale temporaries (under "raw") and its metadata left behind the
+    committed episodes by an interrupted save (under "metadata", ``eva.dataset.repair``)."""
     source = Path(source_dir).resolve()
     formats = [layout.normalize_format(fmt)] if fmt else list(layout.FORMATS)
     actions: dict[str, list[str]] = {}
@@ -329,4 +410,20 @@ def cleanup(source_dir: Path | str, fmt: str | None = None) -> dict[str, list[st
             continue
         with export_lock(root, f"{source} to {name}"):
             actions[name] = recover(root)
+    if source.is_dir():
+        from eva.dataset.writer import remove_stale_temporaries
+
+        # Temp files killed writers or a killed `eva qc` left in the raw dataset.
+        removed = remove_stale_temporaries(source)
+        if removed:
+            actions["raw"] = [f"removed {path}" for path in removed]
+        from eva.dataset.repair import repair_metadata
+
+        # info.json / stats.json behind the committed rows: a save interrupted after its commit.
+        try:
+            repaired = repair_metadata(source)
+        except DatasetError as e:
+            repaired = [f"metadata not repaired: {e}"]
+        if repaired:
+            actions["metadata"] = repaired
     return actions

@@ -1,19 +1,32 @@
 """``eva verify EXPORT_DIR``: check one published subset the way the description asks.
 
-1. ``meta/quality_split.json``: ``source_dir`` is the current source, ``subset`` matches the
-   directory, ``dataset_format`` matches the export, ``source_episode_indices`` equal what the
-   current source's review gives for that subset, and the sibling subset belongs to the same pair.
-2. Format checks through the registry (``eva.formats.<fmt>.verify``): info totals against the
+1. ``meta/quality_split.json`` on its own: ``subset`` is accepted or rejected (and matches the
+   directory when that is named like a subset), ``dataset_format`` is known (and matches the
+   format the path or ``--format`` names), its totals agree with ``source_episode_indices`` and
+   with the subset's ``meta/info.json``.
+2. Against the source, when one is known: the ``--source`` given, else the dataset the export's
+   place derives (``<parent>/export/<fmt>/<subset>`` -> ``<parent>/raw``, ``<name>_export`` ->
+   ``<name>``) if it exists. ``source_dir`` must be that source and ``source_episode_indices``
+   what its current review gives for the subset; at home the sibling subset must belong to the
+   same run. A moved or renamed copy has no known source: it is checked on its own (1, 3, 4), and
+   ``--source`` compares it with one.
+3. Format checks through the registry (``eva.formats.<fmt>.verify``): info totals against the
    physical output, then a real read of one state, one action and one image frame per episode.
+4. MP4 decode checks (v2.1 and v3.0 exports): a few keyframes of every file decode, and every
+   frame of one randomly chosen file per camera (``full``: of every file) decodes, as many frames
+   as the container says.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eva.dataset import layout
+from eva.dataset.decode_check import verify_videos
 from eva.dataset.errors import DatasetError
 from eva.dataset.validate import Problem
 from eva.export.registry import load_format
@@ -32,6 +45,62 @@ def default_source_for(export_dir: Path) -> Path | None:
     return None
 
 
+@dataclass
+class VerifyReport:
+    export_dir: Path  # the resolved directory that was checked
+    problems: list[Problem] = field(default_factory=list)
+    source: Path | None = None  # the source compared with; None: own consistency only
+
+
+def _source_to_compare(export_dir: Path, given: Path | str | None) -> tuple[Path | None, bool]:
+    """The source to compare the subset with, and whether the subset sits at its home place in
+    that source's export tree. ``given`` (``--source``) always wins; else the source derived from
+    the export's place, if such a dataset exists there. A moved or renamed copy has none: its
+    marker's ``source_dir`` is a record of where it came from, not something it must match."""
+    if given is not None:
+        source = Path(os.path.realpath(given))
+    else:
+        derived = default_source_for(export_dir)
+        if derived is None or not (derived / layout.EPISODES).is_file():
+            return None, False
+        source = Path(os.path.realpath(derived))
+    try:
+        home = layout.export_paths(source, export_dir.parent.name).get(export_dir.name)
+    except ValueError:  # the parent does not name a format: not at home
+        return source, False
+    return source, home == export_dir
+
+
+def _check_marker_totals(export_dir: Path, marker: dict[str, Any], problem: Any) -> None:
+    """The marker agrees with itself and with the subset's own info.json (no source needed)."""
+    indices = marker.get("source_episode_indices")
+    if not isinstance(indices, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in indices
+    ):
+        problem(
+            "quality_split", f"field 'source_episode_indices' {indices!r} is not a list of ints"
+        )
+        return
+    if marker.get("total_episodes") != len(indices):
+        problem(
+            "quality_split",
+            f"field 'total_episodes' {marker.get('total_episodes')!r} but "
+            f"{len(indices)} source_episode_indices",
+        )
+    try:
+        info = json.loads((export_dir / layout.INFO).read_text("utf-8"))
+    except (OSError, ValueError):
+        return  # the format's own verify names a missing or unreadable info.json
+    if not isinstance(info, dict):
+        return
+    for key in ("total_episodes", "total_frames"):
+        if key in info and key in marker and info[key] != marker[key]:
+            problem(
+                "quality_split",
+                f"field {key!r} is {marker[key]!r}, {export_dir / layout.INFO} says {info[key]!r}",
+            )
+
+
 def _read_marker(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -45,10 +114,32 @@ def _read_marker(path: Path) -> dict[str, Any]:
 
 
 def verify_export(
-    export_dir: Path | str, *, source_dir: Path | str | None = None, fmt: str | None = None
+    export_dir: Path | str,
+    *,
+    source_dir: Path | str | None = None,
+    fmt: str | None = None,
+    full: bool = False,
 ) -> list[Problem]:
-    export_dir = Path(export_dir)
-    problems: list[Problem] = []
+    """Problems of one exported subset (empty: it verifies). MP4s are decode-checked by
+    ``eva.dataset.decode_check.verify_videos``: sampled keyframes of every file and every frame
+    of one random file per camera, or every frame of every file with ``full``."""
+    return verify_export_report(export_dir, source_dir=source_dir, fmt=fmt, full=full).problems
+
+
+def verify_export_report(
+    export_dir: Path | str,
+    *,
+    source_dir: Path | str | None = None,
+    fmt: str | None = None,
+    full: bool = False,
+) -> VerifyReport:
+    """``verify_export`` plus which source the subset was compared with (None: its own
+    consistency only, for a moved copy whose source is not known)."""
+    # The user's argument is resolved once (a symlink they name is their choice); nothing inside
+    # the export is resolved after this.
+    export_dir = Path(os.path.realpath(export_dir))
+    report = VerifyReport(export_dir=export_dir)
+    problems = report.problems
     marker_path = export_dir / layout.QUALITY_SPLIT
 
     def problem(code: str, message: str, path: Path = marker_path) -> None:
@@ -56,23 +147,26 @@ def verify_export(
 
     if not export_dir.is_dir():
         problem("missing_export", "export directory does not exist", export_dir)
-        return problems
+        return report
     try:
         marker = _read_marker(marker_path)
     except DatasetError as e:
         problem("quality_split", str(e).split(": ", 1)[-1])
-        return problems
+        return report
 
-    subset = export_dir.resolve().name
+    # Where the subset sits says nothing about what it is: a moved or renamed copy is checked
+    # by what its own marker says, and compared with a source only when one is known.
+    subset = marker.get("subset")
     if subset not in layout.SUBSETS:
-        problem("subset", f"directory name {subset!r} is neither accepted nor rejected", export_dir)
-    elif marker.get("subset") != subset:
-        problem("subset", f"field 'subset' is {marker.get('subset')!r}, directory is {subset!r}")
+        problem("subset", f"field 'subset' {subset!r} is neither accepted nor rejected")
+        subset = None
+    elif export_dir.name in layout.SUBSETS and export_dir.name != subset:
+        problem("subset", f"field 'subset' is {subset!r}, directory is {export_dir.name!r}")
 
     expected_fmt = fmt
     if expected_fmt is None:
-        try:
-            expected_fmt = layout.normalize_format(export_dir.resolve().parent.name)
+        try:  # the directory's parent names the format at home (<export root>/<fmt>/<subset>)
+            expected_fmt = layout.normalize_format(export_dir.parent.name)
         except ValueError:
             expected_fmt = None
     else:
@@ -80,52 +174,53 @@ def verify_export(
     marker_fmt = marker.get("dataset_format")
     if marker_fmt not in layout.FORMATS:
         problem("dataset_format", f"field 'dataset_format' {marker_fmt!r} is not a known format")
-        return problems
+        return report
     if expected_fmt is not None and marker_fmt != expected_fmt:
         problem(
             "dataset_format", f"field 'dataset_format' is {marker_fmt!r}, expected {expected_fmt!r}"
         )
 
-    source = Path(source_dir) if source_dir is not None else default_source_for(export_dir)
+    _check_marker_totals(export_dir, marker, problem)
     recorded = marker.get("source_dir")
     if not isinstance(recorded, str) or not Path(recorded).is_absolute():
         problem("source_dir", f"field 'source_dir' {recorded!r} is not an absolute path")
-    elif source is None:
-        problem("source_dir", "cannot derive the source directory from the export path; pass it")
-    elif Path(recorded).resolve() != source.resolve():
-        problem(
-            "source_dir", f"field 'source_dir' is {recorded}, current source is {source.resolve()}"
-        )
-    elif not source.is_dir():
-        problem("source_dir", f"source {source} no longer exists")
-    else:
-        indices = marker.get("source_episode_indices")
-        try:
-            expected = plan_split(read_episode_rows(source)).indices(subset)
-        except (DatasetError, KeyError, ValueError) as e:
-            problem("source_dir", f"cannot read the source review: {e}")
+        recorded = None
+    source, at_home = _source_to_compare(export_dir, source_dir)
+    report.source = source
+    if source is not None and recorded is not None and subset is not None:
+        if Path(recorded).resolve() != source:
+            problem("source_dir", f"field 'source_dir' is {recorded}, current source is {source}")
         else:
-            if indices != expected:
-                problem(
-                    "source_episode_indices",
-                    f"field 'source_episode_indices' {indices} but the current review of the "
-                    f"source gives {expected} (re-export after review changes)",
-                )
+            indices = marker.get("source_episode_indices")
+            try:
+                expected = plan_split(read_episode_rows(source)).indices(subset)
+            except (DatasetError, KeyError, ValueError) as e:
+                problem("source_dir", f"cannot read the source review: {e}")
+            else:
+                if indices != expected:
+                    problem(
+                        "source_episode_indices",
+                        f"field 'source_episode_indices' {indices} but the current review of the "
+                        f"source gives {expected} (re-export after review changes)",
+                    )
 
-    if subset in layout.SUBSETS:
-        sibling = export_dir.resolve().parent / next(s for s in layout.SUBSETS if s != subset)
-        try:
-            other = _read_marker(sibling / layout.QUALITY_SPLIT)
-        except DatasetError as e:
-            problem("pair", f"sibling subset: {e}", sibling)
-        else:
-            if other.get("export_id") != marker.get("export_id"):
-                problem("pair", f"{sibling.name} belongs to another export run", sibling)
+    if subset is not None:
+        # The sibling belongs to the same run: required at home, checked when a copy kept it.
+        sibling = export_dir.parent / next(s for s in layout.SUBSETS if s != subset)
+        if at_home or (export_dir.name == subset and sibling.is_dir()):
+            try:
+                other = _read_marker(sibling / layout.QUALITY_SPLIT)
+            except DatasetError as e:
+                problem("pair", f"sibling subset: {e}", sibling)
+            else:
+                if other.get("export_id") != marker.get("export_id"):
+                    problem("pair", f"{sibling.name} belongs to another export run", sibling)
 
     try:
         module = load_format(marker_fmt)
     except DatasetError as e:
         problem("format", str(e), export_dir)
-        return problems
+        return report
     problems.extend(module.verify(export_dir))
-    return problems
+    problems.extend(verify_videos(export_dir, full=full))
+    return report

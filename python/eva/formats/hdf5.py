@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -59,7 +60,7 @@ import pyarrow as pa
 
 from eva.dataset import embedded, layout
 from eva.dataset.columns import column_values as column_value  # the `columns` group's values
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, WriteError, naming_write_errors
 from eva.dataset.msgpack_codec import packb, unpackb
 from eva.dataset.rgb import (  # noqa: F401 - re-exported: hdf5.<name> is used by tests and benches
     FrameConverter,
@@ -69,6 +70,9 @@ from eva.dataset.rgb import (  # noqa: F401 - re-exported: hdf5.<name> is used b
     pack_frame_reference,
     yuv420p_to_rgb24_reference,
 )
+
+# HDF5's error text carries the errno of a failed write: "... errno = 28, error message ...".
+_HDF5_ERRNO = re.compile(r"\berrno = (\d+)")
 
 FORMAT_NAME = "hdf5"
 EPISODE_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.hdf5"
@@ -346,7 +350,8 @@ class EpisodeWriter:
         opts = self.options
         compression = {"compression": opts.compression, "compression_level": opts.compression_level}
         try:
-            with h5py.File(tmp, "w") as h5:
+            # h5py reports a full disk as "Can't close file (file write failed ...)": name it.
+            with naming_write_errors(path), h5py.File(tmp, "w") as h5:
                 write_mapping(h5.create_group("columns"), column_values, **compression)
                 images = h5.create_group("images")
                 for index, (key, video) in enumerate(videos.items()):
@@ -356,6 +361,13 @@ class EpisodeWriter:
                     self._write_camera(item, key, Path(video), rows, label)
                 write_mapping(h5.create_group("metadata"), metadata)
             os.replace(tmp, path)
+        except RuntimeError as e:
+            tmp.unlink(missing_ok=True)
+            # Some HDF5 write failures surface as RuntimeError("... errno = 28, ..."): name them.
+            found = _HDF5_ERRNO.search(str(e))
+            if found is None:
+                raise
+            raise WriteError(f"{path}: {os.strerror(int(found.group(1)))}") from e
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

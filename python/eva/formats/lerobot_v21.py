@@ -5,16 +5,16 @@
   column and the schema metadata (LeRobot's ``huggingface`` features) are kept, and it is written
   under the renumbered path, without dictionary encoding: per-frame float data hardly repeats, so
   pyarrow's default dictionary attempt made the files ~25% larger and the write ~40% slower.
-- MP4: the frames do not change, so each file is hard-linked into the staging dir when source and
-  export share a filesystem (no data is copied; the source file is never written through the
-  link), else copied.
+- MP4: the frames do not change, so no data is copied where that is safe
+  (``eva.dataset.fsafe.share_file``): a reflink (copy-on-write clone) where the filesystem has
+  one; else a hard link, but only to a read-only raw file (the writer commits them 0444), so a
+  consumer cannot write the raw evidence through the export; else a copy. A symlink in the
+  source is refused by validation and never linked.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.atomic import read_jsonl
 from eva.dataset.embedded import read_export_meta
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
 from eva.dataset.validate import Problem
 from eva.progress import ProgressSink
@@ -37,16 +37,9 @@ ACTION = "action"
 
 
 def link_or_copy(src: Path, dest: Path, *, link: bool = True) -> str:
-    """Hard-link ``src`` to ``dest`` when possible, else copy it; returns "link" or "copy"."""
-    if link:
-        try:
-            os.link(src, dest)
-            return "link"
-        except OSError as e:
-            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-                raise
-    shutil.copyfile(src, dest)
-    return "copy"
+    """``dest`` gets ``src``'s bytes: "reflink", "link" (only of a read-only raw file) or
+    "copy" (``eva.dataset.fsafe.share_file``; never a link to a link)."""
+    return fsafe.share_file(src, dest, link=link)
 
 
 def export_info(meta: SubsetMeta) -> dict[str, Any]:
@@ -88,7 +81,8 @@ def _export_episode(
     )
     dest = staging_dir / layout.DATA_PATH.format(episode_chunk=chunk, episode_index=new)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, dest, use_dictionary=False)
+    with naming_write_errors(dest):  # a full disk names the file, not just ENOSPC
+        pq.write_table(table, dest, use_dictionary=False)
     files, size = 1, dest.stat().st_size
     for key in meta.video_keys:
         video_src = Path(reader.video_path(src, key))
@@ -98,7 +92,8 @@ def _export_episode(
             episode_chunk=chunk, video_key=layout.check_video_key(key), episode_index=new
         )
         video_dest.parent.mkdir(parents=True, exist_ok=True)
-        link_or_copy(video_src, video_dest, link=link)
+        with naming_write_errors(video_dest):
+            link_or_copy(video_src, video_dest, link=link)
         files, size = files + 1, size + video_dest.stat().st_size
     return files, size
 

@@ -91,7 +91,9 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.stats import (
     DEFAULT_QUANTILES,
     ImageStats,
+    quantile_key,
     quantiles_from_histogram,
+    vector_quantile_table,
     vector_quantiles,
 )
 from eva.dataset.subset import (
@@ -407,16 +409,20 @@ def _episode_quantiles(columns: Mapping[str, np.ndarray]) -> dict[str, dict[str,
     so the values are those of one call per column, without the per-call overhead."""
     if not columns:
         return {}
-    table = vector_quantiles(
+    table = vector_quantile_table(
         np.hstack([np.asarray(values, np.float64) for values in columns.values()]),
         DEFAULT_QUANTILES,
     )
+    keys = [quantile_key(q) for q in DEFAULT_QUANTILES]
     out: dict[str, dict[str, list[float]]] = {}
     start = 0
     for name, values in columns.items():
         dim = values.shape[1]
-        out[name] = {key: row[start : start + dim] for key, row in table.items()}
+        part = table[:, start : start + dim]
         start += dim
+        if np.isnan(part).any():
+            continue  # a dimension without a finite value (carried NaN/inf): no quantiles
+        out[name] = {key: [float(v) for v in row] for key, row in zip(keys, part, strict=True)}
     return out
 
 
@@ -439,7 +445,9 @@ class _QuantileCollector:
     def quantiles(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for name, parts in self.vectors.items():
-            out[name] = vector_quantiles(np.concatenate(parts), DEFAULT_QUANTILES)
+            quantiles = vector_quantiles(np.concatenate(parts), DEFAULT_QUANTILES)
+            if quantiles:  # empty: a dimension without any finite value
+                out[name] = quantiles
         for key, hist in self.image_hist.items():
             if int(hist.sum()) > 0:
                 out[key] = quantiles_from_histogram(hist, DEFAULT_QUANTILES)

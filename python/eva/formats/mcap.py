@@ -59,7 +59,7 @@ import pyarrow as pa
 
 from eva.dataset import embedded, layout
 from eva.dataset.columns import column_values
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.msgpack_codec import (
     decode_ndarray,
     encode_ndarray_into,
@@ -563,7 +563,7 @@ def write_episode_file(
     keys = list(frame_batches)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with open(path, "wb") as stream:
+        with naming_write_errors(path), open(path, "wb") as stream:
             writer = McapEpisodeWriter(stream, compression=compression, chunk_size=chunk_size)
             try:
                 writer.register_schema(

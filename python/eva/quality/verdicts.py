@@ -10,6 +10,13 @@ A note never changes the outcome.
 Verdicts are written into ``meta/episodes.jsonl`` by an atomic rewrite, under the dataset's meta
 lock (``.eva-work/meta.lock``) shared with the capture writer, and refused while the episode is
 still being saved (``.eva-work/saving-<N:06d>.lock`` held by the save worker; docs/design.md).
+
+Before reading or writing, the dataset passes the shared containment check
+(``eva.dataset.fsafe.check_dataset_tree``): a ``meta/``, ``episodes.jsonl``, ``.eva-work/`` or
+lock that is a symlink is refused, never followed. A rewrite keeps the file's mode. A filesystem
+error (unreadable file, read-only tree, full disk) is a one-line ``DatasetError`` naming the path.
+Temporaries a killed qc left (``meta/.eva-tmp-episodes.jsonl.*``) are removed under the meta
+lock, which every rewrite of episodes.jsonl holds, so no live rewrite loses its temp.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import layout
-from eva.dataset.atomic import atomic_write_jsonl, read_jsonl
+from eva.dataset import fsafe, layout
+from eva.dataset.atomic import atomic_write_jsonl, read_jsonl, remove_stale_temporaries
 from eva.dataset.errors import DatasetError
 from eva.dataset.layout import META_LOCK as META_LOCK  # re-exported: the lock qc shares
 from eva.dataset.layout import WRITER_LOCK
@@ -70,7 +77,7 @@ def saving_marker(root: Path, episode_index: int) -> Path:
 def _lock_is_held(path: Path) -> bool:
     """True when another process holds a flock on ``path`` (a leftover file alone does not count)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = fsafe.open_regular(path)
     except FileNotFoundError:
         return False
     try:
@@ -92,10 +99,13 @@ def read_episode_rows(root: Path) -> list[dict[str, Any]]:
     """episodes.jsonl rows; DatasetError (file and line) unless each is an object whose
     ``episode_index`` is an int >= 0 (the review sorts and matches on it)."""
     path = Path(root) / layout.EPISODES
+    fsafe.check_dataset_tree(root)
     if not path.is_file():
         raise DatasetError(f"{path}: missing (not a v2.1 dataset?)")
     try:
         rows = read_jsonl(path)
+    except OSError as e:  # EACCES, EIO: one line naming the file
+        raise fsafe.os_error(e, path) from None
     except ValueError as e:
         raise DatasetError(str(e)) from None
     for lineno, row in enumerate(rows, 1):
@@ -138,14 +148,26 @@ def review_episode(
             raise DatasetError(f"qc: verdict {verdict!r}: use pass or fail")
     if note is not None and any(ord(c) < 32 and c not in "\t" for c in note):
         raise DatasetError("qc: note: control characters (newlines) are not allowed")
+    fsafe.check_dataset_tree(root)
     if not (root / layout.EPISODES).is_file():
         raise DatasetError(f"{root / layout.EPISODES}: missing (not a v2.1 dataset?)")
+    try:
+        return _review_locked(root, episode_index, verdict, note, clear_verdict)
+    except OSError as e:  # read-only tree, full disk, unreadable file: one line naming the path
+        raise fsafe.os_error(e) from None
+
+
+def _review_locked(
+    root: Path, episode_index: int, verdict: str | None, note: str | None, clear_verdict: bool
+) -> ReviewUpdate:
     if is_being_saved(root, episode_index):
         raise DatasetError(
             f"{root / layout.EPISODES}: episode {episode_index} is still being saved; "
             "review it after the save worker finishes"
         )
     with meta_lock(root):
+        # A killed qc's copies of episodes.jsonl; only rewrites under this lock make them.
+        remove_stale_temporaries(root / layout.META_DIR, target=Path(layout.EPISODES).name)
         rows = read_episode_rows(root)
         matches = [i for i, r in enumerate(rows) if r.get("episode_index") == episode_index]
         if not matches:

@@ -15,7 +15,11 @@ reported with its own reason code:
 - ``marker_unreadable``: ``<accepted>/meta/quality_split.json`` is a readable JSON object;
 - ``marker_not_accepted``: the marker says ``subset`` "accepted";
 - ``format_mismatch``: its ``dataset_format`` equals the requested format;
-- ``source_mismatch``: its ``source_dir`` resolves to the current source.
+- ``source_mismatch``: its ``source_dir`` resolves to the current source;
+- ``review_unreadable``: the source's ``meta/episodes.jsonl`` (the current review) reads;
+- ``stale_review``: the published pair holds what the current review gives
+  (``eva.export.staleness``): no episode moved between accepted and rejected, none was recorded
+  or removed since the export. A verdict changed after the export means exporting again.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eva.dataset import fsafe
+from eva.dataset.errors import DatasetError
 from eva.dataset.layout import QUALITY_SPLIT, export_paths, export_root, normalize_format
+from eva.export.staleness import compare_markers, current_plan, read_marker
 from eva.jobs import EXPORT_JOB
 
 REASONS = (
@@ -42,6 +49,8 @@ REASONS = (
     "marker_not_accepted",
     "format_mismatch",
     "source_mismatch",
+    "review_unreadable",
+    "stale_review",
 )
 
 
@@ -78,8 +87,9 @@ def _same_path(recorded: object, expected: Path) -> bool:
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    # No symlink, no FIFO (a blocking open): fsafe's DatasetError is a ValueError here.
+    with fsafe.open_binary(path) as f:
+        data = json.loads(f.read().decode("utf-8"))
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     return data
@@ -101,6 +111,10 @@ def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> Upl
     root = export_root(source, fmt)
     expected_accepted = export_paths(source, fmt)["accepted"]
     job_file = root / EXPORT_JOB
+    try:
+        fsafe.check_export_tree(root)  # export/ or export/<fmt> a symlink: never read through it
+    except DatasetError as e:
+        raise UploadRefused("accepted_dir_mismatch", str(e)) from None
 
     try:
         job = _read_json_object(job_file)
@@ -179,6 +193,7 @@ def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> Upl
             "source_mismatch",
             f"{marker_path}: source_dir {marker.get('source_dir')!r} is not the current source {source}",
         )
+    check_review(source, fmt, root)
     return UploadPermit(
         source_dir=source,
         format=fmt,
@@ -187,6 +202,23 @@ def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> Upl
         export_job=job,
         marker=marker,
     )
+
+
+def check_review(source: Path, fmt: str, root: Path) -> None:
+    """Refuse (``stale_review``) a published pair that the current review no longer gives: an
+    upload would send episodes the operator has rejected since, or miss ones accepted since."""
+    try:
+        plan = current_plan(source)
+    except DatasetError as e:
+        raise UploadRefused("review_unreadable", f"cannot read the current review: {e}") from None
+    markers = {subset: read_marker(d) for subset, d in export_paths(source, fmt).items()}
+    state = compare_markers(fmt, root, markers, plan)
+    if state.stale:
+        raise UploadRefused(
+            "stale_review",
+            f"{root}: the {fmt} export is stale, the review changed since it was made "
+            f"({state.describe()}); export again",
+        )
 
 
 def normalize_format_or_none(name: str) -> str | None:

@@ -32,7 +32,13 @@ from eva.jobs import STATES, UPLOAD_JOB, Job, JobRecorder, write_job
 from eva.progress import Progress
 from eva.publish import export_lock
 from eva.upload.config import SftpConfig
-from eva.upload.gate import UploadPermit, check_upload, dataset_name_for
+from eva.upload.gate import (
+    UploadPermit,
+    UploadRefused,
+    check_review,
+    check_upload,
+    dataset_name_for,
+)
 from eva.upload.sftp import (
     UploadError,
     UploadInterrupted,
@@ -134,6 +140,14 @@ class UploadJob:
         self.record.staging_path = staging
         self.recorder.save()
 
+    def _check_review(self) -> None:
+        """The review may have changed while the files were sent (qc does not take the export
+        lock): a stale export is not published."""
+        try:
+            check_review(self.permit.source_dir, self.permit.format, self.permit.export_root)
+        except UploadRefused as e:
+            raise UploadError(f"upload refused ({e.reason}): {e}") from None
+
     def _run(self) -> None:
         try:
             tree = scan_local_tree(self.permit.accepted_dir)
@@ -153,6 +167,7 @@ class UploadJob:
                 resume_staging=self.resume_staging,
                 discard_staging=self.discard_staging,
                 on_staging=self._on_staging,
+                before_publish=self._check_review,
             )
             self.result = result
             self.record.remote_path = result.remote_path

@@ -616,11 +616,14 @@ def upload_tree(
     resume_staging: str | None = None,
     discard_staging: str | None = None,
     on_staging: Callable[[str], None] | None = None,
+    before_publish: Callable[[], None] | None = None,
 ) -> UploadResult:
     """Upload ``tree`` to ``<remote_dir>/<dataset_name>`` (or a copy name) and publish it.
 
     ``resume_staging``: continue in that staging dir if it still exists. ``discard_staging``: an
-    abandoned staging dir of an earlier upload of this dataset, deleted (best effort) first."""
+    abandoned staging dir of an earlier upload of this dataset, deleted (best effort) first.
+    ``before_publish``: called once every file is staged; an exception from it stops the upload
+    (the staging dir is removed) instead of publishing."""
     options = options or UploadOptions()
     cancel = cancel or threading.Event()
     check_component(dataset_name, "dataset name")
@@ -711,6 +714,8 @@ def upload_tree(
                 f"upload cancelled; staged files kept in {staging} for --resume"
             )
 
+        if before_publish is not None:
+            before_publish()
         remote_path = publish_staging(control, staging, target, options.clock())
         published = True
         return UploadResult(

@@ -1,0 +1,427 @@
+"""Filesystem safety for every path eva reads or writes inside a dataset or an export root.
+
+A dataset someone hands over is hostile input: any file or directory in it may be a symlink (to
+somewhere outside, or to another episode's file), a FIFO (an open that blocks forever) or a
+device. The rules, applied here in one place:
+
+- The root the user names is taken as given (it may itself be a symlink: that is the user's
+  choice of path). Below it, eva never follows a symlink: ``contained`` lstat()s each component
+  and refuses a link or a ``..``; ``check_dataset_tree`` does that for every path eva manages
+  (``meta/``, the metadata files, ``.eva-work/`` and its locks, ``data/``, ``videos/``);
+  ``check_export_tree`` for an export root and the directory beside it that holds its lock.
+- Files are read only through ``open_regular``: ``O_NOFOLLOW`` (the last component cannot be a
+  link), ``O_NONBLOCK`` (opening a FIFO returns at once instead of waiting for a writer), then
+  ``fstat`` must say regular file, then ``O_NONBLOCK`` is cleared. ``read_bytes`` and
+  ``open_binary`` wrap it (JSON and JSONL). pyarrow and PyAV get the path of a file the reader
+  has just checked (no link in any component, a regular file by ``lstat``): they read at native
+  speed from a path, and a swap after the check needs someone writing into the dataset while
+  eva reads it.
+- Files are created only through ``create_file`` (``O_NOFOLLOW``, mode 0o666 so the umask
+  decides, as for any other program) in a parent checked by ``real_directory``. A rewrite keeps
+  the old file's mode (``eva.dataset.atomic``).
+- Committed raw episode files are read-only (``make_read_only``). ``share_file`` gives an export
+  its own copy of a raw file: a reflink (``FICLONE``: shared blocks, copy-on-write, so writing
+  the export never changes the raw file) where the filesystem has one, else a hard link but only
+  to a read-only file, else a byte copy.
+- ``os_error`` turns an ``OSError`` (EACCES, EROFS, ENOSPC, ELOOP...) into a one-line
+  ``DatasetError`` naming the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+from eva.dataset import layout
+from eva.dataset.errors import DatasetError
+
+__all__ = [
+    "FICLONE",
+    "check_dataset_tree",
+    "check_export_tree",
+    "contained",
+    "create_file",
+    "is_read_only",
+    "make_read_only",
+    "named",
+    "open_binary",
+    "open_regular",
+    "os_error",
+    "read_bytes",
+    "real_directory",
+    "share_file",
+]
+
+# linux/fs.h: _IOW(0x94, 9, int)
+FICLONE = 0x40049409
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+READ_ONLY_MODE = 0o444
+_WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
+def _symlink_error(path: Path | str) -> DatasetError:
+    return DatasetError(f"{path}: is a symlink; eva does not follow links inside a dataset")
+
+
+def os_error(error: OSError, path: Path | str | None = None) -> DatasetError:
+    """A one-line ``DatasetError`` for ``error``, naming ``path`` (else the error's filename)."""
+    where = path if path is not None else error.filename
+    if error.errno == errno.ELOOP:
+        return _symlink_error(where)
+    reason = error.strerror or str(error)
+    return DatasetError(f"{where}: {reason}" if where is not None else reason)
+
+
+def named(error: OSError, path: Path | str) -> OSError:
+    """``error`` as the same ``OSError`` subclass naming ``path`` (ENOSPC, EIO... from a write
+    name no file on their own); keeps its type so ``except OSError`` callers still see it."""
+    if error.filename is not None or error.errno is None:
+        return error
+    return type(error)(error.errno, error.strerror or str(error), str(path))
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
+def _not_regular(path: Path | str, mode: int) -> DatasetError:
+    return DatasetError(f"{path}: not a regular file ({_kind(mode)}); eva reads only regular files")
+
+
+def _lstat(path: Path | str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None  # a parent is a file: the component is missing, reported by the caller
+    except OSError as e:
+        raise os_error(e, path) from None
+
+
+def contained(root: Path | str, rel: Path | str, what: str | None = None) -> Path:
+    """``root / rel``, refusing a ``..`` or a symlink in any component below ``root``.
+
+    ``rel`` may also be a path under ``root``. Components that do not exist yet are fine (the
+    caller reports a missing file in its own words). ``what`` is ``"file"`` or ``"dir"``: an
+    existing final component must then be a regular file / a real directory.
+    """
+    root = Path(root)
+    rel_path = Path(rel)
+    if rel_path.is_absolute():
+        try:
+            rel_path = rel_path.relative_to(root)
+        except ValueError:
+            raise DatasetError(f"{rel}: not inside {root}") from None
+    path = root
+    parts = rel_path.parts
+    for i, part in enumerate(parts):
+        if part in ("..", "") or "\x00" in part:
+            raise DatasetError(f"{root / rel_path}: leads outside {root} ('..')")
+        if part == ".":
+            continue
+        path = path / part
+        st = _lstat(path)
+        if st is None:
+            return root / rel_path
+        if stat.S_ISLNK(st.st_mode):
+            raise _symlink_error(path)
+        last = i == len(parts) - 1
+        if not last and not stat.S_ISDIR(st.st_mode):
+            return root / rel_path  # e.g. a file where a directory should be: "missing" below
+        if last and what == "file" and not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+        if last and what == "dir" and not stat.S_ISDIR(st.st_mode):
+            raise DatasetError(f"{path}: not a directory ({_kind(st.st_mode)})")
+    return root / rel_path
+
+
+def real_directory(path: Path | str, *, create: bool = False) -> Path:
+    """``path`` as an existing real directory (not a symlink), made first if ``create``."""
+    path = Path(path)
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            pass  # a dangling symlink or a file: refused below
+        except OSError as e:
+            raise named(e, path) from None  # EACCES/EROFS/ENOSPC stay OSErrors
+    st = _lstat(path)
+    if st is None:
+        raise DatasetError(f"{path}: missing directory")
+    if stat.S_ISLNK(st.st_mode):
+        raise _symlink_error(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise DatasetError(f"{path}: not a directory ({_kind(st.st_mode)})")
+    return path
+
+
+# Paths eva manages in a raw dataset, and what each must be if it exists.
+_DATASET_DIRS = (layout.META_DIR, layout.WORK_DIR, "data", "videos")
+_DATASET_FILES = (
+    layout.INFO,
+    layout.EPISODES,
+    layout.EPISODES_STATS,
+    layout.TASKS,
+    layout.STATS,
+    layout.IMAGE_HISTOGRAMS,
+    f"{layout.WORK_DIR}/{layout.WRITER_LOCK}",
+    f"{layout.WORK_DIR}/{layout.META_LOCK}",
+)
+
+
+def check_dataset_tree(root: Path | str, *, episode_files: bool = False) -> Path:
+    """Refuse a dataset where an eva-managed path is a symlink or of the wrong kind.
+
+    The one containment check shared by qc, cleanup, the writer, the console, validate and
+    export. ``episode_files`` also walks ``data/`` and ``videos/`` (every episode file must be a
+    regular file in real directories); without it, those are checked as they are opened.
+    """
+    root = Path(root)
+    for rel in _DATASET_DIRS:
+        contained(root, rel, "dir")
+    for rel in _DATASET_FILES:
+        contained(root, rel, "file")
+    work = root / layout.WORK_DIR
+    if work.is_dir():
+        for entry in _scandir(work):
+            if entry.name.endswith(".lock"):
+                contained(root, Path(layout.WORK_DIR, entry.name), "file")
+    if episode_files:
+        for top in ("data", "videos"):
+            _check_subtree(root / top)
+    return root
+
+
+def _scandir(directory: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise os_error(e, directory) from None
+
+
+def _check_subtree(directory: Path) -> None:
+    if _lstat(directory) is None:
+        return
+    for entry in _scandir(directory):
+        path = Path(entry.path)
+        if entry.is_symlink():
+            raise _symlink_error(path)
+        if entry.is_dir(follow_symlinks=False):
+            _check_subtree(path)
+        elif not entry.is_file(follow_symlinks=False):
+            raise _not_regular(path, entry.stat(follow_symlinks=False).st_mode)
+
+
+def check_export_tree(root: Path | str) -> Path:
+    """Refuse an export root ``<parent>/export/<fmt>`` where ``<parent>/export`` or the root
+    itself is a symlink or not a directory (the export would write outside), or where the lock
+    beside it is a symlink. Nothing is created."""
+    root = Path(root)
+    for path, what in ((root.parent, "dir"), (root, "dir")):
+        st = _lstat(path)
+        if st is None:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            raise DatasetError(f"{path}: is a symlink; eva does not export through links")
+        if what == "dir" and not stat.S_ISDIR(st.st_mode):
+            raise DatasetError(f"{path}: not a directory ({_kind(st.st_mode)})")
+    return root
+
+
+def open_regular(path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o666) -> int:
+    """An fd of ``path``, which must be a regular file and not a symlink.
+
+    ``flags`` may add ``O_RDWR``/``O_WRONLY``/``O_APPEND``/``O_CREAT``... A FIFO does not block
+    the open (``O_NONBLOCK``, cleared once ``fstat`` has said regular file). Raises
+    ``FileNotFoundError`` for a missing file (callers word that themselves), ``DatasetError``
+    for a link, a non-regular file or another ``OSError``.
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # write-only open of a FIFO without a reader
+            raise DatasetError(
+                f"{path}: not a regular file (a FIFO); eva reads only regular files"
+            ) from None
+        raise os_error(e, path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_binary(path: Path | str) -> BinaryIO:
+    """``open(path, "rb")`` through ``open_regular`` (for pyarrow, PyAV and json)."""
+    return os.fdopen(open_regular(path), "rb")
+
+
+def read_bytes(path: Path | str) -> bytes:
+    with open_binary(path) as f:
+        return f.read()
+
+
+def create_file(path: Path | str, flags: int = os.O_RDWR, mode: int = 0o666) -> int:
+    """An fd of ``path``, created if missing (``mode`` before the umask), never through a
+    symlink; an existing file must be regular. The parent must be a real directory."""
+    path = Path(path)
+    real_directory(path.parent)
+    try:
+        return open_regular(path, flags | os.O_CREAT, mode)
+    except FileNotFoundError as e:
+        raise os_error(e, path) from None
+
+
+def is_read_only(st: os.stat_result) -> bool:
+    return not st.st_mode & _WRITE_BITS
+
+
+def make_read_only(path: Path | str) -> None:
+    """Drop every write bit (committed raw evidence: 0444 under the usual umask)."""
+    st = os.lstat(path)
+    os.chmod(path, stat.S_IMODE(st.st_mode) & ~_WRITE_BITS, follow_symlinks=False)
+
+
+def _reflink(src_fd: int, dest_fd: int) -> bool:
+    try:
+        fcntl.ioctl(dest_fd, FICLONE, src_fd)
+        return True
+    except OSError as e:
+        if e.errno in (
+            errno.EOPNOTSUPP,
+            errno.ENOTSUP,
+            errno.EXDEV,
+            errno.EINVAL,
+            errno.ENOTTY,
+            errno.EPERM,
+            errno.ETXTBSY,
+            errno.EBADF,
+        ):
+            return False
+        raise
+
+
+def share_file(src: Path | str, dest: Path | str, *, link: bool = True) -> str:
+    """Give ``dest`` (new, in a real directory) the content of the regular file ``src``.
+
+    Returns how, in this order of preference: ``"reflink"`` (copy-on-write clone: no data
+    copied, and writing ``dest`` never changes ``src``), ``"link"`` (hard link, only when ``src``
+    is read-only, so a consumer cannot open the shared inode for writing without first changing
+    its mode), or ``"copy"``.
+    ``link=False`` forbids sharing blocks or inodes (always a copy). The source is opened once,
+    without following links; a hard link is checked to be of that open inode, so a link in its
+    place is neither linked nor followed.
+    """
+    src, dest = Path(src), Path(dest)
+    src_fd = open_regular(src)
+    try:
+        st = os.fstat(src_fd)
+        dest_fd = _create_new(dest)
+        try:
+            if link and _reflink(src_fd, dest_fd):
+                return "reflink"
+            if link and is_read_only(st):
+                os.close(dest_fd)
+                dest_fd = -1
+                os.unlink(dest)
+                if _hard_link(src, dest, st):
+                    return "link"
+                dest_fd = _create_new(dest)
+            _copy_fd(src_fd, dest_fd, st.st_size, dest)
+            return "copy"
+        except BaseException:
+            if dest_fd >= 0:
+                os.close(dest_fd)
+                dest_fd = -1
+            with contextlib.suppress(OSError):
+                os.unlink(dest)
+            raise
+        finally:
+            if dest_fd >= 0:
+                os.close(dest_fd)
+    finally:
+        os.close(src_fd)
+
+
+def _hard_link(src: Path, dest: Path, st: os.stat_result) -> bool:
+    """Hard-link ``src`` (whose open file has ``st``) to ``dest``; False where the filesystem or
+    the kernel's protected_hardlinks refuses (then the caller copies)."""
+    try:
+        # linkat without AT_SYMLINK_FOLLOW would link a symlink itself: the inode linked must
+        # be the one that is open (a regular file), or the link is undone.
+        os.link(src, dest, follow_symlinks=False)
+    except OSError as e:
+        if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+            return False
+        raise os_error(e, dest) from None
+    linked = os.lstat(dest)
+    if (linked.st_dev, linked.st_ino) != (st.st_dev, st.st_ino):
+        os.unlink(dest)
+        raise DatasetError(f"{src}: changed while being linked; not exporting it")
+    return True
+
+
+def _create_new(path: Path) -> int:
+    real_directory(path.parent)
+    try:
+        return os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666
+        )
+    except OSError as e:
+        raise os_error(e, path) from None
+
+
+def _copy_fd(src_fd: int, dest_fd: int, size: int, dest: Path) -> None:
+    offset = 0
+    try:
+        while offset < size:
+            try:
+                n = os.copy_file_range(src_fd, dest_fd, size - offset, offset, offset)
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                n = _copy_blocks(src_fd, dest_fd, offset)
+                offset += n
+                break
+            if n == 0:
+                break
+            offset += n
+    except OSError as e:
+        raise os_error(e, dest) from None
+
+
+def _copy_blocks(src_fd: int, dest_fd: int, offset: int) -> int:
+    copied = 0
+    while True:
+        block = os.pread(src_fd, 1 << 20, offset + copied)
+        if not block:
+            return copied
+        view = memoryview(block)
+        while view:
+            written = os.pwrite(dest_fd, view, offset + copied)
+            view = view[written:]
+            copied += written
