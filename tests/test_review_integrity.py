@@ -446,7 +446,7 @@ def _limit_file_size(limit: int = 20_000):  # noqa: ANN202 - a preexec_fn
     return apply
 
 
-@pytest.mark.parametrize("fmt", ["lerobot_v21", "hdf5", "mcap"])
+@pytest.mark.parametrize("fmt", ["lerobot_v21", "lerobot_v3", "hdf5", "mcap"])
 def test_full_disk_names_the_file_and_publishes_nothing(synthetic_dataset, fmt: str) -> None:  # noqa: ANN001
     source = synthetic_dataset(
         name="site/raw", episodes=3, frames=[60, 60, 60], width=160, height=120
@@ -470,7 +470,7 @@ def test_full_disk_names_the_file_and_publishes_nothing(synthetic_dataset, fmt: 
         [line] = done.stderr.splitlines()
         assert line.startswith(f"eva: error: {export}/") and line.endswith(f": {reason}"), line
         written = Path(line.removeprefix("eva: error: ").removesuffix(f": {reason}"))
-        assert written.name.startswith(("episode_", "job.json")), line
+        assert written.name.startswith(("episode_", "file-", "job.json")), line
         failed = json.loads(done.stdout.splitlines()[-1])
         assert failed["event"] == "failed" and failed["error"] == line.removeprefix("eva: error: ")
         root = export / fmt

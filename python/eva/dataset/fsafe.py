@@ -65,7 +65,9 @@ _WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
 
 def _symlink_error(path: Path | str) -> DatasetError:
-    return DatasetError(f"{path}: is a symlink; eva does not follow links inside a dataset")
+    return DatasetError(
+        f"{path}: is a symlink; eva follows no links inside a dataset or an export tree"
+    )
 
 
 def os_error(error: OSError, path: Path | str | None = None) -> DatasetError:

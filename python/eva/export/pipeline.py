@@ -357,7 +357,9 @@ def export_dataset(
             for subset in SUBSETS:
                 subset_dir = staging / subset
                 subset_dir.mkdir()
-                module.write_subset(reader, metas[subset], subset_dir, progress, options)
+                # a write that fails (a full disk) names its file, whatever the format
+                with naming_write_errors(subset_dir):
+                    module.write_subset(reader, metas[subset], subset_dir, progress, options)
                 write_staged_json(
                     subset_dir / layout.QUALITY_SPLIT,
                     quality_split_record(
