@@ -739,14 +739,18 @@ class _EpisodeConsumer:
                 self.watch_backlog()
                 self.settle_grid_start()
                 emitted = self.emit_ready(final=False)
-                if s.limit is not None and all(self.remaining(n) == 0 for n in self.streams):
+                if s.limit is not None and all(self.remaining(n) <= 0 for n in self.streams):
                     self.finish()
                     return
                 if not moved and not emitted:
                     if s.limit is not None and self.past_the_end():
                         # No further row can be aligned: the rest lies beyond the episode's end.
-                        self.drain_discard()
-                        continue
+                        if self.drain_discard():
+                            continue
+                        # Nothing left to free, yet a stream still owes samples: every sample
+                        # up to the STOP snapshot was pushed before it, so one that is not in
+                        # the ring now never will be. Account for it rather than spin forever.
+                        self.settle_missing()
                     time.sleep(IDLE_SLEEP_S)
         except BaseException as e:
             message = error_line(e)
@@ -770,7 +774,7 @@ class _EpisodeConsumer:
         """After STOP: a fully drained stream ends before the next grid row (grid end reached)."""
         if self.grid_start is None:
             return False
-        drained = [n for n in self.last_t if self.remaining(n) == 0]
+        drained = [n for n in self.last_t if (self.remaining(n) or 0) <= 0]
         if not drained:
             return False
         g_next = self.grid_start + self.next_row / self.fps
@@ -782,11 +786,31 @@ class _EpisodeConsumer:
             time.sleep(0.01)
         self.drain_discard()
 
-    def drain_discard(self) -> None:
+    def drain_discard(self) -> int:
+        """Free what is left of the episode in every ring; the number of samples freed."""
+        freed = 0
         for name, st in self.streams.items():
             left = self.remaining(name)
-            n = st.ring.discard(-1 if left is None else max(left, 0))
+            if left is not None and left <= 0:
+                continue
+            n = st.ring.discard(-1 if left is None else left)
             self.popped[name] += n
+            freed += n
+        return freed
+
+    def settle_missing(self) -> None:
+        """After STOP: samples the STOP snapshot counts that no ring holds any more are gone
+        (logged, then treated as consumed), so the episode can end."""
+        for name, st in self.streams.items():
+            left = self.remaining(name)
+            if left is not None and left > 0 and len(st.ring) == 0:
+                log.warning(
+                    "capture: stream %s: %d sample(s) of the episode were not in its ring at the "
+                    "end; the episode ends without them",
+                    name,
+                    left,
+                )
+                self.popped[name] += left
 
     def discard(self) -> None:
         """CANCEL: free the episode's samples and its temporary files."""
@@ -900,7 +924,7 @@ class _EpisodeConsumer:
             self.grid_start = max(self.first_t.values())
             return
         latest = max(self.last_t.values())
-        drained = self.ended() and all(self.remaining(n) == 0 for n in self.streams)
+        drained = self.ended() and all((self.remaining(n) or 0) <= 0 for n in self.streams)
         # A full pending buffer cannot wait for the missing streams any longer either.
         stuck = any(p.n >= p.capacity for p in self.pending.values())
         timed_out = latest - min(self.first_t.values()) >= self.rec.config.stream_start_timeout_s
