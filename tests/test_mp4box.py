@@ -437,7 +437,7 @@ def assert_samples_equal_demuxed(path: Path) -> mp4box.VideoSamples:
         packets = [p for p in container.demux(stream) if p.size > 0]
         assert len(packets) == len(samples.sizes) == samples.track.sample_count
         for i, packet in enumerate(packets):
-            assert packet.pts == packet.dts == samples.dts[i]
+            assert (packet.pts, packet.dts) == (samples.pts[i], samples.dts[i]), i
             assert packet.duration == samples.durations[i]
             assert packet.is_keyframe == bool(samples.keyframes[i])
             offset, size = int(samples.offsets[i]), int(samples.sizes[i])
@@ -473,11 +473,63 @@ def test_samples_of_a_packet_copied_shard(tmp_path: Path) -> None:
     assert len(assert_samples_equal_demuxed(packet_copied_shard(tmp_path)).sizes) == 19
 
 
-def test_samples_refuse_bframes(tmp_path: Path) -> None:
-    """Composition offsets (pts != dts) are left to FFmpeg's demuxer."""
+BFRAME_LAYOUTS = [
+    pytest.param(20, {"x264-params": "bframes=2"}, {}, id="bframes2"),
+    pytest.param(40, {"g": "12"}, {}, id="x264-defaults-gop12"),
+    pytest.param(
+        45, {"bf": "3", "preset": "medium", "profile": "high"}, {}, id="high-medium-bf3-scenecut"
+    ),
+    pytest.param(33, {"bf": "3", "x264-params": "b-pyramid=none"}, {}, id="bf3-no-pyramid"),
+    pytest.param(30, {"bf": "2", "g": "7"}, {"movflags": "+faststart"}, id="bf2-faststart"),
+    pytest.param(1, {}, {}, id="one-frame"),
+    pytest.param(2, {}, {}, id="two-frames"),
+]
+
+
+@pytest.mark.parametrize(("frames", "codec_options", "container_options"), BFRAME_LAYOUTS)
+def test_samples_of_bframe_files_equal_demuxed_packets(
+    tmp_path: Path, frames: int, codec_options: dict[str, str], container_options: dict[str, str]
+) -> None:
+    """Composition offsets under FFmpeg's muxer's edit list (media_time = the first pts): the
+    parsed pts, dts, size, keyframe flag and bytes equal what the installed PyAV demuxes."""
+    path = pyav_video(tmp_path / "b.mp4", frames, container_options, codec_options)
+    samples = assert_samples_equal_demuxed(path)
+    if frames > 2:
+        assert bool(np.any(samples.pts != samples.dts))  # B-frames present
+
+
+def test_samples_of_bframe_edit_list_sweep_equal_demuxed_whenever_vouched(
+    tmp_path: Path,
+) -> None:
+    """Whenever the parser vouches for an edited B-frame file, its packets are FFmpeg's."""
+    path = pyav_video(tmp_path / "b.mp4", 16, codec_options={"g": "4"})
+    original = path.read_bytes()
+    elst = find_box(original, b"elst")
+    segment0, media_time0 = struct.unpack_from(">Ii", original, elst + 16)
+    vouched = 0
+    for segment_ms in (segment0 - 40, segment0 - 1, segment0, segment0 + 10):
+        for media_time in (0, media_time0 - 1, media_time0, media_time0 + 1):
+            variant = bytearray(original)
+            struct.pack_into(">Ii", variant, elst + 16, segment_ms, media_time)
+            path.write_bytes(bytes(variant))
+            try:
+                mp4box.read_video_samples(path)
+            except mp4box.Mp4Unsupported:
+                continue
+            assert_samples_equal_demuxed(path)
+            vouched += 1
+    assert vouched >= 2
+
+
+def test_samples_refuse_composition_offsets_without_an_edit_list(tmp_path: Path) -> None:
+    """Without an edit list FFmpeg's own timestamp heuristics apply: left to its demuxer."""
     path = pyav_video(tmp_path / "b.mp4", 20, codec_options={"x264-params": "bframes=2"})
+    data = bytearray(path.read_bytes())
+    edts = find_box(bytes(data), b"edts")
+    data[edts + 4 : edts + 8] = b"free"  # the edit list becomes padding
+    path.write_bytes(bytes(data))
     assert mp4box.count_video_samples(path) == 20
-    with pytest.raises(mp4box.Mp4Unsupported, match="composition offsets"):
+    with pytest.raises(mp4box.Mp4Unsupported, match="without an edit list"):
         mp4box.read_video_samples(path)
 
 

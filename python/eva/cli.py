@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import sys
-import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -436,6 +434,8 @@ class _LogLimiter:
         self._pattern = re.compile(r"capture backlog: stream (\S+)")
         self._shown: dict[tuple[str, int], float] = {}
         self._suppressed: dict[tuple[str, int], int] = {}
+        import threading
+
         self._lock = threading.Lock()
 
     def admit(self, record: Any) -> str | None:
@@ -473,48 +473,65 @@ class _LogLimiter:
         ]
 
 
-class _CaptureLogHandler(logging.Handler):
-    """``eva.capture`` records on stderr, one line each (see :class:`_LogLimiter`); while the
-    interactive screen runs they wait in ``queue`` so the screen prints them above its status
-    line."""
+def _capture_log_handler_class() -> type:
+    """The ``_CaptureLogHandler`` class, built on first use: ``logging`` is not imported for
+    ``eva --help`` or any command that does not capture (it costs ~5-15 ms of start-up)."""
+    cls = globals().get("_CaptureLogHandler")
+    if cls is not None:
+        return cls
+    import logging
 
-    def __init__(self, limiter: _LogLimiter, level: int) -> None:
-        import queue
+    class _CaptureLogHandler(logging.Handler):
+        """``eva.capture`` records on stderr, one line each (see :class:`_LogLimiter`); while the
+        interactive screen runs they wait in ``queue`` so the screen prints them above its status
+        line."""
 
-        super().__init__(level)
-        self.limiter = limiter
-        self.queue: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.held = False
+        def __init__(self, limiter: _LogLimiter, level: int) -> None:
+            import queue
 
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            line = self.limiter.admit(record)
-            if line is None:
-                return
-            if self.held:
-                self.queue.put(line)
-            else:
-                sys.stderr.write(printable(line) + "\n")
-                sys.stderr.flush()
-        except Exception:
-            self.handleError(record)
+            super().__init__(level)
+            self.limiter = limiter
+            self.queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+            self.held = False
 
-    def pending(self) -> list[str]:
-        import queue
-
-        lines = []
-        while True:
+        def emit(self, record: logging.LogRecord) -> None:
             try:
-                lines.append(self.queue.get_nowait())
-            except queue.Empty:
-                return lines
+                line = self.limiter.admit(record)
+                if line is None:
+                    return
+                if self.held:
+                    self.queue.put(line)
+                else:
+                    sys.stderr.write(printable(line) + "\n")
+                    sys.stderr.flush()
+            except Exception:
+                self.handleError(record)
 
-    def resume(self) -> None:
-        """Back to writing straight to stderr, after what was held."""
-        self.held = False
-        for line in self.pending() + self.limiter.leftovers():
-            sys.stderr.write(printable(line) + "\n")
-        sys.stderr.flush()
+        def pending(self) -> list[str]:
+            import queue
+
+            lines = []
+            while True:
+                try:
+                    lines.append(self.queue.get_nowait())
+                except queue.Empty:
+                    return lines
+
+        def resume(self) -> None:
+            """Back to writing straight to stderr, after what was held."""
+            self.held = False
+            for line in self.pending() + self.limiter.leftovers():
+                sys.stderr.write(printable(line) + "\n")
+            sys.stderr.flush()
+
+    globals()["_CaptureLogHandler"] = _CaptureLogHandler
+    return _CaptureLogHandler
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_CaptureLogHandler":
+        return _capture_log_handler_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _JobReporter:
@@ -729,7 +746,9 @@ def collect_command(
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
         pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
     shorten_switch_interval()  # capture threads keep up beside busy Python threads
-    handler = _CaptureLogHandler(_LogLimiter(), logging.ERROR if quiet else logging.INFO)
+    import logging
+
+    handler = _capture_log_handler_class()(_LogLimiter(), logging.ERROR if quiet else logging.INFO)
     capture_log = logging.getLogger("eva.capture")
     capture_log.addHandler(handler)
     capture_log.setLevel(logging.INFO)
@@ -849,7 +868,7 @@ def _collect_interactive(
     recorder: Any,
     rec_source: Any,
     reporter: _JobReporter,
-    handler: _CaptureLogHandler,
+    handler: Any,  # a _CaptureLogHandler (built lazily: see _capture_log_handler_class)
     dataset: str | None,
     task: str | None,
 ) -> None:

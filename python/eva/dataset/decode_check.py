@@ -39,9 +39,10 @@ KEYFRAME_SAMPLES = 3
 
 
 def _keyframe_times(path: Path, samples: int) -> tuple[list[int], int] | None:
-    """Decode times (track ticks) of up to ``samples`` keyframes spread over the file, and the
-    track's timescale, from the MP4 sample table; None when the boxes cannot say (FFmpeg then
-    decides which frame to decode)."""
+    """Presentation times (track ticks) of up to ``samples`` keyframes spread over the file, and
+    the track's timescale, from the MP4 sample table; None when the boxes cannot say (FFmpeg then
+    decides which frame to decode). FFmpeg's MP4 seek goes by presentation time: with B-frames a
+    keyframe's dts would land on the keyframe before it."""
     try:
         table = mp4box.read_video_samples(path)
     except mp4box.Mp4Truncated as e:
@@ -54,7 +55,7 @@ def _keyframe_times(path: Path, samples: int) -> tuple[list[int], int] | None:
     picks = sorted(
         {int(i) for i in np.linspace(0, len(positions) - 1, min(samples, len(positions)))}
     )
-    return [int(table.dts[positions[i]]) for i in picks], table.track.timescale
+    return [int(table.pts[positions[i]]) for i in picks], table.track.timescale
 
 
 def _open(path: Path) -> av.container.InputContainer:

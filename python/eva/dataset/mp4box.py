@@ -108,16 +108,19 @@ class SampleEntry:
 class VideoSamples:
     """The video track's samples as FFmpeg's demuxer delivers them, one per packet, in order.
 
-    Only given when decode time == presentation time for every sample (no ``ctts``, and any edit
-    list is the identity one ``read_video_track`` vouches for), so ``dts`` is also each packet's
-    pts; a track with composition offsets (B-frames) raises ``Mp4Unsupported``.
+    Times are FFmpeg's packet timestamps after its edit-list pass. Without ``ctts`` ``pts`` is
+    ``dts``; with composition offsets (B-frames) they are given only under an edit list that
+    ``read_video_track`` vouches for (one entry, rate 1, ``media_time`` = the first presentation
+    time, nothing hidden), which FFmpeg subtracts from both: the first frame is presented at 0 and
+    decoded at minus the reorder delay. Checked against PyAV's demuxer packet by packet in tests.
     """
 
     track: VideoTrack
     entry: SampleEntry
     offsets: np.ndarray  # int64 file offset of each sample's bytes
     sizes: np.ndarray  # int64 byte size of each sample
-    dts: np.ndarray  # int64 decode (= presentation) time, in ``track.timescale`` ticks
+    dts: np.ndarray  # int64 decode time, in ``track.timescale`` ticks
+    pts: np.ndarray  # int64 presentation time (the same array as ``dts`` without ctts)
     durations: np.ndarray  # int64 stts delta of each sample
     keyframes: np.ndarray  # bool: sync sample (every sample when there is no stss)
 
@@ -373,8 +376,9 @@ def _check_edit_list(
     movie_timescale: int,
     media_timescale: int,
     timing: _Timing,
-) -> None:
-    """Raise Mp4Unsupported unless FFmpeg's edit-list pass certainly keeps every sample.
+) -> int:
+    """Raise Mp4Unsupported unless FFmpeg's edit-list pass certainly keeps every sample; return
+    the edit's ``media_time`` (media ticks), which FFmpeg subtracts from every pts and dts.
 
     FFmpeg (``mov_fix_index``) rescales the edit into media ticks
     (``end = media_time + round(segment_duration * media_timescale / movie_timescale)``), starts
@@ -403,7 +407,7 @@ def _check_edit_list(
     if media_time < 0 or (rate_integer, rate_fraction) != (1, 0):
         raise Mp4Unsupported(hides)
     if timing.samples == 0:
-        return
+        return media_time
     if timing.min_delta == 0:
         raise Mp4Unsupported(f"{reader.path}: edit list over samples of zero duration")
     ctts = _only(reader, stbl_boxes, b"ctts", "stbl")
@@ -415,8 +419,9 @@ def _check_edit_list(
             raise Mp4Unsupported(
                 f"{reader.path}: edit list over a track not starting on a keyframe"
             )
-        return
+        return media_time
     _check_composition(reader, stbl_boxes, ctts, timing.samples, media_time, end, hides)
+    return media_time
 
 
 def _runs(entries: bytes, signed: bool = False) -> np.ndarray:
@@ -540,18 +545,23 @@ def _video_track(
     sample_sizes = _sample_sizes(reader, sizes[0], sample_count)
     _check_sample_data(reader, chunk_offsets, runs, sample_sizes)
 
+    media_time: int | None = None  # None: no edit list
     edts = _only(reader, trak_boxes, b"edts", "trak")
     if edts is not None:
         edts_boxes = _children(reader, edts)
         elst = _only(reader, edts_boxes, b"elst", "edts")
         if elst is not None:
-            _check_edit_list(reader, elst, stbl_boxes, movie_timescale, timescale, timing)
+            media_time = _check_edit_list(
+                reader, elst, stbl_boxes, movie_timescale, timescale, timing
+            )
         elif edts_boxes:
             raise Mp4Unsupported(f"{reader.path}: edts without elst")
     track = VideoTrack(sample_count, timescale, duration, timing.duration, track_id)
     if not samples:
         return track
-    return _samples(reader, track, stbl_boxes, description_count, chunk_offsets, runs, sample_sizes)
+    return _samples(
+        reader, track, stbl_boxes, description_count, chunk_offsets, runs, sample_sizes, media_time
+    )
 
 
 def _sample_entry(reader: _Reader, stbl_boxes: list[_Box]) -> SampleEntry:
@@ -600,13 +610,21 @@ def _samples(
     chunk_offsets: tuple[int, ...],
     runs: list[tuple[int, int, int]],
     sample_sizes: tuple[int, ...] | int,
+    media_time: int | None,
 ) -> VideoSamples:
-    """Every sample's offset, size, time and sync flag (vectorised over the run tables)."""
+    """Every sample's offset, size, time and sync flag (vectorised over the run tables).
+
+    Times are FFmpeg's packet timestamps: with an edit list (which ``_check_edit_list`` vouched
+    hides nothing) FFmpeg shifts pts and dts by its ``media_time``, so the first presented frame
+    is at pts 0 and, with B-frames, the first dts is minus the reorder delay."""
     path = reader.path
     if description_count != 1:
         raise Mp4Unsupported(f"{path}: {description_count} sample descriptions")
-    if _only(reader, stbl_boxes, b"ctts", "stbl") is not None:
-        raise Mp4Unsupported(f"{path}: composition offsets: packet pts differ from dts")
+    ctts = _only(reader, stbl_boxes, b"ctts", "stbl")
+    if ctts is not None and media_time is None:
+        # Without an edit list FFmpeg keeps the raw times but may shift them by heuristics
+        # (``dts_shift``, ``start_pad``) this parser does not model.
+        raise Mp4Unsupported(f"{path}: composition offsets without an edit list")
     n = track.sample_count
     per_chunk = np.zeros(len(chunk_offsets), np.int64)
     for first, end, count in runs:
@@ -630,6 +648,15 @@ def _samples(
     delta_runs = _runs(_table(reader, _need(reader, stbl_boxes, b"stts", "stbl"), 8)[1])
     durations = np.repeat(delta_runs[:, 1], delta_runs[:, 0])
     dts = np.cumsum(durations) - durations
+    if ctts is None:
+        pts = dts
+    else:  # offsets >= 0 and covering every sample: checked by _check_composition
+        version = _full_box_version(reader, ctts, (0, 1))
+        offset_runs = _runs(_table(reader, ctts, 8)[1], signed=version == 1)
+        pts = dts + np.repeat(offset_runs[:, 1], offset_runs[:, 0])
+    if media_time:
+        dts = dts - media_time
+        pts = pts - media_time
     keyframes = np.ones(n, bool)
     stss = _only(reader, stbl_boxes, b"stss", "stbl")
     if stss is not None:
@@ -645,6 +672,7 @@ def _samples(
         offsets=offsets,
         sizes=sizes,
         dts=dts,
+        pts=pts,
         durations=durations,
         keyframes=keyframes,
     )
@@ -721,7 +749,7 @@ def read_video_samples(path: Path) -> VideoSamples:
     ``eva.formats._v3_video`` muxes the bytes at ``offsets``/``sizes`` without opening FFmpeg).
 
     Same checks and errors as ``read_video_track``; additionally ``Mp4Unsupported`` for several
-    sample descriptions or composition offsets (B-frames: pts != dts).
+    sample descriptions, or composition offsets (B-frames) without an edit list.
     """
     track = _read_track(path, samples=True)
     assert isinstance(track, VideoSamples)

@@ -2,7 +2,7 @@
 
 LeRobot v3.0 stores each camera's episodes back to back in one MP4 stream per shard and finds an
 episode's frame ``t`` at ``from_timestamp + t / fps`` inside that shard. The raw v2.1 videos are
-H.264 with a fixed GOP and no B-frames (contracts §1), so every episode starts on a keyframe and
+H.264 with a fixed GOP and no B-frames, so every episode starts on a keyframe and
 episodes can be appended without decoding: each compressed packet is copied as is and only its
 pts/dts are shifted by the duration already in the shard (streams with B-frames work too, as long
 as every episode has the same reorder delay; otherwise decode timestamps would go backwards, which
@@ -37,8 +37,11 @@ packets are muxed straight from the file's bytes. FFmpeg is still opened:
   configuration box carries the parameter sets (SPS/PPS, the AV1 sequence header) that fix the
   decoder's size and pixel format; other entry types (``avc3``: in-band parameter sets, or an
   ``av1C`` without its sequence header) are opened with FFmpeg every time, as before;
-* for every file the box parser does not vouch for (B-frames, edit lists that hide frames,
-  fragmented files...): the demux path, as before.
+* for every file the box parser does not vouch for (edit lists that hide frames, B-frames
+  without an edit list, fragmented files...): the demux path, as before. B-frame files as
+  FFmpeg's muxer writes them (composition offsets under one edit whose ``media_time`` is the
+  first presentation time) are read from the tables too: the parser gives FFmpeg's shifted pts
+  and dts, compared with its demuxer packet by packet in the tests.
 
 What that drops per episode is FFmpeg's probe, i.e. decoding the episode's first frame: a file
 whose boxes are sound but whose first frame's bitstream is damaged is now copied as is (the demux
@@ -334,7 +337,8 @@ class VideoShardWriter:
         self, source: Path, samples: mp4box.VideoSamples, keyframes: list[bytes] | None
     ) -> AppendedEpisode:
         """The packet copy from the sample table: the same packets, timestamps and checks as
-        ``_copy_packets`` (pts == dts here: the box parser refuses composition offsets)."""
+        ``_copy_packets`` (which sees the same pts/dts from FFmpeg's demuxer: with B-frames the
+        first frame at pts 0 and a negative dts, the reorder delay)."""
         assert self._container is not None and self._stream is not None
         assert self.params is not None
         n = len(samples.sizes)
@@ -345,10 +349,12 @@ class VideoShardWriter:
                 f"{source}: first packet is not a keyframe, the episode cannot be "
                 "appended without re-encoding"
             )
-        shift = self._next_start - int(samples.dts[0])
-        times = samples.dts + shift
-        if (self._last_dts is not None and int(times[0]) <= self._last_dts) or (
-            n > 1 and not bool(np.all(np.diff(times) > 0))
+        # The episode's t = 0 (its first packet's pts) lands right at the shard's end.
+        shift = self._next_start - int(samples.pts[0])
+        times = samples.pts + shift
+        decode_times = samples.dts + shift
+        if (self._last_dts is not None and int(decode_times[0]) <= self._last_dts) or (
+            n > 1 and not bool(np.all(np.diff(decode_times) > 0))
         ):
             raise VideoConcatError(
                 f"{source}: decode timestamps go backwards after shifting; the stream's "
@@ -360,6 +366,7 @@ class VideoShardWriter:
         durations = samples.durations.tolist()
         flags = samples.keyframes.tolist()
         pts_list = times.tolist()
+        dts_list = pts_list if samples.pts is samples.dts else decode_times.tolist()
         fd = os.open(source, os.O_RDONLY)
         try:
             i = 0
@@ -380,7 +387,8 @@ class VideoShardWriter:
                     if keyframes is not None and flags[k]:
                         keyframes.append(bytes(data))
                     packet = av.Packet(data)
-                    packet.pts = packet.dts = pts_list[k]
+                    packet.pts = pts_list[k]
+                    packet.dts = dts_list[k]
                     packet.duration = durations[k]
                     packet.time_base = time_base
                     packet.is_keyframe = flags[k]
@@ -390,9 +398,9 @@ class VideoShardWriter:
         finally:
             os.close(fd)
         end = max(self._next_start, int(np.max(times + np.maximum(samples.durations, 1))))
-        self._last_dts = int(times[-1])
+        self._last_dts = int(decode_times[-1])
         return self._finish_episode(
-            int(times[0]), end, n, samples.track.sample_count, int(samples.sizes.sum())
+            int(times.min()), end, n, samples.track.sample_count, int(samples.sizes.sum())
         )
 
     def _copy_packets(
