@@ -10,7 +10,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 DEMO_DIR ?= demo-data
 
-.PHONY: venv build demo test test-native test-reference fuzz bench compat lint system-deps clean
+.PHONY: venv build demo test test-native test-reference fuzz bench bench-quick bench-corpus compat lint system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,8 +48,20 @@ FUZZ_EXAMPLES ?= 2000
 fuzz: build
 	EVA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) EVA_FUZZ_RANDOM=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_fuzz_readers.py
 
+# bench_corpus runs on the realistic corpus (bench/corpus.py), generated once into
+# $EVA_BENCH_CORPUS (default ~/.cache/eva-bench-corpus): tens of minutes the first time on 2 cores
+# (make bench-corpus does it ahead); bench-quick uses the small corpora.
 bench: build
 	$(PY) bench/run_all.py --json bench-report.json
+
+bench-quick: build
+	$(PY) bench/run_all.py --quick --json bench-report.json
+
+bench-corpus: build
+	$(PY) bench/corpus.py
+	$(PY) bench/corpus.py --episodes 4 high
+	$(PY) bench/corpus.py --episodes 1 high
+	$(PY) bench/corpus.py --quick
 
 compat: build
 	bash scripts/compat.sh
