@@ -86,6 +86,9 @@ log = logging.getLogger("eva.capture")
 
 EMIT_BATCH = 8  # grid rows per add_frames call (frames per camera encoded together)
 IDLE_SLEEP_S = 0.002
+# After STOP every sample of the episode is already in its ring, so draining only waits for the
+# consumer itself; this long without popping or emitting anything means it cannot progress.
+DRAIN_STALL_S = 3.0
 VECTOR_PENDING = 4096
 
 
@@ -729,6 +732,7 @@ class _EpisodeConsumer:
             st.ring.reset_high_water()
         try:
             self.episode = s.writer.begin_episode(s.task)  # START refuses an empty task
+            progressed = time.monotonic()
             while True:
                 if self.rec.consumer_throttle_s:
                     time.sleep(self.rec.consumer_throttle_s)
@@ -740,6 +744,21 @@ class _EpisodeConsumer:
                 self.settle_grid_start()
                 emitted = self.emit_ready(final=False)
                 if s.limit is not None and all(self.remaining(n) <= 0 for n in self.streams):
+                    self.finish()
+                    return
+                if moved or emitted:
+                    progressed = time.monotonic()
+                elif s.limit is not None and time.monotonic() - progressed > DRAIN_STALL_S:
+                    # a safety net: an episode after STOP must end, never hang close()
+                    log.warning(
+                        "capture: the episode's drain made no progress for %.0f s after STOP; "
+                        "saving what was aligned",
+                        DRAIN_STALL_S,
+                    )
+                    for name in self.streams:
+                        left = self.remaining(name)
+                        if left is not None and left > 0:
+                            self.popped[name] += left
                     self.finish()
                     return
                 if not moved and not emitted:
