@@ -79,5 +79,5 @@ def test_reader_refuses_paths_through_symlinks_out_of_the_dataset(
     parquet.unlink()
     parquet.parent.rmdir()
     parquet.parent.symlink_to(outside, target_is_directory=True)
-    with pytest.raises(DatasetError, match="is a symlink; eva does not follow links"):
+    with pytest.raises(DatasetError, match="is a symlink; eva follows no links"):
         DatasetReader(root).read_table(0)

@@ -505,7 +505,7 @@ def test_reader_refuses_symlink_escape(tmp_path: Path, small_dataset: Path) -> N
     pq.write_table(pq.read_table(target), outside)
     target.unlink()
     target.symlink_to(outside)
-    with pytest.raises(DatasetError, match="is a symlink; eva does not follow links"):
+    with pytest.raises(DatasetError, match="is a symlink; eva follows no links"):
         DatasetReader(small_dataset).read_table(1)
 
 
