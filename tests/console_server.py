@@ -134,6 +134,12 @@ class ConsoleServer:
         self.clients.append(client)
         return client
 
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the server's stderr log, for an assertion message."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
     def stop(self) -> None:
         for client in self.clients:
             client.close()

@@ -187,6 +187,21 @@ def test_cancel_discards_samples_and_temp_files(rec: Recorder) -> None:
     assert result["row"]["alignment"]["grid_start"] == pytest.approx(10.003)
 
 
+def test_cancel_racing_the_consumer_never_stops_it(rec: Recorder) -> None:
+    # CANCEL lands at every point of the consumer's pass: right after it has drained the
+    # episode, a pass that had seen no limit once took the CANCEL for a STOP with no save job
+    # and the consumer died (every later START refused: "capture consumer failed").
+    for k in range(200):
+        rec.start()
+        push_timeline(rec, timeline(3.0 * k, 3.0 * k + 0.3))
+        time.sleep(0.002 * (k % 7))
+        rec.cancel()
+        assert rec.status()["consumer_error"] is None, k
+    assert rec.wait_idle(30)
+    assert rec.status()["consumer_error"] is None and rec.jobs == []
+    assert record(rec, timeline(1000.0, 1002.0))["row"]["quality"] == "green"
+
+
 def test_relaunch_appends_and_consecutive_stops_keep_order(tmp_path: Path) -> None:
     cfg = make_config(tmp_path)
     with Recorder(cfg, durable=False) as first:

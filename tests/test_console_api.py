@@ -224,14 +224,32 @@ def test_events_stream_reports_status(server: ConsoleServer, api: httpx.Client) 
     thread = threading.Thread(target=listen, daemon=True)
     thread.start()
     wait_for(lambda: any(n == "status" for n, _ in events), 10)
-    api.post("/api/collect/start", json={"dataset": "fold"})
+    started = api.post("/api/collect/start", json={"dataset": "fold"})
+    assert started.status_code == 200, started.text
     try:
-        wait_for(lambda: any(e["state"] == "recording" for n, e in events if n == "status"), 10)
+        try:
+            recording = any_status(events, "recording", 20)
+            assert recording, (events[-3:], server.log_tail())
+        finally:
+            cancelled = api.post("/api/collect/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        assert any_status(events, "idle", 20, last=True), (events[-3:], server.log_tail())
     finally:
-        api.post("/api/collect/cancel")
-    wait_for(lambda: events[-1][1]["state"] == "idle", 10)
-    stop.set()
-    thread.join(15)
+        stop.set()  # the listener returns at its next line (a heartbeat at the latest)
+        thread.join(15)
+
+
+def any_status(
+    events: list[tuple[str, dict]], state: str, timeout: float, last: bool = False
+) -> bool:
+    """Whether a status event (the last one, with ``last``) reports ``state`` within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        statuses = [e["state"] for n, e in list(events) if n == "status"]
+        if (statuses[-1:] == [state]) if last else (state in statuses):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 # ---- review ----------------------------------------------------------------------------------

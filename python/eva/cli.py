@@ -1449,6 +1449,13 @@ def console_command(
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
         pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
     shorten_switch_interval()  # capture threads keep up beside busy Python threads
+    import logging
+
+    # Capture warnings (backlog, recovered leftovers, a stalled source) reach the page through
+    # the session and the server's stderr through this handler, one line each.
+    capture_log = logging.getLogger("eva.capture")
+    capture_log.addHandler(_capture_log_handler_class()(_LogLimiter(), logging.WARNING))
+    capture_log.setLevel(logging.INFO)
     try:
         session = ConsoleSession(config, source=source, seed=seed, sftp_known_hosts=known_hosts)
     except (ConsoleError, SourceSpecError) as e:

@@ -642,12 +642,26 @@ class Recorder:
                 with self._state_lock:
                     self._sessions.popleft()
         except BaseException as e:  # keep the reason visible to status() and start()
-            self._consumer_error = error_line(e)
+            self._consumer_error = _crash_line(e)
             log.exception("capture consumer stopped")
             with self._state_lock:
                 for s in self._sessions:
                     if s.job is not None and not s.job.finished:
                         s.job._finish(FAILED, self._consumer_error)
+
+
+def _crash_line(error: BaseException) -> str:
+    """``Type: message (at file:line in function)``: a bug's one line must say where it was
+    raised (an ``AssertionError`` alone says nothing)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return error_line(error)
+    code = tb.tb_frame.f_code
+    return (
+        f"{error_line(error)} (at {Path(code.co_filename).name}:{tb.tb_lineno} in {code.co_name})"
+    )
 
 
 def _discard_before(stream: _Stream, base: int) -> int:
@@ -736,19 +750,23 @@ class _EpisodeConsumer:
             while True:
                 if self.rec.consumer_throttle_s:
                     time.sleep(self.rec.consumer_throttle_s)
-                if s.limit is not None and s.cancelled:
+                # Read once per pass: STOP/CANCEL sets the limit last, so a pass that saw no
+                # limit must not act on one that appears half-way (a CANCEL would then look
+                # like a STOP without its save job).
+                ended = s.limit is not None
+                if ended and s.cancelled:
                     self.discard()
                     return
                 moved = self.pop_all()
                 self.watch_backlog()
                 self.settle_grid_start()
                 emitted = self.emit_ready(final=False)
-                if s.limit is not None and all(self.remaining(n) <= 0 for n in self.streams):
+                if ended and all(self.remaining(n) <= 0 for n in self.streams):
                     self.finish()
                     return
                 if moved or emitted:
                     progressed = time.monotonic()
-                elif s.limit is not None and time.monotonic() - progressed > DRAIN_STALL_S:
+                elif ended and time.monotonic() - progressed > DRAIN_STALL_S:
                     # a safety net: an episode after STOP must end, never hang close()
                     log.warning(
                         "capture: the episode's drain made no progress for %.0f s after STOP; "
@@ -762,7 +780,7 @@ class _EpisodeConsumer:
                     self.finish()
                     return
                 if not moved and not emitted:
-                    if s.limit is not None and self.past_the_end():
+                    if ended and self.past_the_end():
                         # No further row can be aligned: the rest lies beyond the episode's end.
                         if self.drain_discard():
                             continue
