@@ -252,7 +252,7 @@ def test_damaged_mp4_fails_validate_and_export(raw: Path) -> None:
     _damage(video)
     [problem] = [p for p in validate_dataset(raw) if p.code == "undecodable_video"]
     assert problem.path == str(video) and problem.episode == 1
-    assert "does not decode" in problem.message and "episode 1 camera" in problem.message
+    assert "video data is damaged" in problem.message and "episode 1 camera" in problem.message
     for fmt in ("v21", "v3"):
         line = _one_line_failure("export", str(raw), "--format", fmt)
         assert str(video) in line

@@ -128,6 +128,9 @@ class VideoSamples:
 # Sample entry types whose codec configuration box carries the decoder's parameter sets, so the
 # decoder's parameters (size, pixel format) follow from the sample entry alone.
 CONFIG_BOXES = {b"avc1": b"avcC", b"hvc1": b"hvcC", b"av01": b"av1C"}
+# avc3/hev1 carry the same box, but parameter sets may also come in-band (in the samples), so the
+# box alone does not fix the decoder's parameters: read it, but not listed in CONFIG_BOXES.
+_CONFIG_BOX_OF = {**CONFIG_BOXES, b"avc3": b"avcC", b"hev1": b"hvcC"}
 _VISUAL_SAMPLE_ENTRY_SIZE = 78  # bytes of VisualSampleEntry fields before its child boxes
 
 
@@ -576,7 +579,7 @@ def _sample_entry(reader: _Reader, stbl_boxes: list[_Box]) -> SampleEntry:
     children = _children(
         reader, _Box(entry.type, entry.start, entry.body + _VISUAL_SAMPLE_ENTRY_SIZE, entry.end)
     )
-    config_type = CONFIG_BOXES.get(entry.type)
+    config_type = _CONFIG_BOX_OF.get(entry.type)
     config_box = (
         _only(reader, children, config_type, entry.type.decode("latin-1"))
         if (config_type)

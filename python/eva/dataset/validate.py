@@ -19,16 +19,19 @@ exported: present, of the arrow type its ``dtype`` names (the bookkeeping column
 episode_index, frame_index and task_index int64, timestamp a float), lists of exactly ``shape``
 values, no nulls, and no NaN/inf in float columns (``non_finite_values``, which an export refuses
 unless asked to carry them). The types come from the parquet footer; values are read only for
-what the footer cannot tell (variable-length lists, nulls, NaN/inf). Every MP4 has a few
-keyframes decoded (``eva.dataset.decode_check.check_keyframes``): an overwritten ``mdat`` with
-an intact ``moov`` fails here, not in the exported pair.
+what the footer cannot tell (variable-length lists, nulls, NaN/inf). Every MP4 is inspected
+(``eva.dataset.decode_check.inspect_video``: every sample's framing, the first keyframe decoded)
+on worker threads while the parquet checks run: an overwritten ``mdat`` with an intact ``moov``
+fails here, not in the exported pair.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,8 @@ _NUMBERING_COLUMNS = (*INT64_COLUMNS, "timestamp")
 REPAIR_HINT = "run eva cleanup {root} to repair the metadata after an interrupted save"
 # LeRobot's default tolerance for timestamp vs frame_index / fps.
 TIMESTAMP_TOLERANCE_S = 1e-4
+# Threads that inspect MP4s (framing, keyframe decode) while the episode loop checks parquet.
+VIDEO_CHECK_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,28 @@ def validate_dataset(
 
     assert episodes is not None
     video_keys = _safe_video_keys(reader, out)
+    with _VideoInspections(reader, episodes, video_keys, enabled=not decode) as videos:
+        return _check_episodes(
+            reader, root, info_path, episodes_path, episodes, tasks, episodes_stats, video_keys,
+            decode, out, on_episode, on_table, videos,
+        )  # fmt: skip
+
+
+def _check_episodes(
+    reader: DatasetReader,
+    root: Path,
+    info_path: Path,
+    episodes_path: Path,
+    episodes: list[dict[str, Any]],
+    tasks: dict[int, str] | None,
+    episodes_stats: dict[int, Any],
+    video_keys: list[str],
+    decode: bool,
+    out: _Collector,
+    on_episode: Callable[[int, int], None] | None,
+    on_table: Callable[[int, pa.Table], None] | None,
+    videos: _VideoInspections,
+) -> list[Problem]:
     seen: set[int] = set()
     total_frames = 0
     numbering: list[tuple[int, int | None, int | None]] = []
@@ -199,7 +226,16 @@ def validate_dataset(
                     ep,
                 )
         rows, first_index = _check_episode(
-            reader, ep, length, tasks, episodes_stats.get(ep), video_keys, decode, out, on_table
+            reader,
+            ep,
+            length,
+            tasks,
+            episodes_stats.get(ep),
+            video_keys,
+            decode,
+            out,
+            on_table,
+            videos,
         )
         numbering.append((ep, rows, first_index))
         if on_episode is not None:
@@ -488,6 +524,70 @@ def _check_info(info: dict[str, Any], path: Path, out: _Collector) -> None:
         )
 
 
+class _VideoInspections:
+    """``decode_check.inspect_video`` of every episode's MP4s on worker threads, started before
+    the episode loop needs them (the keyframe decode releases the GIL; the parquet checks run
+    meanwhile). ``result(path)`` is (frames, damage message or None); an unreadable or
+    uncountable file raises its ``DatasetError``."""
+
+    def __init__(
+        self,
+        reader: DatasetReader,
+        episodes: list[dict[str, Any]],
+        video_keys: list[str],
+        enabled: bool,
+    ) -> None:
+        self._futures: dict[Path, Future[tuple[int | None, str | None, str | None]]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        if not enabled or not video_keys or not episodes:
+            return
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, min(VIDEO_CHECK_THREADS, os.cpu_count() or 1)),
+            thread_name_prefix="eva-validate",
+        )
+        for row in episodes:
+            ep = row.get("episode_index")
+            if not isinstance(ep, int) or isinstance(ep, bool):
+                continue
+            for key in video_keys:
+                try:
+                    path = reader.video_path(ep, key)
+                except DatasetError:
+                    continue  # reported by _check_episode
+                if path not in self._futures:
+                    self._futures[path] = self._pool.submit(_inspect_video, path)
+
+    def __enter__(self) -> _VideoInspections:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def result(self, path: Path) -> tuple[int, str | None]:
+        future = self._futures.get(path)
+        frames, unreadable, damaged = (
+            future.result() if future is not None else _inspect_video(path)
+        )
+        if unreadable is not None or frames is None:
+            raise DatasetError(unreadable or f"{path}: cannot be read")
+        return frames, damaged
+
+
+def _inspect_video(path: Path) -> tuple[int | None, str | None, str | None]:
+    """(frames, unreadable message, damage message) of one MP4: never raises a DatasetError, so
+    that the result can wait in a future."""
+    try:
+        return decode_check.inspect_video(path), None, None
+    except decode_check.UndecodableVideo as e:
+        try:
+            return video.count_frames(path), None, str(e)
+        except DatasetError as count_error:
+            return None, str(count_error), None
+    except DatasetError as e:
+        return None, str(e), None
+
+
 def _check_episode(
     reader: DatasetReader,
     ep: int,
@@ -498,6 +598,7 @@ def _check_episode(
     decode: bool,
     out: _Collector,
     on_table: Callable[[int, pa.Table], None] | None = None,
+    videos: _VideoInspections | None = None,
 ) -> tuple[int | None, int | None]:
     """Checks of one episode; returns (parquet rows, first global index) where known."""
     try:
@@ -553,10 +654,16 @@ def _check_episode(
             continue
         if rows is None:
             continue
+        damaged: str | None = None
         try:
-            frames = (
-                video.count_decoded_frames(video_path) if decode else video.count_frames(video_path)
-            )
+            if decode or videos is None:
+                frames = (
+                    video.count_decoded_frames(video_path)
+                    if decode
+                    else video.count_frames(video_path)
+                )
+            else:
+                frames, damaged = videos.result(video_path)
         except DatasetError as e:
             out.add("unreadable_video", f"{e} (episode {ep} camera {key})", video_path, ep)
             continue
@@ -569,11 +676,8 @@ def _check_episode(
                 video_path,
                 ep,
             )
-        elif not decode:  # decode=True has decoded every frame already
-            try:
-                decode_check.check_keyframes(video_path)
-            except DatasetError as e:
-                out.add("undecodable_video", f"{e} (episode {ep} camera {key})", video_path, ep)
+        elif damaged is not None:  # decode=True has decoded every frame already
+            out.add("undecodable_video", f"{damaged} (episode {ep} camera {key})", video_path, ep)
 
     # Every feature needs stats: from the per-episode stats, or computable from the table.
     stats = stats or {}

@@ -271,14 +271,41 @@ def count_frames(path: Path) -> int:
         return _count_stream_frames(container, _video_stream(container, path), path)
 
 
+# Decoders that conceal a damaged slice (and return a frame) unless told to fail on errors.
+_CONCEALING_DECODERS = ("h264", "hevc")
+
+
+def _strict_decoder(stream: av.video.stream.VideoStream) -> av.CodecContext | None:
+    """A decoder for ``stream`` that fails on bitstream errors (``err_detect=explode``) instead
+    of concealing them; None for codecs that do not conceal (their stream decodes as is)."""
+    source = stream.codec_context
+    if source.name not in _CONCEALING_DECODERS:
+        return None
+    ctx = av.CodecContext.create(source.name, "r")
+    if source.extradata:
+        ctx.extradata = source.extradata
+    ctx.thread_type = "AUTO"
+    ctx.options = {"err_detect": "explode"}
+    return ctx
+
+
 def count_decoded_frames(path: Path) -> int:
-    """Frame count by actually decoding every frame (no pixel conversion): the ground truth."""
+    """Frame count by actually decoding every frame (no pixel conversion): the ground truth.
+
+    H.264/HEVC decode with ``err_detect=explode``: FFmpeg otherwise conceals a damaged slice and
+    counts its frame as decoded."""
     path = Path(path)
     with _open_input(path) as container:
         stream = _video_stream(container, path)
-        stream.thread_type = "AUTO"
         try:
-            return sum(1 for _ in container.decode(stream))
+            strict = _strict_decoder(stream)
+            if strict is None:
+                stream.thread_type = "AUTO"
+                return sum(1 for _ in container.decode(stream))
+            count = 0
+            for packet in container.demux(stream):
+                count += len(strict.decode(packet))  # the last, empty packet flushes
+            return count
         except av.error.FFmpegError as e:
             raise DatasetError(f"{path}: decode failed ({e})") from None
 
