@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
 import pytest
 
+from eva.dataset import mp4box
 from eva.dataset.video import count_decoded_frames
 from eva.formats._v3_video import (
     VideoConcatError,
@@ -187,7 +189,7 @@ def test_sample_table_copy_writes_the_same_shard_as_the_demux_copy(
     from eva.formats._v3_video import EpisodeVideo, ParamsCache
 
     cache = ParamsCache()
-    fast = VideoShardWriter(tmp_path / "fast.mp4")
+    fast = VideoShardWriter(tmp_path / "fast.mp4", splice=False)
     slow = VideoShardWriter(tmp_path / "slow.mp4")
     fast_keys: list[bytes] = []
     slow_keys: list[bytes] = []
@@ -205,6 +207,77 @@ def test_sample_table_copy_writes_the_same_shard_as_the_demux_copy(
     assert fast_keys == slow_keys and fast_keys
     # The three episodes share one encoder configuration: FFmpeg was opened for the first only.
     assert cache.opens == 1
+
+
+def _demuxed(path: Path) -> list[tuple[Any, ...]]:
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        packets = [
+            (p.pts, p.dts, p.duration, p.is_keyframe, bytes(p))
+            for p in container.demux(stream)
+            if p.size
+        ]
+        return [(stream.time_base, stream.frames, stream.codec_context.extradata)] + packets
+
+
+@pytest.mark.parametrize("bframes", [0, 2])
+def test_spliced_shard_demuxes_and_decodes_as_ffmpegs_muxer_output(
+    tmp_path: Path, bframes: int
+) -> None:
+    """The spliced shard (sample tables written by eva, bytes copied by the kernel) gives every
+    reader what FFmpeg's muxer output gives: the same packets with the same pts, dts, duration
+    and flags, the same frames, and the same locators; mixed with a demuxed episode (spilled)."""
+    from eva.formats._v3_video import EpisodeVideo
+
+    sources = []
+    for seed, n in enumerate((16, 11, 20)):
+        p = tmp_path / f"s{seed}.mp4"
+        encode_h264(p, synthetic_frames(n, seed), bframes=bframes)
+        sources.append(p)
+    outputs = {}
+    for name, splice, demux_second in (
+        ("ffmpeg", False, False),
+        ("spliced", True, False),
+        ("mixed", True, True),
+    ):
+        writer = VideoShardWriter(tmp_path / f"{name}.mp4", splice=splice)
+        placed, keys = [], []
+        for i, path in enumerate(sources):
+            with EpisodeVideo(path) as video:
+                assert video.samples is not None
+                if demux_second and i == 1:
+                    video.samples = None
+                placed.append(writer.append(video, keys))
+        writer.close()
+        outputs[name] = (placed, keys, _demuxed(writer.path), decode_all(writer.path))
+        assert not list(tmp_path.glob("*.spill"))
+    reference = outputs["ffmpeg"]
+    for name in ("spliced", "mixed"):
+        placed, keys, packets, frames = outputs[name]
+        assert placed == reference[0] and keys == reference[1], name
+        assert packets == reference[2], name
+        assert len(frames) == len(reference[3])
+        for (t, img), (t_ref, img_ref) in zip(frames, reference[3], strict=True):
+            assert t == t_ref
+            np.testing.assert_array_equal(img, img_ref)
+    # the box parser reads the spliced shard back (a later export's source could be one)
+    table = mp4box.read_video_samples(tmp_path / "spliced.mp4")
+    assert table.track.sample_count == 47
+
+
+def test_abort_removes_a_spliced_shard_and_its_spill(tmp_path: Path) -> None:
+    from eva.formats._v3_video import EpisodeVideo
+
+    src = tmp_path / "a.mp4"
+    encode_h264(src, synthetic_frames(8, 0))
+    writer = VideoShardWriter(tmp_path / "out" / "shard.mp4")
+    writer.append(src)
+    with EpisodeVideo(src) as video:
+        video.samples = None
+        writer.append(video)
+    assert list((tmp_path / "out").glob("*.spill"))
+    writer.abort()
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_params_from_the_cache_equal_ffmpegs(

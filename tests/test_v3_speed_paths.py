@@ -70,6 +70,17 @@ def decode(path: Path) -> list[tuple[Fraction, np.ndarray]]:
         ]
 
 
+def demuxed(path: Path) -> list[tuple[object, ...]]:
+    """Every packet as a reader's demuxer gives it: pts, dts, duration, flag, bytes."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        return [(stream.time_base, stream.frames)] + [
+            (p.pts, p.dts, p.duration, p.is_keyframe, bytes(p))
+            for p in container.demux(stream)
+            if p.size
+        ]
+
+
 @pytest.mark.parametrize("options", LAYOUTS)
 def test_bframe_sample_copy_equals_the_demux_copy_and_decodes_every_frame(
     tmp_path: Path, options: dict[str, str]
@@ -79,22 +90,31 @@ def test_bframe_sample_copy_equals_the_demux_copy_and_decodes_every_frame(
         for i, n in enumerate((40, 23, 31))
     ]
     cache = ParamsCache()
-    fast = VideoShardWriter(tmp_path / "fast.mp4")
+    fast = VideoShardWriter(tmp_path / "fast.mp4", splice=False)
     slow = VideoShardWriter(tmp_path / "slow.mp4")
+    spliced = VideoShardWriter(tmp_path / "spliced.mp4")
     fast_keys: list[bytes] = []
     slow_keys: list[bytes] = []
+    spliced_keys: list[bytes] = []
     placed = []
     for path in sources:
         with EpisodeVideo(path, cache) as video:
             assert video.samples is not None  # the box parser vouches: no FFmpeg demux
             placed.append(fast.append(video, fast_keys))
+            assert spliced.append(video, spliced_keys) == placed[-1]
         with EpisodeVideo(path) as video:
             video.samples = None  # force FFmpeg's demuxer (the path every B-frame file took)
             assert slow.append(video, slow_keys) == placed[-1]
     fast.close()
     slow.close()
+    spliced.close()
     assert (tmp_path / "fast.mp4").read_bytes() == (tmp_path / "slow.mp4").read_bytes()
-    assert fast_keys == slow_keys and fast_keys
+    assert fast_keys == slow_keys == spliced_keys and fast_keys
+    # The spliced shard (tables written by eva) demuxes to the very packets of FFmpeg's output.
+    assert demuxed(tmp_path / "spliced.mp4") == demuxed(tmp_path / "fast.mp4")
+    assert [t for t, _ in decode(tmp_path / "spliced.mp4")] == [
+        t for t, _ in decode(tmp_path / "fast.mp4")
+    ]
     if options["bf"] != "0":  # the layout really is what it says
         assert len(fast_keys) > len(sources)  # scene-cut keyframes
         with av.open(str(sources[0])) as container:

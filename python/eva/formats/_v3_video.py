@@ -66,6 +66,7 @@ import numpy as np
 from av.video.reformatter import VideoReformatter
 
 from eva.dataset import mp4box
+from eva.formats._mp4_splice import SplicedMp4, SpliceError
 
 # Receives decoded frames as (H, W, 3) uint8 RGB arrays.
 FrameSink = Callable[[np.ndarray], None]
@@ -279,13 +280,17 @@ class VideoShardWriter:
     is published only when complete). ``close()`` finalises the MP4; ``abort()`` deletes it.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, splice: bool = True) -> None:
         self.path = Path(path)
+        self.splice = splice  # False: FFmpeg muxes every shard (the tests' reference)
         self.params: StreamParams | None = None
         self.episodes = 0
         self.payload_bytes = 0
         self._container: av.container.OutputContainer | None = None
         self._stream: av.video.stream.VideoStream | None = None
+        # A shard whose first episode the box parser vouches for is spliced (sample tables
+        # written from the parsed ones, bytes copied by the kernel); otherwise FFmpeg muxes it.
+        self._splice: SplicedMp4 | None = None
         # Start of the next episode, in ticks of the shard's time base.
         self._next_start = 0
         self._last_dts: int | None = None
@@ -313,7 +318,18 @@ class VideoShardWriter:
         if not isinstance(source, EpisodeVideo):
             with EpisodeVideo(source) as opened:
                 return self.append(opened, keyframes)
-        if self._container is None:
+        if (
+            self._container is None
+            and self._splice is None
+            and self.splice
+            and source.samples is not None
+        ):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._splice = SplicedMp4(
+                self.path, source.samples.entry, source.samples.track.timescale
+            )
+            self.params = source.info.params
+        elif self._container is None and self._splice is None:
             in_stream = source.stream
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._container = av.open(str(self.path), "w", format="mp4", options=MUXER_OPTIONS)
@@ -339,7 +355,6 @@ class VideoShardWriter:
         """The packet copy from the sample table: the same packets, timestamps and checks as
         ``_copy_packets`` (which sees the same pts/dts from FFmpeg's demuxer: with B-frames the
         first frame at pts 0 and a negative dts, the reorder delay)."""
-        assert self._container is not None and self._stream is not None
         assert self.params is not None
         n = len(samples.sizes)
         if n == 0:
@@ -360,6 +375,37 @@ class VideoShardWriter:
                 f"{source}: decode timestamps go backwards after shifting; the stream's "
                 "timestamps are not monotonic"
             )
+        if self._splice is not None:
+            self._splice.add_samples(
+                source,
+                samples.offsets,
+                samples.sizes,
+                decode_times,
+                times,
+                samples.keyframes,
+                int(samples.durations[-1]),
+            )
+            if keyframes is not None:
+                keyframes.extend(_read_samples(source, samples, np.flatnonzero(samples.keyframes)))
+        else:
+            self._mux_samples(source, samples, times, decode_times, keyframes)
+        end = max(self._next_start, int(np.max(times + np.maximum(samples.durations, 1))))
+        self._last_dts = int(decode_times[-1])
+        return self._finish_episode(
+            int(times.min()), end, n, samples.track.sample_count, int(samples.sizes.sum())
+        )
+
+    def _mux_samples(
+        self,
+        source: Path,
+        samples: mp4box.VideoSamples,
+        times: np.ndarray,
+        decode_times: np.ndarray,
+        keyframes: list[bytes] | None,
+    ) -> None:
+        """Samples muxed one packet at a time by FFmpeg (a shard that FFmpeg writes)."""
+        assert self._container is not None and self._stream is not None
+        n = len(samples.sizes)
         time_base = Fraction(1, samples.track.timescale)
         offsets = samples.offsets.tolist()
         sizes = samples.sizes.tolist()
@@ -397,11 +443,6 @@ class VideoShardWriter:
                 i = j
         finally:
             os.close(fd)
-        end = max(self._next_start, int(np.max(times + np.maximum(samples.durations, 1))))
-        self._last_dts = int(decode_times[-1])
-        return self._finish_episode(
-            int(times.min()), end, n, samples.track.sample_count, int(samples.sizes.sum())
-        )
 
     def _copy_packets(
         self,
@@ -411,7 +452,9 @@ class VideoShardWriter:
         container_frames: int,
         keyframes: list[bytes] | None,
     ) -> AppendedEpisode:
-        assert self._container is not None and self._stream is not None
+        assert self._splice is not None or (
+            self._container is not None and self._stream is not None
+        )
         shift: int | None = None
         end = self._next_start
         first_pts: int | None = None
@@ -445,10 +488,16 @@ class VideoShardWriter:
             if pts is not None:
                 end = max(end, pts + max(duration, 1))
                 first_pts = pts if first_pts is None else min(first_pts, pts)
-            packet.pts, packet.dts = pts, dts
-            packet.stream = self._stream
             payload += packet.size
-            self._container.mux(packet)
+            if self._splice is not None:
+                if pts is None or dts is None:
+                    raise VideoConcatError(f"{source}: a packet without timestamps")
+                self._splice.add_packet(bytes(packet), dts, pts, packet.is_keyframe, duration)
+            else:
+                assert self._container is not None
+                packet.pts, packet.dts = pts, dts
+                packet.stream = self._stream
+                self._container.mux(packet)
             if dts is not None:
                 self._last_dts = dts
             packets += 1
@@ -475,17 +524,44 @@ class VideoShardWriter:
         )
 
     def close(self) -> None:
+        if self._splice is not None:
+            splice, self._splice = self._splice, None
+            try:
+                splice.close(self._next_start)
+            except (SpliceError, OSError) as e:
+                splice.abort()
+                raise VideoConcatError(f"{self.path}: {e}") from None
         if self._container is not None:
             self._container.close()
             self._container = None
 
     def abort(self) -> None:
+        if self._splice is not None:
+            self._splice.abort()
+            self._splice = None
         if self._container is not None:
             with contextlib.suppress(Exception):
                 self._container.close()
             self._container = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def _read_samples(source: Path, samples: mp4box.VideoSamples, indices: np.ndarray) -> list[bytes]:
+    """The bytes of samples ``indices`` of ``source`` (the keyframes a shard's quantile sample
+    decodes)."""
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        out = []
+        for k in indices.tolist():
+            size = int(samples.sizes[k])
+            data = os.pread(fd, size, int(samples.offsets[k]))
+            if len(data) != size:
+                raise VideoConcatError(f"{source}: file shrank while being copied")
+            out.append(data)
+        return out
+    finally:
+        os.close(fd)
 
 
 def stream_frames(stream: av.video.stream.VideoStream) -> int:
