@@ -572,3 +572,22 @@ def test_corrupted_bytes_samples_never_escape_as_other_errors(
     if n:
         assert int((samples.offsets + samples.sizes).max()) <= len(damaged)
         assert int(samples.offsets.min()) >= 0 and int(samples.sizes.min()) > 0
+
+
+def test_parsed_tables_are_reused_only_while_the_file_is_unchanged(tmp_path: Path) -> None:
+    import time
+
+    path = eva_video(tmp_path / "c.mp4", 12)
+    # Just written: its times may not have moved yet on the next write (coarse clock): no reuse.
+    assert mp4box.read_video_samples(path) is not mp4box.read_video_samples(path)
+    time.sleep(mp4box.SETTLED_NS / 1e9 + 0.05)
+    first = mp4box.read_video_samples(path)
+    assert mp4box.read_video_samples(path) is first  # the validator's parse, reused by the export
+    with pytest.raises(ValueError):
+        first.sizes[0] = 1  # shared: read only
+    data = bytearray(path.read_bytes())
+    time.sleep(0.01)
+    path.write_bytes(bytes(data))  # rewritten in place, same bytes and size: its ctime moves
+    again = mp4box.read_video_samples(path)
+    assert again is not first
+    np.testing.assert_array_equal(again.sizes, first.sizes)

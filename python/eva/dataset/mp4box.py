@@ -45,12 +45,15 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+# A file changed less than this long ago is parsed again on every read (see _SampleCache.key).
+SETTLED_NS = 100_000_000
 # moov boxes up to this size are read with one pread and parsed in memory (a 30 fps hour of
 # video has ~0.5 MB of sample tables); larger ones are walked header by header.
 MOOV_READ_LIMIT = 4 << 20
@@ -749,14 +752,81 @@ def read_video_track(path: Path) -> VideoTrack:
 
 def read_video_samples(path: Path) -> VideoSamples:
     """``read_video_track`` plus the sample entry and every sample (what a packet copy needs:
-    ``eva.formats._v3_video`` muxes the bytes at ``offsets``/``sizes`` without opening FFmpeg).
+    ``eva.formats._v3_video`` splices the bytes at ``offsets``/``sizes`` without FFmpeg).
 
     Same checks and errors as ``read_video_track``; additionally ``Mp4Unsupported`` for several
     sample descriptions, or composition offsets (B-frames) without an edit list.
+
+    Parsed tables are kept (``_SampleCache``) while the file's identity and times are unchanged:
+    an export's validation and its writer read every MP4 once. The arrays are shared: read only.
     """
+    key = _SampleCache.key(path)
+    cached = _CACHE.get(key) if key is not None else None
+    if cached is not None:
+        return cached
     track = _read_track(path, samples=True)
     assert isinstance(track, VideoSamples)
+    if key is not None:
+        for array in (track.offsets, track.sizes, track.dts, track.pts, track.durations):
+            array.flags.writeable = False
+        track.keyframes.flags.writeable = False
+        _CACHE.put(key, track)
     return track
+
+
+class _SampleCache:
+    """Recently parsed sample tables, keyed by the file's (path, device, inode, size, mtime,
+    ctime): any write to the file or replacement of it changes the key. Bounded by the total
+    number of samples held (``limit``; ~50 bytes each), least recently used out first."""
+
+    def __init__(self, limit: int = 2_000_000) -> None:
+        import threading
+        from collections import OrderedDict
+
+        self._items: OrderedDict[tuple[object, ...], VideoSamples] = OrderedDict()
+        self._samples = 0
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(path: Path) -> tuple[object, ...] | None:
+        """None (not cached) for a file changed within ``SETTLED_NS``: file times come from a
+        coarse clock (a few ms), so a rewrite in place right after the parse could keep them."""
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return None
+        if time.time_ns() - st.st_ctime_ns < SETTLED_NS:
+            return None
+        return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def get(self, key: tuple[object, ...]) -> VideoSamples | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: tuple[object, ...], item: VideoSamples) -> None:
+        n = len(item.sizes)
+        if n > self._limit:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = item
+            self._samples += n
+            while self._samples > self._limit:
+                _, old = self._items.popitem(last=False)
+                self._samples -= len(old.sizes)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._samples = 0
+
+
+_CACHE = _SampleCache()
 
 
 def count_video_samples(path: Path) -> int:

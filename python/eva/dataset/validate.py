@@ -728,7 +728,6 @@ def _check_table(
                 data_path,
                 ep,
             )
-    _check_feature_columns(reader, parquet, data_path, ep, rows, out)
     wanted = []
     for c in ("episode_index", "task_index", "index", "frame_index", "timestamp"):
         if c not in columns:
@@ -744,13 +743,11 @@ def _check_table(
                 data_path,
                 ep,
             )
-    if not wanted or rows == 0:
+    # One read for the feature value checks and the numbering checks.
+    read = _check_feature_columns(reader, parquet, data_path, ep, rows, out, wanted if rows else [])
+    if not wanted or rows == 0 or read is None:
         return None
-    try:
-        table = _read_columns(parquet, data_path, wanted)
-    except (pa.ArrowInvalid, OSError) as e:
-        out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
-        return None
+    table = read.select(wanted)
     if on_table is not None:
         on_table(ep, table)
     first_index = _check_row_numbering(reader, data_path, ep, table, out)
@@ -823,10 +820,13 @@ def _check_feature_columns(
     ep: int,
     rows: int,
     out: _Collector,
-) -> None:
+    also_read: list[str],
+) -> pa.Table | None:
     """Every non-video feature of info.json is a column of the right type and shape, without
     nulls and (floats) without NaN/inf. Types from the footer; values are read only for the
-    columns whose footer type cannot vouch for them (variable-length lists, nulls, floats)."""
+    columns whose footer type cannot vouch for them (variable-length lists, nulls, floats).
+    Returns the columns read, ``also_read`` among them (the caller's numbering checks); None
+    when the file could not be read (reported)."""
     schema = parquet.schema_arrow
     names = schema.names
     to_read: list[tuple[str, dict[str, Any]]] = []
@@ -863,18 +863,21 @@ def _check_feature_columns(
         # The index columns are read (and their values checked) by the numbering checks.
         if rows and feature.get("dtype") in _ARROW_DTYPES and name not in _NUMBERING_COLUMNS:
             to_read.append((name, feature))
-    if not to_read:
-        return
+    names_to_read = [name for name, _ in to_read]
+    names_to_read += [name for name in also_read if name not in names_to_read]
+    if not names_to_read:
+        return pa.table({})
     try:
-        table = _read_columns(parquet, data_path, [name for name, _ in to_read])
+        table = _read_columns(parquet, data_path, names_to_read)
     except (pa.ArrowInvalid, OSError) as e:
         out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
-        return
+        return None
     for name, feature in to_read:
         problem = _value_problem(table.column(name).combine_chunks(), feature, name)
         if problem is not None:
             code, message = problem
             out.add(code, f"{data_path}: episode {ep}: column {name}: {message}", data_path, ep)
+    return table
 
 
 def _value_problem(array: pa.Array, feature: dict[str, Any], name: str) -> tuple[str, str] | None:

@@ -28,8 +28,8 @@ every sample's offset, size, decode time, duration and sync flag from the sample
 packets, bytes and timestamps FFmpeg's demuxer delivers: checked against it in the tests), and the
 packets are muxed straight from the file's bytes. FFmpeg is still opened:
 
-* once per shard, for the shard's first episode, whose stream is the output stream's template
-  (codec parameters copied as is, as before);
+* once per shard that FFmpeg muxes (below), for its first episode, whose stream is the output
+  stream's template (codec parameters copied as is);
 * once per distinct stream configuration, to learn the decoder's view of it (codec name, coded
   size, pixel format, extradata): the ``StreamParams`` of a later episode whose sample entry is
   byte-identical (its ``btrt`` bit-rate box aside) with the same media timescale are taken from
@@ -42,6 +42,12 @@ packets are muxed straight from the file's bytes. FFmpeg is still opened:
   FFmpeg's muxer writes them (composition offsets under one edit whose ``media_time`` is the
   first presentation time) are read from the tables too: the parser gives FFmpeg's shifted pts
   and dts, compared with its demuxer packet by packet in the tests.
+
+Writing: a shard whose first episode the box parser vouches for is spliced
+(``eva.formats._mp4_splice``): eva writes the MP4's boxes from the parsed sample tables and the
+kernel copies the sample bytes (``copy_file_range``), with no FFmpeg muxer and no per-packet
+Python. Other shards are muxed by FFmpeg packet by packet. Both give readers the same packets,
+timestamps and frames (tested packet by packet).
 
 What that drops per episode is FFmpeg's probe, i.e. decoding the episode's first frame: a file
 whose boxes are sound but whose first frame's bitstream is damaged is now copied as is (the demux
