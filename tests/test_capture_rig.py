@@ -340,6 +340,24 @@ def test_source_process_priority(
     assert bool(refused) == (priority == "realtime" and not permitted)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a real-time process needs root")
+def test_high_priority_leaves_an_inherited_realtime_policy() -> None:
+    # A source process launched from a real-time thread inherits SCHED_FIFO; "high" means the
+    # ordinary scheduler at nice -10 whatever the parent was.
+    code = (
+        "import os; from eva.capture.source_worker import apply_priority; apply_priority('high');"
+        "print(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lambda: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(5)),
+    ).stdout.split()
+    assert [int(x) for x in out] == [os.SCHED_OTHER, -10]
+
+
 def test_stale_ring_files_are_removed(tmp_path: Path) -> None:
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True

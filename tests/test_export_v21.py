@@ -135,6 +135,13 @@ def test_split_renumbering_and_metadata(source: Path) -> None:
                 "capture_time",
             ):
                 assert table.column(column).equals(src_table.column(column))
+            out_parquet = out / f"data/chunk-000/episode_{new:06d}.parquet"
+            src_parquet = source / f"data/chunk-000/episode_{src:06d}.parquet"
+            if new == src and offset == sum(FRAMES[i] for i in range(src)):
+                # Its numbering stays: the file is shared, not rewritten.
+                assert out_parquet.read_bytes() == src_parquet.read_bytes()
+            else:
+                assert os.stat(out_parquet).st_ino != os.stat(src_parquet).st_ino
             for cam in ("observation.images.cam0", "observation.images.cam1"):
                 out_mp4 = out / f"videos/chunk-000/{cam}/episode_{new:06d}.mp4"
                 src_mp4 = source / f"videos/chunk-000/{cam}/episode_{src:06d}.mp4"

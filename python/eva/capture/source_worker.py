@@ -386,6 +386,11 @@ def apply_priority(priority: str) -> str | None:
                     f"realtime priority refused ({e.strerror or e}); running at normal priority"
                 )
             return warning
+    # A process started by a real-time parent inherits SCHED_FIFO: "high" and "normal" mean the
+    # ordinary scheduler whatever launched eva.
+    with contextlib.suppress(OSError):
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     if priority == "high":
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, 0, HIGH_NICE)

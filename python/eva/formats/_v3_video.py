@@ -534,9 +534,14 @@ class VideoShardWriter:
             splice, self._splice = self._splice, None
             try:
                 splice.close(self._next_start)
-            except (SpliceError, OSError) as e:
+            except SpliceError as e:
                 splice.abort()
                 raise VideoConcatError(f"{self.path}: {e}") from None
+            except OSError as e:  # a full disk, EIO: the caller names the file it was writing
+                splice.abort()
+                if e.filename is None:
+                    e.filename = str(self.path)
+                raise
         if self._container is not None:
             self._container.close()
             self._container = None

@@ -1,7 +1,9 @@
 """Native LeRobot v2.1 exporter: the quality subset as a v2.1 dataset, at close to file-copy cost.
 
-- Parquet: each episode table is read once, its ``episode_index`` / ``index`` / ``task_index``
-  columns are replaced column-wise (``eva.dataset.subset.rewrite_index_columns``), every other
+- Parquet: each episode table is read once. When its ``episode_index`` / ``index`` /
+  ``task_index`` values are already the output's (an episode that keeps its place, as every
+  episode of an all-accepted export does), the file is shared like the MP4s below. Otherwise
+  those columns are replaced column-wise (``eva.dataset.subset.rewrite_index_columns``), every other
   column and the schema metadata (LeRobot's ``huggingface`` features) are kept, and it is written
   under the renumbered path, without dictionary encoding: per-frame float data hardly repeats, so
   pyarrow's default dictionary attempt made the files ~25% larger and the write ~40% slower.
@@ -42,6 +44,34 @@ def link_or_copy(src: Path, dest: Path, *, link: bool = True) -> str:
     return fsafe.share_file(src, dest, link=link)
 
 
+def _numbering_unchanged(
+    table: pa.Table, episode_index: int, index_offset: int, task_remap: Any
+) -> bool:
+    """Whether ``rewrite_index_columns`` would leave the table's values as they are: int64
+    columns already holding the output episode index, the output global index and task indices
+    the remap keeps."""
+    n = table.num_rows
+    for name in ("episode_index", "index"):
+        if table.schema.get_field_index(name) < 0 or table.schema.field(name).type != pa.int64():
+            return False
+    episode = table.column("episode_index").to_numpy()
+    index = table.column("index").to_numpy()
+    if not (episode == episode_index).all():
+        return False
+    if not np.array_equal(index, np.arange(index_offset, index_offset + n, dtype=np.int64)):
+        return False
+    if table.schema.get_field_index("task_index") >= 0:
+        if table.schema.field("task_index").type != pa.int64():
+            return False
+        column = table.column("task_index")
+        if column.null_count:
+            return False
+        tasks = np.unique(column.to_numpy())
+        if any(task_remap.get(int(t)) != int(t) for t in tasks):
+            return False
+    return True
+
+
 def export_info(meta: SubsetMeta) -> dict[str, Any]:
     info = dict(meta.info)
     info["codebase_version"] = layout.CODEBASE_VERSION
@@ -72,17 +102,23 @@ def _export_episode(
             f"{src_path}: episode {src}: {table.num_rows} rows but episodes.jsonl length "
             f"{meta.lengths[new]}"
         )
-    table = rewrite_index_columns(
-        table,
-        new,
-        meta.index_offsets[new],
-        meta.task_remap,
-        where=f"{src_path}: episode {src}",
-    )
     dest = staging_dir / layout.DATA_PATH.format(episode_chunk=chunk, episode_index=new)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with naming_write_errors(dest):  # a full disk names the file, not just ENOSPC
-        pq.write_table(table, dest, use_dictionary=False)
+    if _numbering_unchanged(table, new, meta.index_offsets[new], meta.task_remap):
+        # Renumbering would write the same values (an episode that keeps its place, as in an
+        # all-accepted export): the source file is shared like the MP4s, not rewritten.
+        with naming_write_errors(dest):
+            link_or_copy(src_path, dest, link=link)
+    else:
+        table = rewrite_index_columns(
+            table,
+            new,
+            meta.index_offsets[new],
+            meta.task_remap,
+            where=f"{src_path}: episode {src}",
+        )
+        with naming_write_errors(dest):  # a full disk names the file, not just ENOSPC
+            pq.write_table(table, dest, use_dictionary=False)
     files, size = 1, dest.stat().st_size
     for key in meta.video_keys:
         video_src = Path(reader.video_path(src, key))
