@@ -98,6 +98,7 @@ from eva.dataset.stats import (
 )
 from eva.dataset.subset import (
     SubsetMeta,
+    arrow_array,
     rewrite_index_columns,
     write_common_meta,
     write_staged_json,
@@ -544,10 +545,10 @@ def _dense_nested_array(values: list[Any], arrow_type: pa.DataType) -> pa.Array 
         t = t.value_type
     if array.ndim != depth + 1:
         return None
-    nested: pa.Array = pa.array(array.reshape(-1), type=leaf)
+    nested: pa.Array = arrow_array(array.reshape(-1), leaf)
     for size in reversed(array.shape[1:]):
         offsets = np.arange(0, len(nested) + 1, size, dtype=np.int32)
-        nested = pa.ListArray.from_arrays(pa.array(offsets), nested)
+        nested = pa.ListArray.from_arrays(arrow_array(offsets), nested)
     return nested
 
 
