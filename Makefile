@@ -10,7 +10,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 DEMO_DIR ?= demo-data
 
-.PHONY: venv build demo test test-native test-reference fuzz bench bench-quick bench-corpus compat lint system-deps clean
+.PHONY: venv build demo test test-native test-reference fuzz bench bench-quick bench-corpus compat compat-06 lint system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ bench-corpus: build
 	$(PY) bench/corpus.py --quick
 
 compat: build
+	bash scripts/compat.sh
+
+# compat plus LeRobot 0.6.1 (Python 3.12; builds a 5 GB venv in /tmp the first time).
+compat-06: build
+	bash $${EVA_ORACLE_DIR:-../shared/oracle}/setup_lerobot06_venv.sh
 	bash scripts/compat.sh
 
 lint: venv

@@ -13,6 +13,8 @@
 #    LeRobot cannot open a dataset with zero episodes (HF datasets refuses an empty split:
 #    'Instruction "train" corresponds to no data'), so an empty subset is checked with
 #    `eva verify` instead and reported as such, never silently skipped.
+#    When the LeRobot 0.6.1 venv exists (setup_lerobot06_venv.sh; `make compat-06`),
+#    lerobot_read_v30_06.py reads every v3 export too, every frame, both backends.
 # Prints PASS/FAIL per directory; exits 1 if anything failed.
 #
 # Environment: EVA_ORACLE_DIR (default <repo>/../shared/oracle), LEROBOT_V3_VENV /
@@ -156,6 +158,19 @@ for ds in multi shards allgood shards_chunks lerobot_fixture; do
   done
 done
 check_subset lerobot_read_v30.py "$WORK/shards/export/lerobot_v3/accepted" --backend pyav --all-frames
+# LeRobot 0.6.1, the newest release, when its venv is built (5 GB: `make compat-06` builds it).
+V06_PYTHON="${LEROBOT_V06_PYTHON:-${LEROBOT_V06_VENV:-/tmp/lerobot-v06-venv}/bin/python}"
+if [[ -x "$V06_PYTHON" ]]; then
+  export LEROBOT_V06_PYTHON="$V06_PYTHON"
+  for ds in multi shards allgood shards_chunks lerobot_fixture; do
+    for subset in accepted rejected; do
+      check_subset lerobot_read_v30_06.py "$WORK/$ds/export/lerobot_v3/$subset" \
+        --backend all --all-frames --strict-timestamps
+    done
+  done
+else
+  echo "note: LeRobot 0.6.1 not checked ($V06_PYTHON missing; make compat-06 builds it and runs this)"
+fi
 
 echo "compat: $pass passed, $fail failed"
 [[ $fail -eq 0 && $export_ok -eq 1 ]]
