@@ -1,5 +1,5 @@
-// Keep a*b+c as two roundings (no FMA contraction) so results match numpy exactly.
-#pragma GCC optimize("fp-contract=off")
+// a*b+c must stay two roundings (no FMA contraction) so results match numpy exactly:
+// CMakeLists.txt compiles every kernel with -ffp-contract=off.
 #include "align.hpp"
 
 namespace eva {
