@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from eva.dataset import layout
 from eva.dataset.video import VideoOptions
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
 
@@ -38,8 +39,8 @@ __all__ = [
 
 DEFAULT_CAMERAS: tuple[str, ...] = ("observation.images.front",)
 DEFAULT_TASKS: tuple[str, ...] = ("pick the red cube",)
-STATE = "observation.state"
-ACTION = "action"
+STATE = layout.STATE
+ACTION = layout.ACTION
 _NOISE_BANK = 8
 _EPOCH = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 

@@ -15,6 +15,9 @@ from typing import Any
 CODEBASE_VERSION = "v2.1"
 DATASET_FORMAT = "lerobot_v21"
 DEFAULT_CHUNKS_SIZE = 1000
+# LeRobot's feature names of the robot state and the commanded action.
+STATE = "observation.state"
+ACTION = "action"
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
 VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
 

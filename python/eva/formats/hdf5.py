@@ -661,8 +661,8 @@ def read_episode(path: Path | str, *, load_images: bool = False) -> Hdf5Episode:
 
 # ---- verification -------------------------------------------------------------------------------
 
-STATE = "observation.state"
-ACTION = "action"
+STATE = layout.STATE
+ACTION = layout.ACTION
 
 
 def _check_items(group: h5py.Group, problem: Callable[[str, str], None]) -> dict[str, h5py.Group]:

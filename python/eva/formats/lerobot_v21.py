@@ -34,8 +34,8 @@ from eva.dataset.validate import Problem
 from eva.progress import ProgressSink
 
 FORMAT = "lerobot_v21"
-STATE = "observation.state"
-ACTION = "action"
+STATE = layout.STATE
+ACTION = layout.ACTION
 
 
 def link_or_copy(src: Path, dest: Path, *, link: bool = True) -> str:

@@ -925,8 +925,8 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
 # Slack for comparing timestamps computed in the stream's time base with row timestamps; LeRobot
 # looks frames up with tolerance_s = 1e-4.
 TIMESTAMP_TOLERANCE_S = 1e-4
-STATE = "observation.state"
-ACTION = "action"
+STATE = layout.STATE
+ACTION = layout.ACTION
 
 
 def read_episode_locators(root: Path) -> pa.Table:

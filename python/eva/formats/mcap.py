@@ -974,8 +974,8 @@ def read_episode(path: Path | str) -> McapEpisode:
 
 # --- verification ------------------------------------------------------------------------------
 
-STATE = "observation.state"
-ACTION = "action"
+STATE = layout.STATE
+ACTION = layout.ACTION
 
 
 def verify(export_dir: Path) -> list[Any]:
