@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -203,7 +204,7 @@ def test_stream_sources(tmp_path: Path) -> None:
         ('{ kind = "ffmpeg" }', "source.url: missing"),
         (
             '{ kind = "ffmpeg", url = "x", endpoint = "tcp://a:1" }',
-            "source.endpoint: not a key of a ffmpeg source",
+            "source.endpoint: unknown key of a ffmpeg source",
         ),
         ('{ kind = "zmq", endpoint = "tcp://a:1" }', "zmq sources deliver vectors"),
         (
@@ -233,3 +234,47 @@ def test_bad_sources_name_the_key(tmp_path: Path, source: str, message: str) -> 
     with pytest.raises(ConfigError, match="collection.cameras\\[0\\]") as info:
         load_config(path)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        (
+            '[collection]\ntasks = { a = ["t"] }\n[collection.encodr]\ncrf = 20\n',
+            "collection.encodr: unknown key (did you mean 'encoder'?)",
+        ),
+        (
+            '[collection]\ntasks = { a = ["t"] }\nfsp = 30\n',
+            "collection.fsp: unknown key (did you mean 'fps'?)",
+        ),
+        (
+            '[collection]\ntasks = { a = ["t"] }\n[collection.encoder]\nprest = "fast"\n',
+            "collection.encoder.prest: unknown key (did you mean 'preset'?)",
+        ),
+        (
+            '[collection]\ntasks = { a = ["t"] }\n[collection.backlog]\nwarn_second = [1]\n',
+            "collection.backlog.warn_second: unknown key (did you mean 'warn_seconds'?)",
+        ),
+        (
+            '[collection]\ntasks = { a = ["t"] }\n[[collection.cameras]]\nkey = "observation.images.a"\n'
+            "width = 64\nhieght = 48\n",
+            "collection.cameras[0].hieght: unknown key (did you mean 'height'?)",
+        ),
+        (
+            '[collection]\ntasks = { a = ["t"] }\n[[collection.vectors]]\nname = "s"\ndim = 2\n'
+            "discret = [1]\n",
+            "collection.vectors[0].discret: unknown key (did you mean 'discrete'?)",
+        ),
+        (
+            '[collection]\ntasks = { a = ["t"] }\n[collection.storag.sftp]\nhost = "127.0.0.1"\n',
+            "collection.storag: unknown key (did you mean 'storage'?)",
+        ),
+    ],
+)
+def test_mistyped_keys_and_tables_are_refused_with_a_suggestion(
+    tmp_path: Path, toml: str, needle: str
+) -> None:
+    path = tmp_path / "eva.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(path)

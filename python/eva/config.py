@@ -1,8 +1,10 @@
 """The eva configuration file (TOML, read with the stdlib ``tomllib``).
 
-Only the ``[collection]`` table is interpreted here; every other table (and unknown subtables of
-``collection``, such as ``collection.storage``) stays available as plain dicts through
-``Config.raw`` and ``CollectionConfig.extra`` so other stages parse their own parts.
+Only the ``[collection]`` table is interpreted here; every other table, and the subtables of
+``collection`` that other stages own (``collection.storage``: the upload's), stay available as
+plain dicts through ``Config.raw`` and ``CollectionConfig.extra`` so those stages parse their own
+parts. Any other key or table in ``[collection]`` and its tables is refused, naming it and the
+closest known key (``collection.encodr: unknown key (did you mean 'encoder'?)``).
 
 ``[collection]`` keys (all optional except ``tasks``):
 
@@ -37,6 +39,7 @@ Only the ``[collection]`` table is interpreted here; every other table (and unkn
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -262,6 +265,15 @@ class _Reader:
             raise self.fail(name, f"must be >= {minimum}, got {value}")
         return int(value) if integer else float(value)
 
+    def refuse_unknown(self, known: set[str] | frozenset[str], what: str = "key") -> None:
+        """A key of this table outside ``known`` is a mistake (a typo is otherwise silently
+        ignored and its setting left at the default): refuse it, suggesting the closest one."""
+        for name in self.table:
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise self.fail(name, f"unknown {what}{hint}; known: {', '.join(sorted(known))}")
+
     def sub(self, name: str) -> _Reader:
         return _Reader(self.where, self.get(name, dict, {}), self.key(name))
 
@@ -300,15 +312,18 @@ _COLLECTION_KEYS = {
 }
 
 
+# Subtables of [collection] that later stages parse themselves (CollectionConfig.extra):
+# storage.sftp is the upload's (eva.upload.config).
+_COLLECTION_TABLES_OF_OTHER_STAGES = frozenset({"storage"})
+
+
 def parse_collection(
     table: Mapping[str, Any], *, where: str = "config", base_dir: Path | None = None
 ) -> CollectionConfig:
     """Validate the ``collection`` table; ``base_dir`` anchors a relative ``log_dir``."""
     r = _Reader(where, table, "collection")
+    r.refuse_unknown(_COLLECTION_KEYS | _COLLECTION_TABLES_OF_OTHER_STAGES)
     extra = {k: v for k, v in table.items() if k not in _COLLECTION_KEYS}
-    unknown_scalars = [k for k, v in extra.items() if not isinstance(v, dict)]
-    if unknown_scalars:
-        raise r.fail(unknown_scalars[0], "unknown key")
 
     log_dir, derived = resolve_log_dir(r.get("log_dir", str, ""), base_dir)
 
@@ -361,6 +376,7 @@ def parse_collection(
     crf = enc.number("crf", 23, minimum=0, integer=True)
     if crf > 63:
         raise enc.fail("crf", f"must be <= 63, got {crf}")
+    enc.refuse_unknown({"codec", "crf", "preset", "gop"})
     preset = enc.get("preset", (str, int), "veryfast")
     encoder = EncoderConfig(
         codec=codec, crf=crf, preset=str(preset), gop=enc.number("gop", 30, minimum=1, integer=True)
@@ -375,9 +391,7 @@ def parse_collection(
         max_memory_mb=bl.number("max_memory_mb", 2048.0, minimum=0.001),
         ring_seconds=bl.number("ring_seconds", 1.0, minimum=0.01),
     )
-    unknown = set(bl.table) - {"warn_seconds", "max_memory_mb", "ring_seconds"}
-    if unknown:
-        raise bl.fail(sorted(unknown)[0], "unknown key")
+    bl.refuse_unknown({"warn_seconds", "max_memory_mb", "ring_seconds"})
 
     skew = table.get("skew_tolerance_s")
     if skew is not None:
@@ -406,6 +420,7 @@ def _parse_cameras(r: _Reader) -> tuple[CameraConfig, ...]:
         return tuple(CameraConfig(k, w, h) for k, w, h in DEFAULT_CAMERAS)
     cameras = []
     for item, c in r.tables("cameras", "key, width, height"):
+        c.refuse_unknown({"key", "width", "height", "source"})
         key = c.get("key", str, None)
         if key is None:
             raise c.fail("key", "missing")
@@ -438,6 +453,7 @@ def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
         )
     vectors = []
     for item, v in r.tables("vectors", "name, dim, discrete"):
+        v.refuse_unknown({"name", "dim", "discrete", "names", "source"})
         name = v.get("name", str, None)
         if not name or not name.strip() or any(ch in name for ch in "\n\r\x00"):
             raise v.fail("name", "missing or not a usable column name")
@@ -488,9 +504,7 @@ def _parse_source(r: _Reader, item: Mapping[str, Any], stream: str) -> SourceCon
         raise s.fail("kind", "ffmpeg sources deliver images: use them for cameras")
     if kind == "zmq" and stream != "vector":
         raise s.fail("kind", "zmq sources deliver vectors: use them for vector streams")
-    unknown = sorted(set(s.table) - _COMMON_SOURCE_KEYS - _SOURCE_KEYS[kind])
-    if unknown:
-        raise s.fail(unknown[0], f"not a key of a {kind} source")
+    s.refuse_unknown(_COMMON_SOURCE_KEYS | _SOURCE_KEYS[kind], f"key of a {kind} source")
     common = {
         "stall_timeout_s": s.number("stall_timeout_s", 2.0, minimum=0.05),
         "open_timeout_s": s.number("open_timeout_s", 10.0, minimum=0.1),
