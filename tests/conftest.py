@@ -29,7 +29,12 @@ NATIVE_KERNELS = ("_buildinfo", "stats", "ring", "shm_ring", "align", "h5chunk",
 def pytest_sessionstart(session: pytest.Session) -> None:
     if _native.pure_python_forced():
         return
-    missing = [name for name in NATIVE_KERNELS if _native.load(name) is None]
+    missing = []
+    for name in NATIVE_KERNELS:
+        try:
+            _native.load(name)
+        except _native.NativeCoreError:
+            missing.append(name)
     if missing:
         pytest.exit(
             f"native core incomplete: eva_fast.{', eva_fast.'.join(missing)} not importable "

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from eva import __version__
-from eva._native import build_info
+from eva._native import NativeCoreError, build_info
 from eva.textsafe import json_line, printable
 
 EXIT_INVALID = 1
@@ -45,7 +45,9 @@ def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
 def _version_message() -> str:
     info = build_info()
     core = info["backend"]
-    if core == "native":
+    if core == "broken":
+        core = f"broken ({info['error']})"
+    elif core == "native":
         core = f"native ({info.get('compiler')}, C++{info.get('cxx_standard')})"
     return f"eva {__version__}, core: {core}"
 
@@ -57,6 +59,8 @@ class _EvaGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except NativeCoreError as e:
+            fail(str(e))
         except OSError as e:
             from eva.dataset.fsafe import os_error
 
@@ -1444,6 +1448,8 @@ def console_command(
     try:
         from eva.console.server import default_token_file, new_token, serve, write_token_file
         from eva.console.session import ConsoleError, ConsoleSession
+    except NativeCoreError as e:
+        fail(str(e))
     except ImportError as e:
         fail(f"eva console needs the console extra (pip install 'eva[console]'): {e}", EXIT_USAGE)
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":

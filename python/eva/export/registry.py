@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from eva._native import NativeCoreError
 from eva.dataset.errors import DatasetError
 from eva.dataset.layout import FORMATS, normalize_format
 
@@ -58,6 +59,8 @@ def load_format(fmt: str) -> ModuleType:
     name = normalize_format(fmt)
     try:
         module = importlib.import_module(module_name(name))
+    except NativeCoreError:
+        raise  # a broken build, not a format this build lacks: its own message says what to do
     except ModuleNotFoundError as e:
         if e.name == module_name(name):
             raise FormatUnavailable(
