@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -225,6 +226,31 @@ def test_unknown_host_key_is_refused_unless_accepted(
     job = start_upload(source, "hdf5", config)
     run(job)
     assert job.result is not None and not job.result.host_key_recorded
+
+
+def test_a_new_host_key_is_appended_in_place_through_a_symlink(
+    sshd_server: SshdServer, remote_root: Path, tmp_path: Path
+) -> None:
+    # OpenSSH appends to known_hosts where it is: a symlinked file (dotfiles in a repository)
+    # stays a link, its target keeps its mode and its other lines.
+    source, _ = make_export(tmp_path / "logs")
+    target = tmp_path / "dotfiles" / "known_hosts"
+    target.parent.mkdir()
+    target.write_bytes(b"other.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample")  # no newline
+    target.chmod(0o644)
+    link = tmp_path / "ssh" / "known_hosts"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    config = sftp_config(sshd_server, remote_root / "linked", link)
+    job = start_upload(source, "hdf5", config, options=UploadOptions(accept_new_host_key=True))
+    run(job)
+    assert job.result is not None and job.result.host_key_recorded, job.error
+    assert link.is_symlink() and link.resolve() == target
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert target.read_text() == (
+        "other.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample\n"
+        + sshd_server.host_public_key_line
+    )
 
 
 def test_changed_host_key_is_refused_even_with_accept_flag(

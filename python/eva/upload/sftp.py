@@ -46,7 +46,6 @@ import paramiko
 from paramiko.hostkeys import HostKeyEntry
 from paramiko.sftp import CMD_STATUS, CMD_WRITE, SFTP_OK, int64
 
-from eva.dataset.atomic import atomic_append_lines
 from eva.dataset.layout import check_component
 from eva.progress import ProgressSink, null_progress
 from eva.upload.config import SftpConfig
@@ -345,8 +344,31 @@ class Connector:
         path = self.config.known_hosts
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         line = f"{self.host_name} {key.get_name()} {key.get_base64()}\n".encode()
-        atomic_append_lines(path, line)
+        append_known_host(path, line)
         self.host_key_recorded = True
+
+
+def append_known_host(path: Path, line: bytes) -> None:
+    """Append ``line`` to known_hosts in place, as OpenSSH does: a symlinked file (dotfiles kept
+    in a repository) stays a link and its target gets the line, and the file keeps its mode and
+    owner (a copy + rename would replace the link and reset both). One O_APPEND write of a whole
+    line, after a newline when the file lacks a final one; a new file is 0600."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise UploadError(f"{path}: cannot record the host key ({e.strerror or e})") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        view = memoryview(line)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except OSError as e:
+        raise UploadError(f"{path}: cannot record the host key ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
 
 
 # ---- remote helpers ---------------------------------------------------------------------------
