@@ -458,12 +458,14 @@ def test_image_quantiles_can_be_skipped(source: Path, tmp_path: Path) -> None:
 
 
 def test_spread_sample_bound() -> None:
+    from eva.formats._v3_video import spread_sample
+
     items = [bytes([i]) for i in range(7)]
-    assert lerobot_v3.spread_sample(items, 0) == items
-    assert lerobot_v3.spread_sample(items, 9) == items
-    assert lerobot_v3.spread_sample(items, 1) == [items[3]]
-    assert lerobot_v3.spread_sample(items, 2) == [items[1], items[5]]
-    assert lerobot_v3.spread_sample(items[:3], 2) == [items[0], items[2]]
+    assert spread_sample(items, 0) == items
+    assert spread_sample(items, 9) == items
+    assert spread_sample(items, 1) == [items[3]]
+    assert spread_sample(items, 2) == [items[1], items[5]]
+    assert spread_sample(items[:3], 2) == [items[0], items[2]]
 
 
 def test_verify_reports_wrong_locators(source: Path, tmp_path: Path) -> None:

@@ -125,16 +125,18 @@ def _read_table(path: Path) -> mp4box.VideoSamples | None:
         return None
 
 
-def _check_table(path: Path, table: mp4box.VideoSamples, keyframes: int) -> bool:
-    """Framing of every sample, then ``keyframes`` keyframes decoded; False when the decode
-    needs FFmpeg's demuxer (an unknown sample entry)."""
+def _check_table(
+    path: Path, table: mp4box.VideoSamples, keyframes: int, *, check_framing: bool = True
+) -> bool:
+    """Framing of every sample (``check_framing``), then ``keyframes`` keyframes decoded; False
+    when the decode needs FFmpeg's demuxer (an unknown sample entry)."""
     try:
         fd = fsafe.open_regular(path)
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing") from None
     try:
         framing = bitstream.framing_of(table.entry.config_type, table.entry.config)
-        if framing is not None:
+        if check_framing and framing is not None:
             try:
                 bitstream.check_samples(fd, path, table.offsets, table.sizes, framing)
             except bitstream.FramingError as e:
@@ -211,21 +213,7 @@ def check_keyframes(path: Path | str, samples: int = KEYFRAME_SAMPLES) -> None:
     table = _read_table(path)
     if table is None:
         _check_with_demuxer(path, None)
-        return
-    positions = np.flatnonzero(table.keyframes)
-    if len(positions) == 0:
-        raise UndecodableVideo(f"{path}: no keyframe")
-    try:
-        fd = fsafe.open_regular(path)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: missing") from None
-    try:
-        decoded = _decode_samples(fd, path, table, _spread(positions, samples))
-    except OSError as e:
-        raise fsafe.os_error(e, path) from None
-    finally:
-        os.close(fd)
-    if not decoded:
+    elif not _check_table(path, table, samples, check_framing=False):
         _check_with_demuxer(path, _keyframe_times(table, samples))
 
 

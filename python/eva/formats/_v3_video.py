@@ -66,6 +66,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import TypeVar
 
 import av
 import numpy as np
@@ -73,6 +74,8 @@ from av.video.reformatter import VideoReformatter
 
 from eva.dataset import mp4box
 from eva.formats._mp4_splice import SplicedMp4, SpliceError
+
+T = TypeVar("T")
 
 # Receives decoded frames as (H, W, 3) uint8 RGB arrays.
 FrameSink = Callable[[np.ndarray], None]
@@ -311,13 +314,15 @@ class VideoShardWriter:
         self,
         source: Path | EpisodeVideo,
         keyframes: list[bytes] | None = None,
+        keyframe_limit: int = 0,
     ) -> AppendedEpisode:
         """Copy every video packet of ``source`` to the end of the shard.
 
         ``source`` is a path or an already opened ``EpisodeVideo`` (the caller that probed the
         file to decide on a new shard saves a second open). ``keyframes``, when given, receives a
-        copy of every keyframe packet on the way (no extra read): a keyframe decodes on its own,
-        so ``decode_keyframes`` can turn them into pixels later, in another thread.
+        copy of the episode's keyframe packets, at most ``keyframe_limit`` of them evenly spread
+        (``spread_sample``; 0: all): a keyframe decodes on its own, so ``decode_keyframes`` can
+        turn them into pixels later, in another thread. A spliced shard reads only those.
         Raises ``VideoConcatError`` when the source is incompatible with the shard; the caller
         checks ``compatible_with`` first and opens a new shard instead.
         """
@@ -350,13 +355,21 @@ class VideoShardWriter:
                 + "; ".join(self.params.differences(source.info.params))
             )
         if source.samples is not None:
-            return self._copy_samples(source.path, source.samples, keyframes)
-        return self._copy_packets(
+            return self._copy_samples(source.path, source.samples, keyframes, keyframe_limit)
+        first = len(keyframes) if keyframes is not None else 0
+        appended = self._copy_packets(
             source.path, source.container, source.stream, source.info.frames, keyframes
         )
+        if keyframes is not None:
+            keyframes[first:] = spread_sample(keyframes[first:], keyframe_limit)
+        return appended
 
     def _copy_samples(
-        self, source: Path, samples: mp4box.VideoSamples, keyframes: list[bytes] | None
+        self,
+        source: Path,
+        samples: mp4box.VideoSamples,
+        keyframes: list[bytes] | None,
+        keyframe_limit: int = 0,
     ) -> AppendedEpisode:
         """The packet copy from the sample table: the same packets, timestamps and checks as
         ``_copy_packets`` (which sees the same pts/dts from FFmpeg's demuxer: with B-frames the
@@ -392,9 +405,13 @@ class VideoShardWriter:
                 int(samples.durations[-1]),
             )
             if keyframes is not None:
-                keyframes.extend(_read_samples(source, samples, np.flatnonzero(samples.keyframes)))
+                chosen = spread_sample(np.flatnonzero(samples.keyframes).tolist(), keyframe_limit)
+                keyframes.extend(_read_samples(source, samples, chosen))
         else:
+            first = len(keyframes) if keyframes is not None else 0
             self._mux_samples(source, samples, times, decode_times, keyframes)
+            if keyframes is not None:
+                keyframes[first:] = spread_sample(keyframes[first:], keyframe_limit)
         end = max(self._next_start, int(np.max(times + np.maximum(samples.durations, 1))))
         self._last_dts = int(decode_times[-1])
         return self._finish_episode(
@@ -558,13 +575,25 @@ class VideoShardWriter:
             os.unlink(self.path)
 
 
-def _read_samples(source: Path, samples: mp4box.VideoSamples, indices: np.ndarray) -> list[bytes]:
+def spread_sample(items: list[T], limit: int) -> list[T]:
+    """At most ``limit`` of ``items`` (all when ``limit`` is 0), evenly spread: item
+    ``(2j + 1) * n // (2 * limit)`` for j < limit, i.e. the middle one for a limit of 1.
+
+    Keyframe packets of one episode (or their sample indices), in order; each IDR keyframe
+    decodes on its own."""
+    n = len(items)
+    if limit == 0 or n <= limit:
+        return items
+    return [items[(2 * j + 1) * n // (2 * limit)] for j in range(limit)]
+
+
+def _read_samples(source: Path, samples: mp4box.VideoSamples, indices: list[int]) -> list[bytes]:
     """The bytes of samples ``indices`` of ``source`` (the keyframes a shard's quantile sample
     decodes)."""
     fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         out = []
-        for k in indices.tolist():
+        for k in indices:
             size = int(samples.sizes[k])
             data = os.pread(fd, size, int(samples.offsets[k]))
             if len(data) != size:

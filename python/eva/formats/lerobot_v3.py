@@ -849,7 +849,7 @@ def _append_video(
         # decoded at close instead.
         keyframes: list[bytes] | None = [] if sample_keyframes else None
         try:
-            appended = cam.writer.append(video, keyframes)
+            appended = cam.writer.append(video, keyframes, settings.image_quantile_keyframes)
         except VideoConcatError as e:
             raise DatasetError(f"episode {source}, camera {key}: {e}") from None
     if appended.packets != rows:
@@ -859,21 +859,9 @@ def _append_video(
         )
     placed = _Placed(ep, appended.from_timestamp, appended.to_timestamp, rows)
     cam.placed.append(placed)
-    if keyframes:
-        chosen = spread_sample(keyframes, settings.image_quantile_keyframes)
-        cam.pending[ep] = keyframe_pool.submit(info.params, chosen)
+    if keyframes:  # already the spread sample (append's keyframe_limit)
+        cam.pending[ep] = keyframe_pool.submit(info.params, keyframes)
     return placed
-
-
-def spread_sample(items: list[bytes], limit: int) -> list[bytes]:
-    """At most ``limit`` of ``items`` (all when ``limit`` is 0), evenly spread: item
-    ``(2j + 1) * n // (2 * limit)`` for j < limit, i.e. the middle one for a limit of 1.
-
-    Keyframe packets of one episode, in order; each IDR keyframe decodes on its own."""
-    n = len(items)
-    if limit == 0 or n <= limit:
-        return items
-    return [items[(2 * j + 1) * n // (2 * limit)] for j in range(limit)]
 
 
 def _arrow_type_for_feature(feature: Mapping[str, Any]) -> pa.DataType | None:
