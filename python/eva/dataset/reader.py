@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eva.dataset import atomic, fsafe, layout, video
+from eva.dataset.columns import list_lengths, list_values
 from eva.dataset.errors import DatasetError
 
 __all__ = ["DatasetReader"]
@@ -39,6 +39,9 @@ class DatasetReader:
             raise DatasetError(f"{self.root}: not a directory")
         # directories below the root already checked to be real directories (not links)
         self._checked_dirs: set[str] = set()
+        # episode file paths found (checked, existing) by _resolve_template: a validation and
+        # the export after it ask for each one several times
+        self._resolved: dict[tuple[str, int, str], Path] = {}
 
     # ---- metadata ------------------------------------------------------------------------
 
@@ -248,6 +251,18 @@ class DatasetReader:
     def _resolve_template(
         self, template_key: str, default: str, episode_index: int, **fields: str
     ) -> Path:
+        cache_key = (template_key, episode_index, fields.get("video_key", ""))
+        known = self._resolved.get(cache_key)
+        if known is not None:
+            return known
+        path = self._resolve_uncached(template_key, default, episode_index, **fields)
+        if path.exists():
+            self._resolved[cache_key] = path
+        return path
+
+    def _resolve_uncached(
+        self, template_key: str, default: str, episode_index: int, **fields: str
+    ) -> Path:
         template = self.info.get(template_key) or default
         chunk = layout.episode_chunk(episode_index, self.chunks_size)
         try:
@@ -399,12 +414,12 @@ def _uniform_float_rows(arr: pa.Array) -> np.ndarray | None:
     element; None for anything else (nulls, ragged or empty rows, non-float values)."""
     if len(arr) == 0 or arr.null_count or not pa.types.is_floating(arr.type.value_type):
         return None
-    values = arr.flatten()  # honours the array's offset, unlike .values
+    values = list_values(arr)  # honours the array's offset, unlike .values
     if values.null_count:
         return None
-    bounds = pc.min_max(pc.list_value_length(arr))
-    dim = bounds["min"].as_py()
-    if dim != bounds["max"].as_py() or dim == 0:
+    lengths = list_lengths(arr)
+    dim = int(lengths[0])
+    if dim == 0 or np.any(lengths != dim):
         return None
     return values.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(arr), dim)
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from eva.dataset import layout
 from eva.dataset.atomic import dumps_json, jsonl_line
@@ -219,12 +218,21 @@ def build_subset_meta(
     )
 
 
-def _replace_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+def _replace_column(table: pa.Table, name: str, values: np.ndarray) -> pa.Table:
+    """``table`` with column ``name`` holding ``values`` (int64), in the field's own type."""
     pos = table.schema.get_field_index(name)
     old_field = table.schema.field(pos)
-    if values.type != old_field.type:
-        values = values.cast(old_field.type)
-    return table.set_column(pos, old_field, values)
+    type_ = old_field.type
+    if pa.types.is_integer(type_) and type_ != pa.int64():
+        # numpy's cast, after the range check Arrow's safe cast would make (whose call
+        # imports pyarrow.compute)
+        limits = np.iinfo(np.dtype(type_.to_pandas_dtype()))
+        if len(values) == 0 or (limits.min <= values.min() and values.max() <= limits.max):
+            values = values.astype(limits.dtype)
+    array = arrow_array(values)
+    if array.type != type_:
+        array = array.cast(type_)
+    return table.set_column(pos, old_field, array)
 
 
 def arrow_array(values: np.ndarray, type_: pa.DataType | None = None) -> pa.Array:
@@ -249,7 +257,7 @@ def rewrite_index_columns(
 ) -> pa.Table:
     """Return ``table`` with ``episode_index``, ``index`` and ``task_index`` renumbered.
 
-    Column-wise (numpy/pyarrow compute); field types and schema metadata are kept. A ``task_index``
+    Column-wise (numpy); field types and schema metadata are kept. A ``task_index``
     value missing from ``task_remap`` raises ``DatasetError``, whose message starts with ``where``
     (the caller's source file and episode; by default the output episode).
     """
@@ -258,21 +266,23 @@ def rewrite_index_columns(
     for name in ("episode_index", "index"):
         if table.schema.get_field_index(name) < 0:
             raise DatasetError(f"{where}: table has no {name!r} column")
+    table = _replace_column(table, "episode_index", np.full(n, episode_index, dtype=np.int64))
     table = _replace_column(
-        table, "episode_index", arrow_array(np.full(n, episode_index, dtype=np.int64))
-    )
-    table = _replace_column(
-        table, "index", arrow_array(np.arange(index_offset, index_offset + n, dtype=np.int64))
+        table, "index", np.arange(index_offset, index_offset + n, dtype=np.int64)
     )
     if table.schema.get_field_index("task_index") >= 0:
-        keys = pa.array(sorted(task_remap), type=pa.int64())
-        values = pa.array([task_remap[k] for k in sorted(task_remap)], type=pa.int64())
-        column = table.column("task_index").cast(pa.int64())
-        positions = pc.index_in(column, value_set=keys)
-        if positions.null_count:
-            bad = pc.filter(column, pc.is_null(positions))[0].as_py()
+        column = table.column("task_index")
+        if column.null_count:
+            raise DatasetError(f"{where}: task_index None is not in the subset task table")
+        old = column.to_numpy().astype(np.int64, copy=False)
+        keys = np.array(sorted(task_remap), dtype=np.int64)
+        values = np.array([task_remap[k] for k in keys.tolist()], dtype=np.int64)
+        positions = np.searchsorted(keys, old).clip(0, max(len(keys) - 1, 0))
+        unknown = np.flatnonzero(keys[positions] != old) if len(keys) else np.arange(len(old))
+        if len(unknown):
+            bad = int(old[unknown[0]])
             raise DatasetError(f"{where}: task_index {bad} is not in the subset task table")
-        table = _replace_column(table, "task_index", pc.take(values, positions))
+        table = _replace_column(table, "task_index", values[positions])
     return table
 
 

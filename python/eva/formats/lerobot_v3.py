@@ -82,11 +82,10 @@ from typing import Any
 import av
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eva.dataset import layout
-from eva.dataset.columns import fixed_size_values
+from eva.dataset.columns import distinct_scalars, fixed_size_values, list_lengths, list_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.stats import (
     DEFAULT_QUANTILES,
@@ -397,11 +396,10 @@ def _column_matrix(table: pa.Table, name: str, where: str) -> np.ndarray:
     float64), from the Arrow buffers. ``where`` names the file and episode in errors."""
     column = table.column(name).combine_chunks()
     if pa.types.is_list(column.type):
-        lengths = pc.list_value_length(column)
-        bounds = pc.min_max(lengths).as_py()
-        if column.null_count or bounds["min"] != bounds["max"]:
+        lengths = list_lengths(column)
+        if column.null_count or (len(lengths) and np.any(lengths != lengths[0])):
             raise DatasetError(f"{where}: field {name!r}: rows are not vectors of one length")
-        flat = column.flatten().to_numpy(zero_copy_only=False)
+        flat = list_values(column).to_numpy(zero_copy_only=False)
         return np.asarray(flat, np.float64).reshape(len(column), -1)
     values = fixed_size_values(column)
     if values is None:
@@ -792,7 +790,7 @@ def _episode_row(meta: SubsetMeta, ep: int, table: pa.Table, data: _DataShards) 
     source_row = meta.episodes[ep]
     tasks = source_row.get("tasks")
     if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
-        used = pc.unique(table.column("task_index")).to_pylist()
+        used = distinct_scalars(table.column("task_index"))
         tasks = [meta.tasks[i] for i in sorted(used)]
     start = meta.index_offsets[ep]
     return {
