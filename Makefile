@@ -10,7 +10,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 DEMO_DIR ?= demo-data
 
-.PHONY: venv build demo test test-native test-reference fuzz bench bench-quick bench-corpus compat compat-06 lint system-deps clean
+.PHONY: venv build demo test test-native test-reference fuzz tsan bench bench-quick bench-corpus compat compat-06 lint system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,15 @@ test: system-deps build
 FUZZ_EXAMPLES ?= 2000
 fuzz: build
 	EVA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) EVA_FUZZ_RANDOM=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_fuzz_readers.py
+
+# The lock-free ring under ThreadSanitizer, with its debug assertions on (make test runs it too,
+# through tests/test_ring_tsan.py).
+TSAN_BIN := build/tsan/ring_stress
+tsan:
+	mkdir -p build/tsan
+	$${CXX:-g++} -std=c++17 -O1 -g -fsanitize=thread -ffp-contract=off -Wall -Wextra -Inative \
+	    native/ring.cpp native/tests/ring_stress.cpp -o $(TSAN_BIN) -pthread
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" $(TSAN_BIN)
 
 # bench_corpus runs on the realistic corpus (bench/corpus.py), generated once into
 # $EVA_BENCH_CORPUS (default ~/.cache/eva-bench-corpus): tens of minutes the first time on 2 cores
