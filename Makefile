@@ -10,7 +10,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 DEMO_DIR ?= demo-data
 
-.PHONY: venv build demo test test-native test-reference fuzz tsan bench bench-quick bench-corpus compat compat-06 lint system-deps clean
+.PHONY: venv build demo test test-native test-reference fuzz tsan typecheck bench bench-quick bench-corpus compat compat-06 lint system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(PY):
 # Dependencies are installed once; the native core is rebuilt (incrementally) when sources change.
 $(VENV)/.eva-deps: pyproject.toml | $(PY)
 	$(PIP) install -q numpy pyarrow av h5py mcap zstandard lz4 msgpack paramiko click starlette uvicorn httptools uvloop pyzmq \
-	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff httpx selenium
+	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff mypy httpx selenium
 	touch $@
 
 NATIVE_SOURCES := $(wildcard native/*.cpp native/*.hpp src/eva_fast/*.pyx src/eva_fast/*.pxd) CMakeLists.txt pyproject.toml
@@ -42,7 +42,7 @@ system-deps:
 
 # One suite, run twice: against the native core, then against the numpy references (like
 # msgpack-python's fallback), so both implementations stay interchangeable.
-test: system-deps build
+test: system-deps build lint typecheck
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests
 	EVA_PUREPYTHON=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests
 
@@ -86,6 +86,10 @@ compat-06: build
 lint: venv
 	$(VENV)/bin/ruff check python tests bench
 	$(VENV)/bin/ruff format --check python tests bench
+
+# The .pyi stubs of the compiled modules must match what Cython built (signatures, attributes).
+typecheck: build
+	$(PY) -m mypy.stubtest eva_fast --allowlist src/eva_fast/stubtest-allowlist.txt
 
 clean:
 	rm -rf build $(VENV) $(DEMO_DIR)
