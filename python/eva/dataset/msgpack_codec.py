@@ -1,4 +1,5 @@
-"""MessagePack with numpy values, in the convention of contracts §5 (openpi / msgpack-numpy style).
+"""MessagePack with numpy values, in the ndarray-map convention of docs/formats.md ("MessagePack";
+openpi / msgpack-numpy style).
 
 An ndarray is the map ``{"__ndarray__": True, "data": <bin, C-order bytes>, "dtype": dtype.str,
 "shape": [..]}`` (keys in that order, so the bytes are reproducible); a numpy scalar is

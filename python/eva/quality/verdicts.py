@@ -1,4 +1,4 @@
-"""Operator review (QUALITY CHECK) and the accept/reject priority of contracts §2.
+"""Operator review (QUALITY CHECK) and the accept/reject priority (docs/formats.md, "Accepted and rejected").
 
 Priority, per episode, compared case-insensitively:
 1. ``qc_verdict == "pass"`` -> accepted (overrides an automatic red flag);
@@ -50,7 +50,8 @@ def _lower(value: Any) -> str | None:
 
 
 def subset_of(row: Mapping[str, Any]) -> str:
-    """``"accepted"`` or ``"rejected"`` for one episodes.jsonl row (contracts §2)."""
+    """``"accepted"`` or ``"rejected"`` for one episodes.jsonl row: verdict pass, verdict fail,
+    then quality red, else accepted."""
     verdict = _lower(row.get("qc_verdict"))
     if verdict == "pass":
         return ACCEPTED
