@@ -75,7 +75,7 @@ def _lockstep(reader: DatasetReader, episode: int, parallel: bool = True) -> Any
     if not parallel:
         yield from zip(*iterators, strict=True)
         return
-    feeds = [mcap_format._CameraFeed(it, f"bench-decode-{i}") for i, it in enumerate(iterators)]
+    feeds = [mcap_format.CameraFeed(it, f"bench-decode-{i}") for i, it in enumerate(iterators)]
     try:
         while True:
             for feed in feeds:
