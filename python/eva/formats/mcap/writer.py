@@ -1,5 +1,11 @@
 """The MCAP file writer of the export: chunked messages, message and chunk indexes, a summary.
 
+Every record is a record type of the ``mcap`` package, serialized by the package
+(``eva.formats.mcap.records`` only chooses where the bytes go). ``mcap.writer.Writer`` itself is
+not used: it copies each payload into a ``BytesIO`` twice over (slow to grow to 4 MiB chunks),
+compresses zstd at level 3 only, and compresses and writes a chunk in the caller's thread
+(bench/README.md, ``bench_mcap.py``, has the measured cost).
+
 Each image message (record header + MessagePack ndarray map) is encoded by the native
 ``msgpack_image`` kernel straight from the decoded frame into a reused chunk buffer: one copy of
 the pixels, GIL released, no per-frame allocation. A full chunk is CRC'd, optionally compressed
@@ -22,70 +28,39 @@ Defaults: ``compression = "none"``, ``chunk_size = 4 MiB``, chunk CRCs on.
 from __future__ import annotations
 
 import contextlib
-import struct
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 import numpy as np
+from mcap.opcode import Opcode
+from mcap.records import (
+    Channel,
+    Chunk,
+    ChunkIndex,
+    DataEnd,
+    Footer,
+    Header,
+    McapRecord,
+    Message,
+    MessageIndex,
+    Schema,
+    Statistics,
+    SummaryOffset,
+)
+from mcap.writer import MCAP0_MAGIC
 
 from eva.dataset.msgpack_codec import encode_ndarray_into, encoded_ndarray_size
 from eva.formats.mcap.layout import LIBRARY, PROFILE
+from eva.formats.mcap.records import MESSAGE_OVERHEAD, ChunkBuffer, StreamRecords, serialized
 
 COMPRESSIONS = ("none", "zstd", "lz4")
 DEFAULT_COMPRESSION = "none"
 DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 ZSTD_LEVEL = 1  # about 3x level 3's speed on camera frames for about 10% more bytes
-
-# --- MCAP records (https://mcap.dev/spec) -----------------------------------------------------
-
-MAGIC = b"\x89MCAP0\r\n"
-OP_HEADER = 0x01
-OP_FOOTER = 0x02
-OP_SCHEMA = 0x03
-OP_CHANNEL = 0x04
-OP_MESSAGE = 0x05
-OP_CHUNK = 0x06
-OP_MESSAGE_INDEX = 0x07
-OP_CHUNK_INDEX = 0x08
-OP_STATISTICS = 0x0B
-OP_SUMMARY_OFFSET = 0x0E
-OP_DATA_END = 0x0F
-
-# opcode u8, record length u64, channel_id u16, sequence u32, log_time u64, publish_time u64
-_MESSAGE_HEADER = struct.Struct("<BQHIQQ")
-_MESSAGE_FIXED = _MESSAGE_HEADER.size - 9
-
-
-def _string(value: str) -> bytes:
-    raw = value.encode("utf-8")
-    return struct.pack("<I", len(raw)) + raw
-
-
-def _record(opcode: int, body: bytes) -> bytes:
-    return struct.pack("<BQ", opcode, len(body)) + body
-
-
-@dataclass
-class _Channel:
-    id: int
-    schema_id: int
-    topic: str
-    message_count: int = 0
-
-
-@dataclass
-class _ChunkIndex:
-    start_time: int
-    end_time: int
-    offset: int
-    length: int
-    message_index_offsets: dict[int, int]
-    message_index_length: int
-    compression: str
-    compressed_size: int
-    uncompressed_size: int
+# Headroom of a chunk buffer over the chunk size: the record that fills a chunk may overshoot.
+BUFFER_SLACK = 64 * 1024
 
 
 @dataclass
@@ -94,15 +69,16 @@ class _ChunkState:
     start_time: int = 0
     end_time: int = 0
     messages: int = 0
-    # channel id -> flat [log_time, offset, log_time, offset, ...]
-    index: dict[int, list[int]] = field(default_factory=dict)
+    # channel id -> [(log_time, offset in the chunk), ...]
+    index: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class McapEpisodeWriter:
     """Write one MCAP file: header, schema, channels, chunked messages, summary, footer.
 
-    Only what the eva layout needs: one schema, channels registered up front, messages appended
-    in log-time order. One instance per file, used from one thread.
+    Only what the eva layout needs: schemas and channels registered up front (in the data section
+    before the first chunk, where every reader, streaming or seeking, sees them before any
+    message), messages appended in log-time order. One instance per file, used from one thread.
 
     With ``background=True`` (default) a full chunk is CRC'd, compressed and written by a helper
     thread while the caller fills the second of two chunk buffers: those steps release the GIL,
@@ -131,9 +107,14 @@ class McapEpisodeWriter:
         self._crc = crc
         # Two chunk buffers, reused for every chunk (the second is allocated when first needed);
         # a buffer only grows (once) for a message larger than the chunk size.
-        self._bufs: list[bytearray | None] = [bytearray(self._chunk_size + 64 * 1024), None]
+        first = bytearray(self._chunk_size + BUFFER_SLACK)
+        self._bufs: list[bytearray | None] = [first, None]
         self._buf_index = 0
-        self._buf: bytearray = self._bufs[0]  # type: ignore[assignment]
+        self._records = ChunkBuffer(first)
+        # Records outside chunks: the caller's thread writes the data section before the first
+        # chunk and the summary; the helper thread writes chunks and message indexes.
+        self._out = StreamRecords()
+        self._chunk_out = StreamRecords()
         self._executor = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="eva-mcap-flush")
             if background
@@ -141,54 +122,46 @@ class McapEpisodeWriter:
         )
         self._pending: Future[None] | None = None
         self._chunk = _ChunkState()
-        self._schemas: list[bytes] = []
-        self._channels: dict[int, _Channel] = {}
-        self._channel_records: list[bytes] = []
-        self._chunk_indexes: list[_ChunkIndex] = []
+        self._schemas: list[Schema] = []
+        self._channels: list[Channel] = []
+        self._channel_counts: dict[int, int] = {}
+        self._chunk_indexes: list[ChunkIndex] = []
         self._message_count = 0
         self._start_time: int | None = None
         self._end_time = 0
         self._finished = False
-        self._write(MAGIC)
-        self._write(_record(OP_HEADER, _string(PROFILE) + _string(LIBRARY)))
+        self._stream.write(MCAP0_MAGIC)
+        self._pos += len(MCAP0_MAGIC)
+        self._emit(Header(profile=PROFILE, library=LIBRARY))
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _write(self, data: bytes | bytearray | memoryview) -> None:
-        self._stream.write(data)
-        self._pos += len(data)
+    def _emit(self, *records: McapRecord) -> None:
+        """Write records outside the chunks, from the caller's thread."""
+        for record in records:
+            record.write(self._out)
+        self._pos += self._out.write_to(self._stream)
 
     def register_schema(self, schema_id: int, name: str, encoding: str, data: bytes) -> None:
-        body = (
-            struct.pack("<H", schema_id)
-            + _string(name)
-            + _string(encoding)
-            + struct.pack("<I", len(data))
-            + data
-        )
-        record = _record(OP_SCHEMA, body)
         self._check_no_messages_yet("schema")
-        self._schemas.append(record)
-        self._write(record)
+        schema = Schema(id=schema_id, data=data, encoding=encoding, name=name)
+        self._schemas.append(schema)
+        self._emit(schema)
 
     def register_channel(
         self, channel_id: int, topic: str, message_encoding: str, schema_id: int = 0
     ) -> None:
-        metadata = b""  # empty Map<string, string>
-        body = (
-            struct.pack("<HH", channel_id, schema_id)
-            + _string(topic)
-            + _string(message_encoding)
-            + struct.pack("<I", len(metadata))
-            + metadata
-        )
-        record = _record(OP_CHANNEL, body)
         self._check_no_messages_yet("channel")
-        self._channels[channel_id] = _Channel(channel_id, schema_id, topic)
-        self._channel_records.append(record)
-        # Channels (and the schema) sit in the data section before the first chunk, where every
-        # reader, streaming or seeking, sees them before any message.
-        self._write(record)
+        channel = Channel(
+            id=channel_id,
+            topic=topic,
+            message_encoding=message_encoding,
+            metadata={},
+            schema_id=schema_id,
+        )
+        self._channels.append(channel)
+        self._channel_counts[channel_id] = 0
+        self._emit(channel)
 
     def _check_no_messages_yet(self, what: str) -> None:
         # Schemas and channels go straight to the stream, which the helper thread owns once
@@ -198,14 +171,15 @@ class McapEpisodeWriter:
 
     def _reserve(self, size: int) -> int:
         """Make room for a ``size``-byte record in the chunk buffer; return its offset."""
-        if self._chunk.used and self._chunk.used + size > self._chunk_size:
+        if self._records.used and self._records.used + size > self._chunk_size:
             self._flush_chunk()
-        if size > len(self._buf) - self._chunk.used:
-            self._buf = bytearray(max(size, self._chunk_size) + 64 * 1024)
-            self._bufs[self._buf_index] = self._buf
-        return self._chunk.used
+        if size > self._records.room:
+            buffer = bytearray(max(size, self._chunk_size) + BUFFER_SLACK)
+            self._bufs[self._buf_index] = buffer
+            self._records.reset(buffer)
+        return self._records.used
 
-    def _account(self, channel_id: int, log_time: int, offset: int, size: int) -> None:
+    def _account(self, channel_id: int, log_time: int, offset: int) -> None:
         chunk = self._chunk
         if chunk.messages == 0:
             chunk.start_time = chunk.end_time = log_time
@@ -213,18 +187,16 @@ class McapEpisodeWriter:
             chunk.start_time = min(chunk.start_time, log_time)
             chunk.end_time = max(chunk.end_time, log_time)
         chunk.messages += 1
-        chunk.used = offset + size
         entries = chunk.index.get(channel_id)
         if entries is None:
             entries = chunk.index[channel_id] = []
-        entries.append(log_time)
-        entries.append(offset)
-        self._channels[channel_id].message_count += 1
+        entries.append((log_time, offset))
+        self._channel_counts[channel_id] += 1
         self._message_count += 1
         if self._start_time is None or log_time < self._start_time:
             self._start_time = log_time
         self._end_time = max(self._end_time, log_time)
-        if chunk.used >= self._chunk_size:
+        if self._records.used >= self._chunk_size:
             self._flush_chunk()
 
     # -- messages ------------------------------------------------------------------------------
@@ -232,21 +204,15 @@ class McapEpisodeWriter:
     def add_message(
         self, channel_id: int, sequence: int, log_time: int, publish_time: int, data: bytes
     ) -> None:
-        size = _MESSAGE_HEADER.size + len(data)
-        offset = self._reserve(size)
-        _MESSAGE_HEADER.pack_into(
-            self._buf,
-            offset,
-            OP_MESSAGE,
-            _MESSAGE_FIXED + len(data),
-            channel_id,
-            sequence,
-            log_time,
-            publish_time,
-        )
-        start = offset + _MESSAGE_HEADER.size
-        self._buf[start : start + len(data)] = data
-        self._account(channel_id, log_time, offset, size)
+        offset = self._reserve(MESSAGE_OVERHEAD + len(data))
+        Message(
+            channel_id=channel_id,
+            log_time=log_time,
+            data=data,
+            publish_time=publish_time,
+            sequence=sequence,
+        ).write(self._records)
+        self._account(channel_id, log_time, offset)
 
     def add_ndarray_message(
         self,
@@ -264,22 +230,19 @@ class McapEpisodeWriter:
         """
         if encoded_size is None:
             encoded_size = encoded_ndarray_size(array)
-        size = _MESSAGE_HEADER.size + encoded_size
-        offset = self._reserve(size)
-        _MESSAGE_HEADER.pack_into(
-            self._buf,
-            offset,
-            OP_MESSAGE,
-            _MESSAGE_FIXED + encoded_size,
-            channel_id,
-            sequence,
-            log_time,
-            publish_time,
-        )
-        written = encode_ndarray_into(array, self._buf, offset + _MESSAGE_HEADER.size)
+        offset = self._reserve(MESSAGE_OVERHEAD + encoded_size)
+        written = encode_ndarray_into(array, self._records.buffer, offset + MESSAGE_OVERHEAD)
         if written != encoded_size:
             raise ValueError(f"ndarray map is {written} bytes, expected {encoded_size}")
-        self._account(channel_id, log_time, offset, size)
+        with self._records.payload_view(encoded_size) as payload:
+            Message(
+                channel_id=channel_id,
+                log_time=log_time,
+                data=payload,  # type: ignore[arg-type]  # a view: the record's data is in place
+                publish_time=publish_time,
+                sequence=sequence,
+            ).write(self._records)
+        self._account(channel_id, log_time, offset)
 
     def _wait_pending(self) -> None:
         if self._pending is not None:
@@ -290,61 +253,59 @@ class McapEpisodeWriter:
         chunk = self._chunk
         if chunk.messages == 0:
             return
+        chunk.used = self._records.used
+        buffer = self._records.buffer
         # The other buffer is free once its flush (the only one in flight) has finished.
         self._wait_pending()
         self._chunk = _ChunkState()
         if self._executor is None:
-            self._write_chunk(self._buf, chunk)
+            self._records.reset()
+            self._write_chunk(buffer, chunk)
             return
-        self._pending = self._executor.submit(self._write_chunk, self._buf, chunk)
+        self._pending = self._executor.submit(self._write_chunk, buffer, chunk)
         self._buf_index ^= 1
         other = self._bufs[self._buf_index]
         if other is None:
-            other = self._bufs[self._buf_index] = bytearray(len(self._buf))
-        self._buf = other
+            other = self._bufs[self._buf_index] = bytearray(len(buffer))
+        self._records.reset(other)
 
     def _write_chunk(self, buf: bytearray, chunk: _ChunkState) -> None:
-        records = memoryview(buf)[: chunk.used]
-        crc = zlib.crc32(records) if self._crc else 0
-        if self._compressor is None:
-            data: bytes | memoryview = records
-            compression = ""
-        else:
-            data = self._compressor(records)
-            compression = self._compression
-        compression_field = _string(compression)
-        body_head = (
-            struct.pack("<QQQI", chunk.start_time, chunk.end_time, chunk.used, crc)
-            + compression_field
-            + struct.pack("<Q", len(data))
-        )
-        chunk_offset = self._pos
-        self._write(struct.pack("<BQ", OP_CHUNK, len(body_head) + len(data)) + body_head)
-        self._write(data)
-        chunk_length = self._pos - chunk_offset
-        compressed_size = len(data)
-        records.release()
-
-        index_offsets: dict[int, int] = {}
+        out = self._chunk_out
+        with memoryview(buf)[: chunk.used] as records:
+            crc = zlib.crc32(records) if self._crc else 0
+            if self._compressor is None:
+                data: bytes | memoryview = records
+                compression = ""
+            else:
+                data = self._compressor(records)
+                compression = self._compression
+            compressed_size = len(data)
+            Chunk(
+                compression=compression,
+                data=data,  # type: ignore[arg-type]  # a view of the chunk buffer, uncopied
+                message_end_time=chunk.end_time,
+                message_start_time=chunk.start_time,
+                uncompressed_crc=crc,
+                uncompressed_size=chunk.used,
+            ).write(out)
+            chunk_offset = self._pos
+            chunk_length = out.write_to(self._stream)
+            self._pos += chunk_length
         index_start = self._pos
+        index_offsets: dict[int, int] = {}
         for channel_id in sorted(chunk.index):
-            flat = np.asarray(chunk.index[channel_id], dtype="<u8")
-            entries = flat.tobytes()
-            index_offsets[channel_id] = self._pos
-            self._write(
-                _record(
-                    OP_MESSAGE_INDEX,
-                    struct.pack("<HI", channel_id, len(entries)) + entries,
-                )
-            )
+            index_offsets[channel_id] = index_start + out.count
+            MessageIndex(channel_id=channel_id, records=chunk.index[channel_id]).write(out)
+        index_length = out.write_to(self._stream)
+        self._pos += index_length
         self._chunk_indexes.append(
-            _ChunkIndex(
-                start_time=chunk.start_time,
-                end_time=chunk.end_time,
-                offset=chunk_offset,
-                length=chunk_length,
+            ChunkIndex(
+                message_start_time=chunk.start_time,
+                message_end_time=chunk.end_time,
+                chunk_start_offset=chunk_offset,
+                chunk_length=chunk_length,
                 message_index_offsets=index_offsets,
-                message_index_length=self._pos - index_start,
+                message_index_length=index_length,
                 compression=compression,
                 compressed_size=compressed_size,
                 uncompressed_size=chunk.used,
@@ -360,66 +321,52 @@ class McapEpisodeWriter:
         self._flush_chunk()
         self._wait_pending()
         self.close()
-        self._write(_record(OP_DATA_END, struct.pack("<I", 0)))
+        self._emit(DataEnd(data_section_crc=0))
         summary_start = self._pos
-        groups: list[tuple[int, bytes]] = []
-        groups.append((OP_SCHEMA, b"".join(self._schemas)))
-        groups.append((OP_CHANNEL, b"".join(self._channel_records)))
-        counts = b"".join(
-            struct.pack("<HQ", ch.id, ch.message_count) for ch in self._channels.values()
+        statistics = Statistics(
+            attachment_count=0,
+            channel_count=len(self._channels),
+            channel_message_counts=self._channel_counts,
+            chunk_count=len(self._chunk_indexes),
+            message_count=self._message_count,
+            message_end_time=self._end_time,
+            message_start_time=self._start_time or 0,
+            metadata_count=0,
+            schema_count=len(self._schemas),
         )
-        statistics = _record(
-            OP_STATISTICS,
-            struct.pack(
-                "<QHIIIIQQ",
-                self._message_count,
-                len(self._schemas),
-                len(self._channels),
-                0,  # attachments
-                0,  # metadata
-                len(self._chunk_indexes),
-                self._start_time or 0,
-                self._end_time,
-            )
-            + struct.pack("<I", len(counts))
-            + counts,
-        )
-        groups.append((OP_STATISTICS, statistics))
-        chunk_index_records = []
-        for ci in self._chunk_indexes:
-            offsets = b"".join(
-                struct.pack("<HQ", ch, off) for ch, off in ci.message_index_offsets.items()
-            )
-            chunk_index_records.append(
-                _record(
-                    OP_CHUNK_INDEX,
-                    struct.pack("<QQQQ", ci.start_time, ci.end_time, ci.offset, ci.length)
-                    + struct.pack("<I", len(offsets))
-                    + offsets
-                    + struct.pack("<Q", ci.message_index_length)
-                    + _string(ci.compression)
-                    + struct.pack("<QQ", ci.compressed_size, ci.uncompressed_size),
+        groups: list[tuple[Opcode, list[Any]]] = [
+            (Opcode.SCHEMA, self._schemas),
+            (Opcode.CHANNEL, self._channels),
+            (Opcode.STATISTICS, [statistics]),
+            (Opcode.CHUNK_INDEX, self._chunk_indexes),
+        ]
+        summary = self._out
+        offsets: list[SummaryOffset] = []
+        for opcode, records in groups:
+            if not records:
+                continue  # no empty groups (nor their offsets) in the summary
+            group_start = summary.count
+            for record in records:
+                record.write(summary)
+            offsets.append(
+                SummaryOffset(
+                    group_opcode=opcode,
+                    group_start=summary_start + group_start,
+                    group_length=summary.count - group_start,
                 )
             )
-        groups.append((OP_CHUNK_INDEX, b"".join(chunk_index_records)))
-
-        summary = bytearray()
-        offsets_records = bytearray()
-        for opcode, group in groups:
-            if not group:
-                continue
-            offsets_records += _record(
-                OP_SUMMARY_OFFSET,
-                struct.pack("<BQQ", opcode, summary_start + len(summary), len(group)),
-            )
-            summary += group
-        summary_offset_start = summary_start + len(summary)
-        summary += offsets_records
-        footer_head = struct.pack("<BQQQ", OP_FOOTER, 20, summary_start, summary_offset_start)
-        summary_crc = zlib.crc32(footer_head, zlib.crc32(summary))
-        self._write(summary)
-        self._write(footer_head + struct.pack("<I", summary_crc))
-        self._write(MAGIC)
+        summary_offset_start = summary_start + summary.count
+        for offset in offsets:
+            offset.write(summary)
+        summary_bytes = summary.end()
+        # The summary CRC covers the summary and the footer up to (not including) the CRC field.
+        footer_head = serialized(Footer(summary_start, summary_offset_start, 0))[:-4]
+        summary_crc = zlib.crc32(footer_head, zlib.crc32(summary_bytes))
+        self._stream.write(summary_bytes)
+        self._pos += len(summary_bytes)
+        self._emit(Footer(summary_start, summary_offset_start, summary_crc))
+        self._stream.write(MCAP0_MAGIC)
+        self._pos += len(MCAP0_MAGIC)
         self._finished = True
 
     def close(self) -> None:
