@@ -10,7 +10,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 DEMO_DIR ?= demo-data
 
-.PHONY: venv build demo test test-native test-reference fuzz tsan typecheck wheel bench bench-quick bench-corpus compat compat-06 lint system-deps clean
+.PHONY: FORCE venv build demo test test-native test-reference fuzz tsan typecheck wheel bench bench-quick bench-corpus compat compat-06 lint system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,15 @@ $(VENV)/.eva-deps: pyproject.toml | $(PY)
 
 NATIVE_SOURCES := $(wildcard native/*.cpp native/*.hpp src/eva_fast/*.pyx src/eva_fast/*.pxd) CMakeLists.txt pyproject.toml
 
-$(STAMP): $(VENV)/.eva-deps $(NATIVE_SOURCES)
+# The editable install maps every module by name: one added, moved or removed needs a reinstall
+# (the list is rewritten only when it changes, so an edit inside a module does not).
+PY_MODULES := $(shell find python/eva -name '*.py' -not -path '*/__pycache__/*' | sort)
+MODULE_LIST := $(VENV)/.eva-modules
+$(MODULE_LIST): FORCE | $(PY)
+	@echo "$(PY_MODULES)" | cmp -s - $@ || echo "$(PY_MODULES)" > $@
+FORCE:
+
+$(STAMP): $(VENV)/.eva-deps $(NATIVE_SOURCES) $(MODULE_LIST)
 	flock $(VENV)/.build.lock $(PIP) install -q --no-build-isolation --no-deps -e .
 	@# Bytecode for the editable install (a wheel ships it; PYTHONDONTWRITEBYTECODE=1 hosts would
 	@# otherwise compile eva's sources on every command: ~0.15 s).
