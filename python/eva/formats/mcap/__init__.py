@@ -45,9 +45,6 @@ from eva.formats.mcap.writer import (
     McapEpisodeWriter,
 )
 
-# tests/test_video_decode.py imports the name it had when this package was one module.
-_camera_batches = camera_batches
-
 __all__ = [
     "ACTION",
     "COMPRESSIONS",
