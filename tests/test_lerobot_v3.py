@@ -26,6 +26,7 @@ from eva.export.pipeline import complete_episode_stats
 from eva.export.registry import ExportOptions
 from eva.formats import lerobot_v3
 from eva.formats._v3_video import probe
+from eva.formats.options import LeRobotV3Options
 from eva.progress import Progress
 
 CAMS = ["observation.images.cam0", "observation.images.cam1"]
@@ -55,7 +56,9 @@ def export(
     if indices is None:
         indices = [r["episode_index"] for r in reader.episodes]
     meta = subset_meta(reader, indices)
-    lerobot_v3.write_subset(reader, meta, dest, Progress(), ExportOptions(extra=extra))
+    lerobot_v3.write_subset(
+        reader, meta, dest, Progress(), ExportOptions(format=LeRobotV3Options(**extra))
+    )
     return reader, meta
 
 

@@ -25,13 +25,13 @@ that buffer through lookup tables calibrated from PyAV's own conversion, so pixe
 to ``frame.to_ndarray(format="rgb24")``; a self-check on each video's first frame falls back to
 PyAV for that video if they ever differ.
 
-Frames per chunk (``hdf5_frames_per_chunk``, default 1): a chunk is the unit HDF5 reads, writes and
+Options: ``Hdf5Options`` (``eva.formats.options``). Frames per chunk (``hdf5_frames_per_chunk``): a chunk is the unit HDF5 reads, writes and
 compresses. One frame per chunk gives the cheapest random access (reading frame i touches exactly
 one frame) and the smallest write buffer; larger chunks (e.g. 8-32 frames) read sequential clips
 with fewer I/O calls and compress better (gzip/lzf see more similar data at once), but reading a
 single frame then reads and decompresses the whole chunk.
 
-Compression (``hdf5_compression``: ``none`` | ``gzip[:level]`` | ``lzf``, default none): raw
+Compression (``hdf5_compression``: ``none`` | ``gzip[:level]`` | ``lzf``): raw
 chunks are written directly and run at disk/page-cache speed; gzip and lzf shrink files but cost
 roughly 50-60 MB/s per core, an order of magnitude slower than decoding. gzip chunks are
 compressed here with zlib on every core (HDF5's deflate filter stores exactly a zlib stream) and
@@ -62,6 +62,7 @@ from eva.dataset import embedded, layout
 from eva.dataset.columns import column_values as column_value  # the `columns` group's values
 from eva.dataset.errors import DatasetError, WriteError, naming_write_errors
 from eva.dataset.msgpack_codec import packb, unpackb
+from eva.dataset.reader import DatasetReader
 from eva.dataset.rgb import (  # noqa: F401 - re-exported: hdf5.<name> is used by tests and benches
     FrameConverter,
     YuvTables,
@@ -70,94 +71,27 @@ from eva.dataset.rgb import (  # noqa: F401 - re-exported: hdf5.<name> is used b
     pack_frame_reference,
     yuv420p_to_rgb24_reference,
 )
+from eva.dataset.subset import SubsetMeta
+from eva.dataset.validate import Problem
+from eva.formats.base import ExportOptions
+from eva.formats.options import (  # noqa: F401 - re-exported: this format's options
+    MAX_BATCH_BYTES,
+    Hdf5Options,
+    parse_compression,
+)
+from eva.progress import ProgressSink
 
 # HDF5's error text carries the errno of a failed write: "... errno = 28, error message ...".
 _HDF5_ERRNO = re.compile(r"\berrno = (\d+)")
 
 FORMAT_NAME = "hdf5"
+OPTIONS = Hdf5Options  # this format's options (eva.formats.base.FormatModule)
 EPISODE_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.hdf5"
 GROUPS = ("columns", "images", "metadata")
 KINDS = ("array", "string", "bytes", "none", "msgpack")
 ITEM_NAME = "item_{:06d}"
-DEFAULT_FRAMES_PER_CHUNK = 1
-DEFAULT_BATCH_FRAMES = 32
-# Upper bound of one batch buffer (two are in use per camera being written).
-MAX_BATCH_BYTES = 32 << 20
 # dtype kinds HDF5 stores natively as an ``array`` item (bool, signed, unsigned, float).
 _ARRAY_DTYPE_KINDS = "biuf"
-
-# ---- options ------------------------------------------------------------------------------------
-
-
-def parse_compression(text: str | None) -> tuple[str | None, int | None]:
-    """``none`` | ``gzip[:level]`` | ``lzf`` -> (h5py compression name or None, level or None)."""
-    if text is None:
-        return None, None
-    value = str(text).strip().lower()
-    if value in ("", "none", "off", "no"):
-        return None, None
-    name, _, level_text = value.partition(":")
-    if name == "lzf" and not level_text:
-        return "lzf", None
-    if name == "gzip":
-        if not level_text:
-            return "gzip", 4
-        if level_text.isdigit() and 0 <= int(level_text) <= 9:
-            return "gzip", int(level_text)
-        raise DatasetError(f"hdf5 compression {text!r}: gzip level must be 0-9")
-    raise DatasetError(f"hdf5 compression {text!r}: choose none, gzip[:level] or lzf")
-
-
-@dataclass(frozen=True)
-class Hdf5Options:
-    compression: str | None = None
-    compression_level: int | None = None
-    frames_per_chunk: int = DEFAULT_FRAMES_PER_CHUNK
-    # Frames decoded before a write; rounded up to whole chunks. Bounds memory per camera.
-    batch_frames: int = DEFAULT_BATCH_FRAMES
-    # Use the native yuv420p -> rgb24 conversion (identical to PyAV's) when the core is built.
-    native_convert: bool = True
-
-    def __post_init__(self) -> None:
-        if self.frames_per_chunk < 1:
-            raise DatasetError(f"hdf5 frames per chunk must be >= 1, got {self.frames_per_chunk}")
-        if self.batch_frames < 1:
-            raise DatasetError(f"hdf5 batch size must be >= 1, got {self.batch_frames}")
-
-    def batch_length(self, frame_bytes: int) -> int:
-        """Frames per batch buffer: whole chunks, ``batch_frames`` rounded up, but at most
-        ``MAX_BATCH_BYTES`` (large frames get fewer frames per batch; never less than a chunk)."""
-        fpc = self.frames_per_chunk
-        chunks = max(1, -(-self.batch_frames // fpc))
-        chunks_fitting = MAX_BATCH_BYTES // max(1, frame_bytes * fpc)
-        return max(1, min(chunks, chunks_fitting)) * fpc
-
-    @classmethod
-    def from_export_options(cls, options: Any) -> Hdf5Options:
-        """Read ``ExportOptions`` (``batch_size``, ``extra["hdf5_compression"]``,
-        ``extra["hdf5_frames_per_chunk"]``), a plain mapping of the same keys, or None."""
-        if options is None:
-            return cls()
-        if isinstance(options, Hdf5Options):
-            return options
-        extra: Mapping[str, Any] = getattr(options, "extra", None) or (
-            options if isinstance(options, Mapping) else {}
-        )
-        compression, level = parse_compression(extra.get("hdf5_compression"))
-        fpc_raw = extra.get("hdf5_frames_per_chunk", DEFAULT_FRAMES_PER_CHUNK)
-        try:
-            frames_per_chunk = int(fpc_raw)
-        except (TypeError, ValueError):
-            raise DatasetError(f"hdf5 frames per chunk {fpc_raw!r} is not an integer") from None
-        batch = getattr(options, "batch_size", None) or extra.get("batch_size")
-        return cls(
-            compression=compression,
-            compression_level=level,
-            frames_per_chunk=frames_per_chunk,
-            batch_frames=int(batch) if batch else DEFAULT_BATCH_FRAMES,
-            native_convert=bool(extra.get("hdf5_native_convert", True)),
-        )
-
 
 # ---- items: value <-> (kind, dataset) -----------------------------------------------------------
 
@@ -348,7 +282,10 @@ class EpisodeWriter:
             )
         tmp = path.with_name(f".eva-tmp-{path.name}")
         opts = self.options
-        compression = {"compression": opts.compression, "compression_level": opts.compression_level}
+        compression = {
+            "compression": opts.h5py_compression,
+            "compression_level": opts.compression_level,
+        }
         try:
             # h5py reports a full disk as "Can't close file (file write failed ...)": name it.
             with naming_write_errors(path), h5py.File(tmp, "w") as h5:
@@ -415,7 +352,7 @@ class EpisodeWriter:
                 maxshape=(None, *shape, 3),
                 chunks=(fpc, *shape, 3),
                 dtype=np.uint8,
-                compression=opts.compression,
+                compression=opts.h5py_compression,
                 compression_opts=opts.compression_level,
             )
             buffers = self.buffers.get(opts.batch_length(shape[0] * shape[1] * 3), *shape)
@@ -505,7 +442,7 @@ class EpisodeWriter:
     def _flush(self, dataset: h5py.Dataset, batch: np.ndarray, start: int, count: int) -> None:
         """Write batch[:count] at frame ``start``: whole chunks only (``start`` is chunk-aligned)."""
         fpc = self.options.frames_per_chunk
-        compression = self.options.compression
+        compression = self.options.h5py_compression
         if compression not in (None, "gzip"):
             # lzf has no Python-side compressor: HDF5's filter pipeline, one whole-chunk block.
             dataset[start : start + count] = batch[:count]
@@ -560,13 +497,19 @@ def export_info(source_info: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-def write_subset(reader: Any, meta: Any, staging_dir: Path, progress: Any, options: Any) -> None:
+def write_subset(
+    reader: DatasetReader,
+    meta: SubsetMeta,
+    staging_dir: Path,
+    progress: ProgressSink,
+    options: ExportOptions,
+) -> None:
     """Write one quality subset (``SubsetMeta``) of the source ``reader`` as HDF5 episode files
     plus the common metadata into ``staging_dir``."""
     from eva.dataset.subset import write_common_meta
 
     staging_dir = Path(staging_dir)
-    opts = Hdf5Options.from_export_options(options)
+    opts = options.format_options(Hdf5Options)
     info = export_info(meta.info)
     chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
     fps = meta.info.get("fps", getattr(reader, "fps", None))
@@ -577,12 +520,12 @@ def write_subset(reader: Any, meta: Any, staging_dir: Path, progress: Any, optio
 
 def _write_episodes(
     writer: EpisodeWriter,
-    reader: Any,
-    meta: Any,
+    reader: DatasetReader,
+    meta: SubsetMeta,
     staging_dir: Path,
-    progress: Any,
+    progress: ProgressSink,
     chunks_size: int,
-    fps: Any,
+    fps: object,
 ) -> None:
     from eva.dataset.subset import rewrite_index_columns
 
@@ -683,12 +626,10 @@ def _check_items(group: h5py.Group, problem: Callable[[str, str], None]) -> dict
     return items
 
 
-def verify(export_dir: Path) -> list[Any]:
+def verify(export_dir: Path) -> list[Problem]:
     """Totals against the episode files, the three groups with key/kind attributes, every image
     value's frame axis against the row count, and a real h5py read of one state, one action and
     one image frame per episode."""
-    from eva.dataset.validate import Problem
-
     problems: list[Problem] = []
 
     def add(code: str, message: str, path: Path, episode: int | None = None) -> None:

@@ -29,11 +29,15 @@ from eva.dataset import fsafe, layout
 from eva.dataset.atomic import read_jsonl
 from eva.dataset.embedded import read_export_meta
 from eva.dataset.errors import DatasetError, naming_write_errors
+from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
 from eva.dataset.validate import Problem
+from eva.formats.base import ExportOptions
+from eva.formats.options import LeRobotV21Options
 from eva.progress import ProgressSink
 
 FORMAT = "lerobot_v21"
+OPTIONS = LeRobotV21Options  # this format's options (eva.formats.base.FormatModule)
 STATE = layout.STATE
 ACTION = layout.ACTION
 
@@ -82,7 +86,7 @@ def export_info(meta: SubsetMeta) -> dict[str, Any]:
 
 
 def _export_episode(
-    reader: Any,
+    reader: DatasetReader,
     meta: SubsetMeta,
     staging_dir: Path,
     new: int,
@@ -135,14 +139,18 @@ def _export_episode(
 
 
 def write_subset(
-    reader: Any, meta: SubsetMeta, staging_dir: Path, progress: ProgressSink, options: Any
+    reader: DatasetReader,
+    meta: SubsetMeta,
+    staging_dir: Path,
+    progress: ProgressSink,
+    options: ExportOptions,
 ) -> None:
     """Episodes are independent files, so a small thread pool overlaps their I/O and parquet
     work (pyarrow and the file syscalls release the GIL); progress is reported in order."""
     staging_dir = Path(staging_dir)
     info = export_info(meta)
     chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
-    link = bool(getattr(options, "link_videos", True))
+    link = not options.format_options(LeRobotV21Options).copy_videos
     count = meta.total_episodes
     workers = max(1, min(4, os.cpu_count() or 1, count))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eva-v21") as pool:

@@ -57,12 +57,11 @@ over the subset:
   anyway and these quantiles are exact over the decoded pixels (equal to numpy's ``np.quantile``
   on all of them within 1e-12).
 
-Options (``ExportOptions.extra``; CLI ``eva export --format v3``): ``data_files_size_in_mb``
-(100, ``--data-file-size-mb``), ``video_files_size_in_mb`` (200, LeRobot 0.4.4's default,
-``--video-file-size-mb``), ``chunks_size`` (1000), ``verify_decode`` (``--verify-decode``),
-``image_quantiles`` ("keyframes", or "none" to skip the keyframe sample: image features then get
-no quantiles unless ``verify_decode`` decodes every frame anyway or histograms were recorded), ``image_quantile_keyframes``
-(1; 0 = every keyframe).
+Options: ``LeRobotV3Options`` (``eva.formats.options``; CLI ``eva export --format v3``), whose
+fields have the names info.json uses: ``data_files_size_in_mb``, ``video_files_size_in_mb``,
+``chunks_size``, ``verify_decode``, ``image_quantiles`` ("keyframes", or "none" to skip the
+keyframe sample: image features then get no quantiles unless ``verify_decode`` decodes every
+frame anyway or histograms were recorded) and ``image_quantile_keyframes`` (0 = every keyframe).
 
 An empty subset is a complete dataset with zero-row, schema-only Parquet files (no row group).
 LeRobot 0.4.4 itself cannot open a zero-episode dataset (HF datasets refuses an empty split), so
@@ -87,6 +86,7 @@ import pyarrow.parquet as pq
 from eva.dataset import layout
 from eva.dataset.columns import distinct_scalars, fixed_size_values, list_lengths, list_values
 from eva.dataset.errors import DatasetError
+from eva.dataset.reader import DatasetReader
 from eva.dataset.stats import (
     DEFAULT_QUANTILES,
     ImageStats,
@@ -112,69 +112,19 @@ from eva.formats._v3_video import (
     decode_keyframes,
     probe,
 )
+from eva.formats.base import ExportOptions
+from eva.formats.options import LeRobotV3Options
 from eva.progress import ProgressSink
 
 CODEBASE_VERSION = "v3.0"
 DATASET_FORMAT = "lerobot_v3"
-DEFAULT_CHUNKS_SIZE = 1000
-DEFAULT_DATA_FILES_SIZE_IN_MB = 100
-DEFAULT_VIDEO_FILES_SIZE_IN_MB = 200  # LeRobot 0.4.4's default
-# One keyframe per episode and camera: the decode (~1-2 ms per 320x240 keyframe, more for larger
-# frames) then costs O(episodes), not O(frames), and stays hidden behind the packet copy.
-DEFAULT_IMAGE_QUANTILE_KEYFRAMES = 1
+OPTIONS = LeRobotV3Options  # this format's options (eva.formats.base.FormatModule)
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 TASKS_PARQUET = "meta/tasks.parquet"
 
 _MB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class V3Settings:
-    """The v3-specific knobs, read from ``ExportOptions.extra`` (same names as in info.json)."""
-
-    chunks_size: int = DEFAULT_CHUNKS_SIZE
-    data_files_size_in_mb: float = DEFAULT_DATA_FILES_SIZE_IN_MB
-    video_files_size_in_mb: float = DEFAULT_VIDEO_FILES_SIZE_IN_MB
-    verify_decode: bool = False
-    # "keyframes" (default) or "none": without a sample, image features get no quantiles
-    # (LeRobot normalises images by mean/std or not at all; quantiles matter for state/action).
-    image_quantiles: str = "keyframes"
-    # Keyframes decoded per episode and camera for that sample, evenly spread (0: all of them).
-    image_quantile_keyframes: int = DEFAULT_IMAGE_QUANTILE_KEYFRAMES
-
-    @classmethod
-    def from_options(cls, options: Any) -> V3Settings:
-        extra: Mapping[str, Any] = getattr(options, "extra", None) or {}
-        settings = cls(
-            chunks_size=int(extra.get("chunks_size", DEFAULT_CHUNKS_SIZE)),
-            data_files_size_in_mb=float(
-                extra.get("data_files_size_in_mb", DEFAULT_DATA_FILES_SIZE_IN_MB)
-            ),
-            video_files_size_in_mb=float(
-                extra.get("video_files_size_in_mb", DEFAULT_VIDEO_FILES_SIZE_IN_MB)
-            ),
-            verify_decode=bool(extra.get("verify_decode", False)),
-            image_quantiles=str(extra.get("image_quantiles", "keyframes")),
-            image_quantile_keyframes=int(
-                extra.get("image_quantile_keyframes", DEFAULT_IMAGE_QUANTILE_KEYFRAMES)
-            ),
-        )
-        if settings.image_quantile_keyframes < 0:
-            raise DatasetError(
-                "lerobot_v3: image_quantile_keyframes must be >= 0 (0: every keyframe), got "
-                f"{settings.image_quantile_keyframes}"
-            )
-        if settings.image_quantiles not in ("keyframes", "none"):
-            raise DatasetError(
-                f"lerobot_v3: image_quantiles {settings.image_quantiles!r}: use keyframes or none"
-            )
-        if settings.chunks_size < 1:
-            raise DatasetError(f"lerobot_v3: chunks_size must be >= 1, got {settings.chunks_size}")
-        if settings.data_files_size_in_mb <= 0 or settings.video_files_size_in_mb <= 0:
-            raise DatasetError("lerobot_v3: data/video file sizes must be > 0 MB")
-        return settings
 
 
 def next_file(chunk_index: int, file_index: int, chunks_size: int) -> tuple[int, int]:
@@ -192,7 +142,7 @@ def next_file(chunk_index: int, file_index: int, chunks_size: int) -> tuple[int,
 class _DataShards:
     """Buffers episode tables into data files; rolls on size and on schema change."""
 
-    def __init__(self, root: Path, settings: V3Settings, progress: ProgressSink) -> None:
+    def __init__(self, root: Path, settings: LeRobotV3Options, progress: ProgressSink) -> None:
         self.root = root
         self.settings = settings
         self.progress = progress
@@ -257,7 +207,7 @@ class _CameraShards:
 
     key: str
     root: Path
-    settings: V3Settings
+    settings: LeRobotV3Options
     progress: ProgressSink
     chunk_index: int = 0
     file_index: int = 0
@@ -614,7 +564,7 @@ def tasks_table(tasks: Mapping[int, str]) -> pa.Table:
     return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
 
 
-def v3_info(meta: SubsetMeta, settings: V3Settings) -> dict:
+def v3_info(meta: SubsetMeta, settings: LeRobotV3Options) -> dict:
     """v3.0 info.json from the subset's v2.1 info (LeRobot's convert_info, plus eva's keys)."""
     info = json.loads(json.dumps(meta.info))  # deep copy of JSON data
     fps = info.get("fps")
@@ -649,14 +599,14 @@ def _json_number(value: float) -> float | int:
 
 
 def write_subset(
-    reader: Any,
+    reader: DatasetReader,
     meta: SubsetMeta,
     staging_dir: Path,
     progress: ProgressSink,
-    options: Any,
+    options: ExportOptions,
 ) -> None:
     """Write one complete v3.0 subset into ``staging_dir`` (see the module doc)."""
-    settings = V3Settings.from_options(options)
+    settings = options.format_options(LeRobotV3Options)
     root = Path(staging_dir)
     root.mkdir(parents=True, exist_ok=True)
     features: dict[str, Any] = meta.info.get("features", {})
@@ -772,7 +722,7 @@ def write_subset(
     progress(files=4)
 
 
-def _read_episode_table(reader: Any, source: int) -> pa.Table:
+def _read_episode_table(reader: DatasetReader, source: int) -> pa.Table:
     """The source episode's whole table (``ParquetFile.read``: ~4x less overhead per file than
     ``pq.read_table``'s dataset machinery, the same table)."""
     path = Path(reader.data_path(source))
@@ -807,14 +757,14 @@ def _episode_row(meta: SubsetMeta, ep: int, table: pa.Table, data: _DataShards) 
 
 
 def _append_video(
-    reader: Any,
+    reader: DatasetReader,
     source: int,
     ep: int,
     key: str,
     rows: int,
     cam: _CameraShards,
     data_rolled: bool,
-    settings: V3Settings,
+    settings: LeRobotV3Options,
     keyframe_pool: _KeyframeHistograms,
     params_cache: ParamsCache | None = None,
     sample_keyframes: bool = True,
