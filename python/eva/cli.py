@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -15,6 +16,8 @@ import click
 
 from eva import __version__
 from eva._native import NativeCoreError, build_info
+from eva.formats.base import ExportOptions, OptionError, OptionField, Options
+from eva.formats.options import FORMAT_OPTIONS as FORMAT_OPTION_CLASSES
 from eva.textsafe import json_line, printable
 
 EXIT_INVALID = 1
@@ -1095,16 +1098,69 @@ def _human_bytes(n: float) -> str:
     return f"{size:.1f} GB"
 
 
-def _check_hdf5_compression(value: str | None) -> str | None:
-    """Refuse a bad --hdf5-compression before a job starts (a failed job would block uploads)."""
-    if value is not None:
-        from eva.formats.hdf5 import parse_compression
+def _generated_option(
+    cls: type[Options], spec: OptionField, label: str | None
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """One ``eva export`` option made from an options dataclass field (name, type, default,
+    help, choices); its value is checked by the dataclass as soon as it is parsed, so a bad
+    one is refused before a job starts (a failed job would block uploads)."""
 
+    def check(_ctx: click.Context, _param: click.Parameter, value: object) -> object:
         try:
-            parse_compression(value)
-        except ValueError as e:
-            raise click.BadParameter(str(e)) from None
-    return value
+            cls(**{spec.field_name: value})
+        except OptionError as e:
+            raise click.BadParameter(e.reason) from None
+        return value
+
+    help_text = f"{label}: {spec.info.help}" if label else spec.info.help
+    kind: click.ParamType | type | None
+    minimum, min_open = spec.info.minimum, spec.info.minimum_open
+    if spec.type == "bool":
+        return click.option(
+            spec.flag, spec.name, is_flag=True, default=spec.default, help=help_text, callback=check
+        )
+    if spec.type == "choice":
+        kind = click.Choice(list(spec.info.choices))
+    elif spec.type == "int":
+        kind = click.IntRange(min=minimum, min_open=min_open) if minimum is not None else int
+    elif spec.type == "float":
+        kind = click.FloatRange(min=minimum, min_open=min_open) if minimum is not None else float
+    else:
+        kind = str
+    return click.option(
+        spec.flag,
+        spec.name,
+        type=kind,
+        default=spec.default,
+        show_default=True,
+        metavar=spec.info.metavar,
+        help=help_text,
+        callback=check,
+    )
+
+
+def _format_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Every format's options (``eva.formats.options``), then the ones all formats take."""
+    generated = [
+        _generated_option(cls, spec, fmt)
+        for fmt, cls in FORMAT_OPTION_CLASSES.items()
+        for spec in cls.option_fields()
+    ]
+    generated += [
+        _generated_option(ExportOptions, spec, None) for spec in ExportOptions.option_fields()
+    ]
+    for decorate in reversed(generated):
+        command = decorate(command)
+    return command
+
+
+def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
+    """The typed options of an ``eva export`` of ``fmt`` from the generated options' values
+    (another format's options are not used)."""
+    format_cls = FORMAT_OPTION_CLASSES[fmt]
+    own = {spec.field_name: values[spec.name] for spec in format_cls.option_fields()}
+    common = {spec.field_name: values[spec.name] for spec in ExportOptions.option_fields()}
+    return ExportOptions(**common, format=format_cls(**own))
 
 
 @main.command("export")
@@ -1115,89 +1171,11 @@ def _check_hdf5_compression(value: str | None) -> str | None:
     required=True,
     help="lerobot_v21, lerobot_v3, hdf5 or mcap (aliases: v21, v3, h5).",
 )
-@click.option("--copy-videos", is_flag=True, help="lerobot_v21: copy MP4s instead of hard-linking.")
-@click.option(
-    "--mcap-compression",
-    type=click.Choice(["none", "zstd", "lz4"]),
-    default=None,
-    help="mcap: chunk compression (default none: frames come from lossy MP4s; zstd for size).",
-)
-@click.option(
-    "--mcap-chunk-size",
-    type=click.IntRange(min=1024),
-    default=None,
-    help="mcap: uncompressed chunk size in bytes (default 4 MiB).",
-)
-@click.option(
-    "--hdf5-compression",
-    default=None,
-    callback=lambda _ctx, _param, value: _check_hdf5_compression(value),
-    metavar="none|gzip[:LEVEL]|lzf",
-    help="hdf5: image/column compression (default none: fastest; gzip and lzf are ~50 MB/s/core).",
-)
-@click.option(
-    "--hdf5-frames-per-chunk",
-    type=click.IntRange(min=1),
-    default=None,
-    help="hdf5: frames per image chunk (default 1: cheapest random access; more: fewer I/O calls "
-    "and better compression, but one frame reads its whole chunk).",
-)
-@click.option(
-    "--verify-decode",
-    is_flag=True,
-    help="lerobot_v3: decode every frame of every video shard to check the frame counts "
-    "(and compute exact image quantiles); default counts MP4 samples without decoding.",
-)
-@click.option(
-    "--data-file-size-mb",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="lerobot_v3: data shard size limit (default 100).",
-)
-@click.option(
-    "--video-file-size-mb",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="lerobot_v3: video shard size limit (default 200).",
-)
-@click.option(
-    "--image-quantiles",
-    type=click.Choice(["keyframes", "none"]),
-    default=None,
-    help="lerobot_v3: image quantiles from the decoded keyframes (default) or none (faster).",
-)
-@click.option(
-    "--image-quantile-keyframes",
-    type=click.IntRange(min=0),
-    default=None,
-    help="lerobot_v3: keyframes decoded per episode and camera for the image quantiles "
-    "(default 1, evenly spread; 0 = every keyframe).",
-)
-@click.option(
-    "--allow-non-finite",
-    is_flag=True,
-    help="Export NaN/inf values in vector columns as they are (every format; by default a "
-    "source holding any is refused, naming file, episode, column and first row).",
-)
+@_format_options
 @click.option(
     "--json", "as_json", is_flag=True, help="JSON progress lines (default when not a terminal)."
 )
-def export_command(
-    dataset: Path,
-    fmt: str,
-    copy_videos: bool,
-    mcap_compression: str | None,
-    mcap_chunk_size: int | None,
-    hdf5_compression: str | None,
-    hdf5_frames_per_chunk: int | None,
-    verify_decode: bool,
-    data_file_size_mb: float | None,
-    video_file_size_mb: float | None,
-    image_quantiles: str | None,
-    image_quantile_keyframes: int | None,
-    allow_non_finite: bool,
-    as_json: bool,
-) -> None:
+def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any) -> None:
     """Split DATASET into accepted/rejected and export both as FMT, published as a pair.
 
     \b
@@ -1211,7 +1189,6 @@ def export_command(
     from eva.dataset.errors import DatasetError
     from eva.dataset.layout import normalize_format
     from eva.export.pipeline import export_dataset
-    from eva.export.registry import ExportOptions
 
     try:
         fmt = normalize_format(fmt)
@@ -1246,25 +1223,7 @@ def export_command(
         result = export_dataset(
             dataset,
             fmt,
-            options=ExportOptions(
-                link_videos=not copy_videos,
-                extra={
-                    k: v
-                    for k, v in (
-                        ("mcap_compression", mcap_compression),
-                        ("mcap_chunk_size", mcap_chunk_size),
-                        ("hdf5_compression", hdf5_compression),
-                        ("hdf5_frames_per_chunk", hdf5_frames_per_chunk),
-                        ("verify_decode", verify_decode or None),
-                        ("data_files_size_in_mb", data_file_size_mb),
-                        ("video_files_size_in_mb", video_file_size_mb),
-                        ("image_quantiles", image_quantiles),
-                        ("image_quantile_keyframes", image_quantile_keyframes),
-                        ("allow_non_finite", allow_non_finite or None),
-                    )
-                    if v is not None
-                },
-            ),
+            options=_export_options(fmt, option_values),
             on_progress=on_progress,
         )
     except DatasetError as e:
