@@ -36,7 +36,8 @@ EXPECTED_OPTIONS = {
 
 
 def export_params() -> dict[str, click.Option]:
-    command = main.commands["export"]
+    command = main.get_command(click.Context(main), "export")
+    assert command is not None
     return {
         flag: param
         for param in command.params
