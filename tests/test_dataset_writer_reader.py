@@ -739,8 +739,8 @@ def test_cameras_encode_in_parallel_with_exact_stats_and_order(
     caller's frame buffer reused after every add_frames (as the recorder does)."""
     import av
 
+    from eva.dataset.encoder_pool import ENCODE_BATCH_FRAMES
     from eva.dataset.stats import ImageStats
-    from eva.dataset.writer import ENCODE_BATCH_FRAMES
 
     keys = [f"observation.images.cam{i}" for i in range(3)]
     sizes = [(48, 64), (32, 48), (48, 64)]

@@ -19,7 +19,28 @@ from pathlib import Path
 
 from eva.dataset import fsafe, layout
 
-__all__ = ["flocked", "meta_lock", "try_flock"]
+__all__ = ["flock_fd", "flocked", "meta_lock", "release_flock", "try_flock"]
+
+
+def flock_fd(fd: int, *, wait: bool = True) -> bool:
+    """Take an exclusive flock on the open ``fd``: True once held; without ``wait`` False at
+    once when another open file holds it."""
+    if wait:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def release_flock(fd: int) -> None:
+    """Unlock and close an fd ``try_flock`` returned; errors are ignored (closing releases)."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -27,7 +48,7 @@ def flocked(path: Path, *, unlink: bool = False) -> Iterator[None]:
     """Hold an exclusive flock on ``path`` (created if needed); optionally unlink before release."""
     fd = fsafe.create_file(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        flock_fd(fd)
         yield
     finally:
         if unlink:
@@ -46,13 +67,13 @@ def try_flock(path: Path, *, create: bool = True) -> int | None:
         fsafe.real_directory(Path(path).parent)
         fd = fsafe.open_regular(path, os.O_RDWR)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
+        held = flock_fd(fd, wait=False)
     except BaseException:
         os.close(fd)
         raise
+    if not held:
+        os.close(fd)
+        return None
     return fd
 
 
