@@ -42,3 +42,45 @@ def test_help_imports_no_command_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _on_a_terminal(command: list[str]) -> tuple[int, str, str]:
+    """Run ``command`` with stdout and stderr on a pseudo-terminal 200 columns wide; returns
+    (exit status, what the terminal showed without colour/cursor codes, last frame)."""
+    import os
+    import pty
+    import re
+
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    os.close(terminal)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the terminal side is closed and drained
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    status = process.wait(timeout=120)
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    frames = [f for f in shown.replace("\r\n", "\n").split("\r") if "export" in f]
+    return status, shown, frames[-1] if frames else ""
+
+
+def test_export_progress_bar_on_a_terminal(small_dataset) -> None:
+    status, shown, last = _on_a_terminal(
+        [sys.executable, "-m", "eva.cli", "export", str(small_dataset), "--format", "hdf5"]
+    )
+    assert status == 0, shown
+    assert "export hdf5: publishing" in last and "100%" in last, shown
+    assert "elapsed" in last and "eta" in last and "files" in last
+    assert "accepted: " in shown  # the result lines follow the bar

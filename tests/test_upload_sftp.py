@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import threading
 from datetime import UTC, datetime
@@ -587,7 +588,11 @@ def test_cli_progress_bar_on_a_terminal(
     command = [sys.executable, "-m", "eva.cli", "upload", str(source), "--format", "hdf5"]
     command += ["--config", str(config), "--known-hosts", str(known_hosts)]
     process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        env={**os.environ, "COLUMNS": "200"},  # a wide terminal: every column of the bar shows
     )
     os.close(terminal)
     chunks: list[bytes] = []
@@ -609,8 +614,10 @@ def test_cli_progress_bar_on_a_terminal(
     os.close(controller)
     shown = b"".join(chunks)
     assert process.returncode == 0, shown.decode(errors="replace")
-    last_frame = shown.decode().replace("\r\n", "\n").split("\r")[-1]  # the tty adds \r
-    assert "[" + "#" * 28 + "] 100.0%" in last_frame
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.decode())  # colours, cursor moves
+    last_frame = plain.replace("\r\n", "\n").split("\r")[-1]  # the tty adds \r
+    assert "upload hdf5" in last_frame and "100%" in last_frame
+    assert "3.0/3.0 MB" in last_frame and "elapsed" in last_frame and "eta" in last_frame
     assert "files 5/5" in last_frame  # 3 episodes + info.json + quality_split.json
     assert stdout.decode().startswith("uploaded 5 files (3.0 MB) to 127.0.0.1:")
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)

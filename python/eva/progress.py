@@ -24,6 +24,9 @@ class Progress:
     total_episodes: int | None = None
     total_files: int | None = None
     total_bytes: int | None = None
+    # what the counts measure now: "writing", then "publishing" (the staged pair's flush and
+    # swap, which no count measures)
+    stage: str = "writing"
     listeners: list[Callable[[Progress], None]] = field(default_factory=list, repr=False)
 
     def __call__(
@@ -37,8 +40,14 @@ class Progress:
         for listener in self.listeners:
             listener(self)
 
+    def set_stage(self, stage: str) -> None:
+        self.stage = stage
+        for listener in self.listeners:
+            listener(self)
+
     def as_dict(self) -> dict[str, object]:
         return {
+            "stage": self.stage,
             "episodes": self.episodes,
             "files": self.files,
             "bytes": self.bytes,

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from eva.cli.output import EXIT_INVALID, EXIT_USAGE, emit_json, fail, first_line, human_bytes, say
+from eva.cli.progress import ProgressBar
 from eva.formats.base import ExportOptions, OptionError, OptionField, Options
 from eva.formats.options import FORMAT_OPTIONS as FORMAT_OPTION_CLASSES
 
@@ -113,6 +114,7 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
         fail(str(e), EXIT_USAGE)
     json_lines = as_json or not sys.stdout.isatty()
     last = [0.0]
+    bar = ProgressBar(f"export {fmt}", unit="episodes", enabled=False if json_lines else None)
 
     def on_progress(progress: Any, job: Any) -> None:
         now = time.monotonic()
@@ -122,19 +124,15 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
                 last[0] = now
                 emit_json({"event": "progress", "state": job.state, **progress.as_dict()})
             return
-        if not final and now - last[0] < 0.1:
-            return
-        last[0] = now
-        total = progress.total_episodes
-        width = 30
-        done = int(width * progress.episodes / total) if total else (width if final else 0)
-        bar = "#" * done + "-" * (width - done)
-        click.echo(
-            f"\r{fmt} [{bar}] {progress.episodes}/{total if total is not None else '?'} episodes, "
-            f"{progress.files} files, {human_bytes(progress.bytes)}",
-            nl=final,
-            err=True,
+        if progress.stage != "writing":
+            bar.stage(progress.stage)
+        bar.update(
+            progress.episodes,
+            total=progress.total_episodes,
+            detail=f"{progress.files} files, {human_bytes(progress.bytes)}",
         )
+        if final:
+            bar.close()
 
     try:
         result = export_dataset(
@@ -144,14 +142,19 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
             on_progress=on_progress,
         )
     except DatasetError as e:
+        bar.close()
         if json_lines:
             emit_json({"event": "failed", "error": str(e)})
         fail(str(e))
     except Exception as e:  # noqa: BLE001 - any writer failure: one line, job.json has it too
+        bar.close()
         message = f"export failed: {type(e).__name__}: {first_line(str(e))}"
         if json_lines:
             emit_json({"event": "failed", "error": message})
         fail(message)
+    except BaseException:  # Ctrl-C: give the terminal its cursor back first
+        bar.close()
+        raise
     summary = {
         "event": "completed",
         "job_id": result.job.job_id,

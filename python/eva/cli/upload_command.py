@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
 from eva.cli.output import emit_json, fail, human_bytes, say
+from eva.cli.progress import ProgressBar
 from eva.textsafe import printable
 
 
@@ -31,19 +31,16 @@ def _upload_source_dir(dataset: str, collection: dict[str, Any], config_path: st
         fail(str(e))
 
 
-def _upload_progress_line(progress: dict[str, Any], elapsed: float, width: int = 28) -> str:
+def _show_upload(bar: ProgressBar, progress: dict[str, Any]) -> None:
     totals = progress.get("totals") or {}
-    done, total = progress.get("bytes") or 0, totals.get("bytes") or 0
-    fraction = done / total if total else 0.0
-    bar = "#" * int(fraction * width) + "-" * (width - int(fraction * width))
-    rate = done / elapsed if elapsed > 0 else 0.0
-    current = progress.get("current") or ""
+    current = str(progress.get("current") or "")
     if len(current) > 40:
         current = "..." + current[-37:]
-    return (
-        f"[{bar}] {fraction * 100:5.1f}%  {human_bytes(done)}/{human_bytes(total)}  "
-        f"files {progress.get('files') or 0}/{totals.get('files') or 0}  "
-        f"{human_bytes(rate)}/s  {current}"
+    files = f"files {progress.get('files') or 0}/{totals.get('files') or 0}"
+    bar.update(
+        progress.get("bytes") or 0,
+        total=totals.get("bytes") or None,
+        detail=printable(f"{files}  {current}"),
     )
 
 
@@ -123,8 +120,7 @@ def upload_command(
     except (UploadError, DatasetError, ValueError) as e:
         refuse(str(e))
 
-    interactive = not as_json and sys.stderr.isatty()
-    started = time.monotonic()
+    bar = ProgressBar(f"upload {fmt}", unit="bytes", enabled=False if as_json else None)
     last_emit = 0.0
     try:
         while not job.wait(0.2):
@@ -132,15 +128,13 @@ def upload_command(
             if as_json and now - last_emit >= 0.5:
                 emit_json({"event": "progress", "state": job.state, **job.record.progress})
                 last_emit = now
-            elif interactive:
-                line = _upload_progress_line(job.record.progress, now - started)
-                click.echo("\r" + printable(line) + "\x1b[K", nl=False, err=True)
+            else:
+                _show_upload(bar, job.record.progress)
     except KeyboardInterrupt:
         job.cancel()
         job.wait()
-    if interactive:
-        line = _upload_progress_line(job.record.progress, time.monotonic() - started)
-        click.echo("\r" + printable(line) + "\x1b[K", err=True)
+    _show_upload(bar, job.record.progress)
+    bar.close()
 
     record = job.snapshot()
     if job.result is None:

@@ -372,6 +372,7 @@ def export_dataset(
             with naming_write_errors(staging / EXPORT_JOB):
                 write_job(staging / EXPORT_JOB, job, durable=False)
                 _carry_unfinished_upload(root, staging)
+            progress.set_stage("publishing")
             with naming_write_errors(staging):
                 mark_complete(staging, job.job_id, durable=options.durable)
             publish_pair(root, staging, exchange=exchange)
