@@ -8,6 +8,7 @@ import sys
 
 import click
 from click.testing import CliRunner
+from terminal_helpers import drain_terminal, plain_text
 
 from eva.cli import COMMANDS, main
 
@@ -49,7 +50,6 @@ def _on_a_terminal(command: list[str]) -> tuple[int, str, str]:
     (exit status, what the terminal showed without colour/cursor codes, last frame)."""
     import os
     import pty
-    import re
 
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
@@ -60,18 +60,11 @@ def _on_a_terminal(command: list[str]) -> tuple[int, str, str]:
         env={**os.environ, "COLUMNS": "200"},
     )
     os.close(terminal)
-    chunks: list[bytes] = []
-    while True:
-        try:
-            chunk = os.read(controller, 65536)
-        except OSError:  # EIO: the terminal side is closed and drained
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(controller)
+    reader, chunks = drain_terminal(controller)
     status = process.wait(timeout=120)
-    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    reader.join(30)
+    os.close(controller)
+    shown = plain_text(b"".join(chunks))
     frames = [f for f in shown.replace("\r\n", "\n").split("\r") if "export" in f]
     return status, shown, frames[-1] if frames else ""
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import threading
 from datetime import UTC, datetime
@@ -14,6 +13,7 @@ import paramiko
 import pytest
 from click.testing import CliRunner
 from sftp_server import SshdServer, make_export, sftp_config, ssh_agent
+from terminal_helpers import drain_terminal, plain_text
 
 from eva.cli import main
 from eva.dataset.layout import export_root
@@ -595,26 +595,13 @@ def test_cli_progress_bar_on_a_terminal(
         env={**os.environ, "COLUMNS": "200"},  # a wide terminal: every column of the bar shows
     )
     os.close(terminal)
-    chunks: list[bytes] = []
-
-    def drain() -> None:  # read while it runs: a full terminal buffer would block the CLI
-        while True:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # EIO: the terminal side is closed and drained
-                return
-            if not chunk:
-                return
-            chunks.append(chunk)
-
-    reader = threading.Thread(target=drain)
-    reader.start()
+    reader, chunks = drain_terminal(controller)
     stdout, _ = process.communicate(timeout=120)
     reader.join(30)
     os.close(controller)
     shown = b"".join(chunks)
     assert process.returncode == 0, shown.decode(errors="replace")
-    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.decode())  # colours, cursor moves
+    plain = plain_text(shown)
     last_frame = plain.replace("\r\n", "\n").split("\r")[-1]  # the tty adds \r
     assert "upload hdf5" in last_frame and "100%" in last_frame
     assert "3.0/3.0 MB" in last_frame and "elapsed" in last_frame and "eta" in last_frame
