@@ -27,6 +27,7 @@ from eva.capture.synthetic import write_synthetic_dataset
 from eva.dataset.video import VideoOptions
 from eva.export.pipeline import export_dataset
 from eva.export.registry import ExportOptions
+from eva.formats.options import LeRobotV21Options
 from eva.publish import sync_filesystem
 
 
@@ -94,7 +95,8 @@ def report(quick: bool = False) -> list[dict]:
         copy_s = _best_seconds(cp_r, clear_copy, repeats)
         copy_sync_s = _best_seconds(cp_r_sync, clear_copy, repeats)
         link_s = _best_seconds(export(durable=False), clear_export, repeats)
-        copied_s = _best_seconds(export(durable=False, link_videos=False), clear_export, repeats)
+        copied = LeRobotV21Options(copy_videos=True)
+        copied_s = _best_seconds(export(durable=False, format=copied), clear_export, repeats)
         durable_s = _best_seconds(export(), clear_export, repeats)
     size = f"{episodes} episodes x {frames} frames, 2 cameras {width}x{height}, {megabytes:.1f} MB"
     return [

@@ -10,10 +10,12 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 from mcap.reader import make_reader
 from mcap.stream_reader import StreamReader
 from video_helpers import pyav_decode
 
+from eva.cli import main
 from eva.dataset import layout
 from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
@@ -22,6 +24,8 @@ from eva.dataset.video import VideoEncoder, iter_frame_batches
 from eva.export.pipeline import export_dataset
 from eva.export.registry import ExportOptions
 from eva.formats import mcap as mcap_format
+from eva.formats.base import OptionError
+from eva.formats.mcap import McapOptions
 
 FPS = 30
 W, H = 64, 48
@@ -205,7 +209,7 @@ def test_export_pipeline_writes_verifiable_mcap(synthetic_dataset: Callable[...,
         tasks=["pick the red cube", "place it"],
     )
     result = export_dataset(
-        source, "mcap", options=ExportOptions(extra={"mcap_compression": "zstd"})
+        source, "mcap", options=ExportOptions(format=McapOptions(compression="zstd"))
     )
     accepted = result.accepted_dir
     assert accepted == source.parent / "export" / "mcap" / "accepted"
@@ -260,9 +264,20 @@ def test_short_camera_in_source_publishes_nothing(synthetic_dataset: Callable[..
 
 def test_bad_compression_option_is_refused(synthetic_dataset: Callable[..., Path]) -> None:
     source = synthetic_dataset(episodes=1, frames=10, cameras=1)
-    with pytest.raises(DatasetError, match="--mcap-compression 'brotli'"):
-        export_dataset(source, "mcap", options=ExportOptions(extra={"mcap_compression": "brotli"}))
-    assert not (layout.export_root(source, "mcap") / "accepted").exists()
+    # The options refuse the value before any export starts, from Python and from the CLI.
+    with pytest.raises(
+        OptionError, match=r"^options\.mcap_compression: 'brotli': use one of none, zstd, lz4$"
+    ):
+        McapOptions(compression="brotli")
+    result = CliRunner().invoke(
+        main, ["export", str(source), "--format", "mcap", "--mcap-compression", "brotli"]
+    )
+    assert result.exit_code == 2, result.output
+    assert (
+        "Invalid value for '--mcap-compression': 'brotli' is not one of 'none', 'zstd', 'lz4'."
+        in result.output
+    )
+    assert not layout.export_root(source, "mcap").parent.exists()
 
 
 def test_dataset_without_cameras_and_empty_subset(synthetic_dataset: Callable[..., Path]) -> None:

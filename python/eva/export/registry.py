@@ -13,22 +13,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from eva._native import NativeCoreError
 from eva.dataset.errors import DatasetError
 from eva.dataset.layout import FORMATS, normalize_format
-from eva.formats.base import ExportOptions, FormatModule, Options
-from eva.formats.options import FORMAT_OPTIONS, McapOptions
-
-if TYPE_CHECKING:
-    from eva.dataset.reader import DatasetReader
-    from eva.dataset.subset import SubsetMeta
-    from eva.dataset.validate import Problem
-    from eva.progress import ProgressSink
+from eva.formats.base import ExportOptions, FormatModule
+from eva.formats.options import FORMAT_OPTIONS
 
 __all__ = ["ExportOptions", "FormatModule", "FormatUnavailable", "load_format"]
 
@@ -62,8 +53,6 @@ def load_format(fmt: str) -> FormatModule:
         raise FormatUnavailable(f"format {name}: exporter cannot be imported ({e})") from None
     except ImportError as e:
         raise FormatUnavailable(f"format {name}: exporter cannot be imported ({e})") from None
-    if name == "mcap" and not hasattr(module, "OPTIONS"):
-        module = cast(ModuleType, LegacyMcapModule(module))
     check_format_module(name, module)
     return cast(FormatModule, module)
 
@@ -90,41 +79,6 @@ def check_format_module(name: str, module: object) -> None:
         problems.append(f"OPTIONS is {options!r}, not {FORMAT_OPTIONS[name].__name__}")
     if problems:
         raise FormatUnavailable(f"format {name}: exporter module {'; '.join(problems)}")
-
-
-@dataclass(frozen=True)
-class LegacyMcapSettings:
-    """What the mcap module of before the typed options reads: ``extra`` and ``batch_size``."""
-
-    extra: dict[str, object] = field(default_factory=dict)
-    batch_size: int = 32
-
-
-class LegacyMcapModule:
-    """Temporary adapter: the mcap module that still reads ``options.extra`` behind the typed
-    interface (its ``McapOptions`` become the ``mcap_*`` keys it parses). Goes when that module
-    takes ``McapOptions`` itself."""
-
-    OPTIONS: type[Options] = McapOptions
-
-    def __init__(self, module: ModuleType) -> None:
-        self.module = module
-
-    def write_subset(
-        self,
-        reader: DatasetReader,
-        meta: SubsetMeta,
-        staging_dir: Path,
-        progress: ProgressSink,
-        options: ExportOptions,
-    ) -> None:
-        mcap = options.format_options(McapOptions)
-        extra = {"mcap_compression": mcap.compression, "mcap_chunk_size": mcap.chunk_size}
-        legacy = LegacyMcapSettings({**extra, **options.extra}, mcap.batch_size)
-        self.module.write_subset(reader, meta, staging_dir, progress, legacy)
-
-    def verify(self, export_dir: Path) -> list[Problem]:
-        return cast("list[Problem]", self.module.verify(export_dir))
 
 
 def availability() -> dict[str, str | None]:

@@ -210,9 +210,6 @@ class ExportOptions(Options):
     )
     durable: bool = True
     format: Options | None = None
-    # Settings of a format module that takes no typed options yet (mcap, until its options
-    # move to McapOptions); no other format reads it.
-    extra: Mapping[str, object] = field(default_factory=dict)
 
     def format_options(self, cls: type[OptionsT]) -> OptionsT:
         """The format's options (its defaults when none were given); options made for another

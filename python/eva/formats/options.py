@@ -9,6 +9,7 @@ See ``eva.formats.base`` for how an option field is declared and checked.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from eva.dataset.errors import DatasetError
 from eva.formats.base import OptionError, Options, option
@@ -142,16 +143,21 @@ class Hdf5Options(Options):
 
 @dataclass(frozen=True)
 class McapOptions(Options):
+    """The MCAP knobs; ``eva.formats.mcap.writer`` takes its defaults and limits from here."""
+
+    COMPRESSIONS: ClassVar[tuple[str, ...]] = ("none", "zstd", "lz4")
+    MIN_CHUNK_SIZE: ClassVar[int] = 1024
+
     compression: str = option(
         "none",
         name="mcap_compression",
-        choices=("none", "zstd", "lz4"),
+        choices=COMPRESSIONS,
         help="chunk compression (none: frames come from lossy MP4s; zstd for size).",
     )
     chunk_size: int = option(
         4 * 1024 * 1024,
         name="mcap_chunk_size",
-        minimum=1024,
+        minimum=MIN_CHUNK_SIZE,
         help="uncompressed chunk size in bytes.",
     )
     batch_size: int = 32  # frames decoded per camera per batch

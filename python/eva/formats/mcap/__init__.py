@@ -5,6 +5,7 @@ Description "MCAP: EVA messages and embedded images". The package, one module pe
 - ``layout``: paths, topics, the episode schema and the frame timestamps (the file layout);
 - ``writer``: ``McapEpisodeWriter``, the chunked MCAP file writer;
 - ``export``: ``write_subset`` / ``write_episode_file``, the cameras decoded in lockstep;
+  its options are ``McapOptions`` (``eva.formats.options``: compression, chunk size, batch size);
 - ``reader``: ``read_episode`` -> ``McapEpisode``, streaming reads through the official reader;
 - ``verify``: ``verify``, the export's checks with the official ``mcap`` reader as the oracle.
 """
@@ -36,17 +37,20 @@ from eva.formats.mcap.layout import (
     image_topic,
 )
 from eva.formats.mcap.reader import McapEpisode, read_episode
-from eva.formats.mcap.verify import ACTION, STATE, verify
+from eva.formats.mcap.verify import verify
 from eva.formats.mcap.writer import (
     COMPRESSIONS,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_COMPRESSION,
+    MIN_CHUNK_SIZE,
     ZSTD_LEVEL,
     McapEpisodeWriter,
 )
+from eva.formats.options import McapOptions
+
+OPTIONS = McapOptions  # this format's options (eva.formats.base.FormatModule)
 
 __all__ = [
-    "ACTION",
     "COMPRESSIONS",
     "DATA_PATH",
     "DEFAULT_CHUNK_SIZE",
@@ -59,12 +63,14 @@ __all__ = [
     "IMAGE_TOPIC_PREFIX",
     "LIBRARY",
     "MESSAGE_ENCODING",
+    "MIN_CHUNK_SIZE",
+    "OPTIONS",
     "PROFILE",
-    "STATE",
     "ZSTD_LEVEL",
     "CameraFeed",
     "McapEpisode",
     "McapEpisodeWriter",
+    "McapOptions",
     "camera_batches",
     "episode_path",
     "episode_payload",

@@ -12,7 +12,7 @@ import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -33,25 +33,26 @@ from eva.formats.mcap.layout import (
     frame_period_ns,
     image_topic,
 )
-from eva.formats.mcap.writer import (
-    COMPRESSIONS,
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_COMPRESSION,
-    McapEpisodeWriter,
-)
+from eva.formats.mcap.writer import DEFAULT_CHUNK_SIZE, DEFAULT_COMPRESSION, McapEpisodeWriter
+from eva.formats.options import McapOptions
 from eva.progress import ProgressSink
+
+if TYPE_CHECKING:
+    from eva.dataset.reader import DatasetReader
+    from eva.dataset.subset import SubsetMeta
+    from eva.formats.base import ExportOptions
 
 # --- episode payload ---------------------------------------------------------------------------
 
 
-def _inline_image_values(column: pa.ChunkedArray) -> list[Any]:
+def _inline_image_values(column: pa.ChunkedArray) -> list[object]:
     # LeRobot stores inline images as struct {bytes, path}: keep the encoded bytes as bin values.
     values = column.to_pylist()
     return [v.get("bytes") if isinstance(v, dict) and "bytes" in v else v for v in values]
 
 
 def episode_payload(
-    table: pa.Table, metadata: Mapping[str, Any], fps: float, image_features: Sequence[str]
+    table: pa.Table, metadata: Mapping[str, object], fps: float, image_features: Sequence[str]
 ) -> bytes:
     """MessagePack of {"columns", "images", "metadata"} for the ``episode`` message."""
     columns = {
@@ -74,7 +75,7 @@ def write_episode_file(
     path: Path,
     *,
     table: pa.Table,
-    metadata: Mapping[str, Any],
+    metadata: Mapping[str, object],
     fps: float,
     frame_batches: Mapping[str, Iterator[np.ndarray]],
     image_features: Sequence[str] = (),
@@ -133,7 +134,7 @@ class CameraFeed:
 
     def __init__(self, iterator: Iterator[np.ndarray], name: str) -> None:
         self._iterator = iterator
-        self._ready: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._ready: queue.Queue[np.ndarray | BaseException | None] = queue.Queue(maxsize=1)
         self._go = threading.Semaphore(0)
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -263,32 +264,20 @@ def _write_frames_from(
             frame_index += 1
 
 
-def _options(options: Any) -> tuple[str, int, int]:
-    extra = dict(getattr(options, "extra", None) or {})
-    compression = str(extra.get("mcap_compression", DEFAULT_COMPRESSION)).lower()
-    if compression not in COMPRESSIONS:
-        raise DatasetError(
-            f"--mcap-compression {compression!r}: choose one of {', '.join(COMPRESSIONS)}"
-        )
-    chunk_size = int(extra.get("mcap_chunk_size", DEFAULT_CHUNK_SIZE))
-    if chunk_size < 1024:
-        raise DatasetError(f"--mcap-chunk-size {chunk_size}: must be at least 1024 bytes")
-    batch_size = max(1, int(getattr(options, "batch_size", 32) or 32))
-    return compression, chunk_size, batch_size
-
-
 def write_subset(
-    reader: Any, meta: Any, staging_dir: Path, progress: ProgressSink, options: Any
+    reader: DatasetReader,
+    meta: SubsetMeta,
+    staging_dir: Path,
+    progress: ProgressSink,
+    options: ExportOptions,
 ) -> None:
-    """Write one subset as MCAP files plus common metadata into ``staging_dir``.
-
-    ``reader`` is a ``DatasetReader`` of the v2.1 source, ``meta`` its ``SubsetMeta``; options:
-    ``options.extra["mcap_compression"]`` (none|zstd|lz4) and ``["mcap_chunk_size"]`` (bytes),
-    ``options.batch_size`` (frames decoded per camera per batch).
-    """
+    """Write one quality subset (``SubsetMeta``) of the source ``reader`` as MCAP episode files
+    plus the common metadata into ``staging_dir``, with the chunk compression, chunk size and
+    decode batch size of ``McapOptions``."""
     from eva.dataset.subset import rewrite_index_columns, write_common_meta
 
-    compression, chunk_size, batch_size = _options(options)
+    opts = options.format_options(McapOptions)
+    batch_size = opts.batch_size
     staging_dir = Path(staging_dir)
     fps = reader.fps
     video_keys = list(meta.video_keys)
@@ -321,15 +310,15 @@ def write_subset(
             frame_batches=batches,
             image_features=image_features,
             episode_label=label,
-            compression=compression,
-            chunk_size=chunk_size,
+            compression=opts.compression,
+            chunk_size=opts.chunk_size,
         )
         progress(episodes=1, files=1, bytes=size)
     write_common_meta(staging_dir, meta, export_info(meta.info))
 
 
 def camera_batches(
-    reader: Any,
+    reader: DatasetReader,
     episode_index: int,
     key: str,
     batch_size: int,

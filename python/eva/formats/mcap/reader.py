@@ -103,21 +103,26 @@ class McapEpisode:
             self._episode = value
         return self._episode
 
+    def _part(self, name: str) -> dict[str, Any]:
+        part: dict[str, Any] = self.episode[name]
+        return part
+
     @property
     def columns(self) -> dict[str, Any]:
-        return self.episode["columns"]
+        return self._part("columns")
 
     @property
     def images(self) -> dict[str, Any]:
-        return self.episode["images"]
+        return self._part("images")
 
     @property
     def metadata(self) -> dict[str, Any]:
-        return self.episode["metadata"]
+        return self._part("metadata")
 
     @property
     def fps(self) -> float:
-        return self.metadata["fps"]
+        fps: float = self.metadata["fps"]
+        return fps
 
     def iter_messages(self, topics: Iterable[str]) -> Iterator[tuple[Channel, Message]]:
         """(channel, message) of the given topics in log-time order, payloads undecoded."""

@@ -36,7 +36,7 @@ def serialized(record: McapRecord) -> bytes:
     """The bytes of one record, as the library writes them."""
     builder = RecordBuilder()
     record.write(builder)
-    return bytes(builder.end())
+    return bytes(builder.end())  # type: ignore[no-untyped-call]  # mcap's builder is untyped
 
 
 # Bytes before a message's payload: the record prefix and the channel/sequence/time fields.

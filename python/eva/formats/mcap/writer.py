@@ -13,7 +13,8 @@ the pixels, GIL released, no per-frame allocation. A full chunk is CRC'd, option
 while the next chunk fills; the summary holds schemas, channels, statistics and chunk indexes, so
 the official reader can filter by topic and time without scanning the file.
 
-Defaults: ``compression = "none"``, ``chunk_size = 4 MiB``, chunk CRCs on.
+Defaults (``McapOptions``, ``eva.formats.options``): ``compression = "none"``,
+``chunk_size = 4 MiB``; chunk CRCs on.
 
 - none: the images were already lossily compressed in the source MP4s, and decoded camera-like
   frames barely compress losslessly, while compression costs about a third of the export speed
@@ -54,10 +55,13 @@ from mcap.writer import MCAP0_MAGIC
 from eva.dataset.msgpack_codec import encode_ndarray_into, encoded_ndarray_size
 from eva.formats.mcap.layout import LIBRARY, PROFILE
 from eva.formats.mcap.records import MESSAGE_OVERHEAD, ChunkBuffer, StreamRecords, serialized
+from eva.formats.options import McapOptions
 
-COMPRESSIONS = ("none", "zstd", "lz4")
-DEFAULT_COMPRESSION = "none"
-DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
+# Stated once, in the export's options (the writer also serves callers that pass no options).
+COMPRESSIONS = McapOptions.COMPRESSIONS
+DEFAULT_COMPRESSION = McapOptions.compression
+DEFAULT_CHUNK_SIZE = McapOptions.chunk_size
+MIN_CHUNK_SIZE = McapOptions.MIN_CHUNK_SIZE
 ZSTD_LEVEL = 1  # about 3x level 3's speed on camera frames for about 10% more bytes
 # Headroom of a chunk buffer over the chunk size: the record that fills a chunk may overshoot.
 BUFFER_SLACK = 64 * 1024
@@ -97,8 +101,8 @@ class McapEpisodeWriter:
     ) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"mcap compression {compression!r}: choose one of {COMPRESSIONS}")
-        if chunk_size < 1024:
-            raise ValueError(f"mcap chunk size {chunk_size} is below 1024 bytes")
+        if chunk_size < MIN_CHUNK_SIZE:
+            raise ValueError(f"mcap chunk size {chunk_size} is below {MIN_CHUNK_SIZE} bytes")
         self._stream = stream
         self._pos = 0
         self._compression = compression
