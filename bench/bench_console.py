@@ -842,7 +842,7 @@ def test_status_uncached(benchmark: Any, tmp_path: Path) -> None:
     try:
 
         def status() -> None:
-            session._status_cache = None  # what every event-stream tick pays once per 0.2 s
+            session.invalidate_status()  # what every event-stream tick pays once per 0.2 s
             session.status()
 
         benchmark(status)
