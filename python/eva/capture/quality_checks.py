@@ -9,8 +9,8 @@ Codes produced here:
   (it is left out of alignment, which needs sorted times);
 - ``non_finite_value``: a vector sample with NaN/inf values or a non-finite time (left out);
 - ``source_clock_discontinuity``: a gap between consecutive samples of a stream larger than
-  ``clock_jump_s`` (here), or a stream whose samples all end before the grid starts (recorder:
-  streams on different clocks);
+  ``clock_jump_s`` (StreamCheck), or a stream whose samples all end before the grid starts
+  (validate_episode: streams on different clocks);
 - ``frozen_camera``: a camera delivering identical images for at least ``frozen_camera_s``;
 - ``invalid_image_shape`` / ``invalid_vector_dim``: pushed samples of the wrong shape (refused at
   push time, counted);
