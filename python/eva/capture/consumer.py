@@ -218,7 +218,7 @@ class EpisodeConsumer:
                 self.watch_backlog()
                 self.settle_grid_start()
                 emitted = self.emit_ready(final=False)
-                if ended and all(self.remaining(n) <= 0 for n in self.streams):
+                if ended and all((self.remaining(n) or 0) <= 0 for n in self.streams):
                     self.finish()
                     return
                 if moved or emitted:

@@ -67,7 +67,7 @@ class DatasetDirs:
         return count
 
     def listing(self) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         for name, prompts in self.config.tasks.items():
             try:
                 root = self.config.dataset_dir(name)

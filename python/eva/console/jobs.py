@@ -280,9 +280,9 @@ class BackgroundJobs:
         from eva.publish import ExportBusy
         from eva.quality.split import plan_split
         from eva.quality.verdicts import read_episode_rows
+        from eva.upload.errors import UploadError
         from eva.upload.gate import UploadRefused, check_upload
         from eva.upload.job import start_upload
-        from eva.upload.sftp import UploadError
 
         check_body(body, ("format",))
         fmt = self._format(body.get("format"))

@@ -196,7 +196,7 @@ class EpisodeReview:
         if key not in reader.video_keys:
             raise not_found("unknown_camera", f"{root.name}: no video feature {key!r}", "video_key")
         try:
-            path = reader.video_path(episode, key)
+            path: Path = reader.video_path(episode, key)
         except DatasetError as e:
             raise conflict("bad_dataset", str(e)) from None
         resolved = path.resolve()

@@ -48,7 +48,8 @@ from eva.progress import ProgressSink, null_progress
 from eva.upload import paramiko_compat
 from eva.upload.config import SftpConfig
 from eva.upload.connect import Connector
-from eva.upload.errors import UploadError, UploadInterrupted
+from eva.upload.errors import UploadError as UploadError  # re-exported: cli.py catches it here
+from eva.upload.errors import UploadInterrupted
 
 STAGING_MARK = ".eva-staging-"
 # OpenSSH's sftp-server accepts messages up to 256 KiB; 255 KiB of data leaves room for headers.
