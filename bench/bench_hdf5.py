@@ -270,9 +270,7 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
         raw_s, _ = _measure(lambda: decode_only(videos, episodes, False), repeats)
         native_few_s, _ = _measure(export_run(hdf5.Hdf5Options(), few), repeats)
         pyav_few_s, _ = _measure(export_run(hdf5.Hdf5Options(native_convert=False), few), repeats)
-        gzip_s, _ = _measure(
-            export_run(hdf5.Hdf5Options(compression="gzip", compression_level=1), 1), repeats
-        )
+        gzip_s, _ = _measure(export_run(hdf5.Hdf5Options(compression="gzip:1"), 1), repeats)
         plain_one_s, _ = _measure(export_run(hdf5.Hdf5Options(), 1), repeats)
 
         def synced_export() -> None:

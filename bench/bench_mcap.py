@@ -14,7 +14,9 @@ Every pass goes over the same episodes and decodes the same MP4s in lockstep bat
 * eva: ``eva.formats.mcap.write_episode_file`` (frames encoded in place into the chunk buffer);
 * naive: per frame ``msgpack.packb`` of the frame dict with ``tobytes()``, then
   ``mcap.writer.Writer.add_message`` (same compression setting; the naive zstd row uses the
-  Writer's defaults: zstd, 1 MiB chunks).
+  Writer's defaults: zstd, 1 MiB chunks);
+* writer alone: ``McapEpisodeWriter`` against ``mcap.writer.Writer`` on the same messages (frames
+  of one episode decoded beforehand; 4 MiB chunks; zstd-1 against the Writer's fixed level 3).
 
 Episode files go to tmpfs (/dev/shm when present) and are deleted as soon as they are written, so
 the figures measure the writer, not this VM's disk (which writes back at ~130 MB/s and would cap
@@ -23,12 +25,7 @@ baseline_time / value_time (> 1: faster than the baseline); for RSS it is baseli
 Rows marked [CPU] divide by this process's CPU time (all its threads) instead of wall time: on a
 shared machine they are much steadier.
 
-Measured at 640x480, 20 x 3 x 300 (2 vCPUs shared with other work; wall / CPU ratios): eva vs
-naive (none) 1.34 / 1.04; eva zstd-1 vs naive Writer defaults 1.29 / 1.23; eva (none) vs
-decode-only 0.60 / 0.63 and vs decode + raw f.write 0.91 / 0.86; parallel vs sequential camera
-decode 1.84 / 1.05; encoder 64,800 vs 20,400 frames/s (3.2x); peak RSS 369 MB (decode-only
-415 MB). The export is bound by the video decode plus the file write; MCAP + MessagePack add ~10%
-over writing the bare pixels.
+Measured figures: bench/README.md.
 """
 
 from __future__ import annotations
@@ -41,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +73,7 @@ def _lockstep(reader: DatasetReader, episode: int, parallel: bool = True) -> Any
     if not parallel:
         yield from zip(*iterators, strict=True)
         return
-    feeds = [mcap_format._CameraFeed(it, f"bench-decode-{i}") for i, it in enumerate(iterators)]
+    feeds = [mcap_format.CameraFeed(it, f"bench-decode-{i}") for i, it in enumerate(iterators)]
     try:
         while True:
             for feed in feeds:
@@ -189,6 +187,96 @@ def naive_write(reader: DatasetReader, out_dir: Path, compression: str = "none")
             writer.finish()
         path.unlink()
     return frames
+
+
+def camera_frames(reader: DatasetReader, limit: int) -> list[np.ndarray]:
+    """The first ``limit`` frames of every camera of episode 0, decoded once (camera order)."""
+    episode = reader.episode_indices[0]
+    return [
+        np.concatenate(list(reader.iter_frames(episode, key, BATCH)))[:limit].copy()
+        for key in reader.video_keys
+    ]
+
+
+def writer_eva(cameras: list[np.ndarray], out: Path, compression: str, encoded: bool) -> int:
+    """eva's McapEpisodeWriter on the frames (``encoded``: pre-encoded bytes, like the Writer)."""
+    payloads = (
+        [[msgpack_codec.encode_ndarray(f) for f in cam] for cam in cameras] if encoded else None
+    )
+    with open(out, "wb") as f:
+        writer = mcap_format.McapEpisodeWriter(f, compression=compression)
+        for i in range(len(cameras)):
+            writer.register_channel(i + 1, f"episode/image/{i}", "messagepack")
+        for index in range(len(cameras[0])):
+            t = index + 1
+            for i, cam in enumerate(cameras):
+                if payloads is None:
+                    writer.add_ndarray_message(i + 1, index, t, t, cam[index])
+                else:
+                    writer.add_message(i + 1, index, t, t, payloads[i][index])
+        writer.finish()
+    out.unlink()
+    return len(cameras) * len(cameras[0])
+
+
+def writer_library(cameras: list[np.ndarray], out: Path, compression: str, encoded: bool) -> int:
+    """``mcap.writer.Writer`` on the same messages: each frame encoded to bytes, 4 MiB chunks."""
+    from mcap.writer import CompressionType, Writer
+
+    kind = {"none": CompressionType.NONE, "zstd": CompressionType.ZSTD}[compression]
+    payloads = (
+        [[msgpack_codec.encode_ndarray(f) for f in cam] for cam in cameras] if encoded else None
+    )
+    with open(out, "wb") as f:
+        writer = Writer(f, compression=kind, chunk_size=mcap_format.DEFAULT_CHUNK_SIZE)
+        writer.start(profile="eva-client", library="eva-client")
+        for i in range(len(cameras)):
+            writer.register_channel(f"episode/image/{i}", "messagepack", 0)
+        for index in range(len(cameras[0])):
+            t = index + 1
+            for i, cam in enumerate(cameras):
+                data = (
+                    payloads[i][index]
+                    if payloads is not None
+                    else msgpack_codec.encode_ndarray(cam[index])
+                )
+                writer.add_message(i + 1, t, data, t, index)
+        writer.finish()
+    out.unlink()
+    return len(cameras) * len(cameras[0])
+
+
+def writer_rows(reader: DatasetReader, out_dir: Path, limit: int) -> list[dict[str, Any]]:
+    """The writer alone (frames decoded beforehand): eva's against the library's plain Writer."""
+    cameras = camera_frames(reader, limit)
+    shape = "x".join(str(v) for v in cameras[0].shape[1:])
+    note = f"{len(cameras)} cam x {len(cameras[0])} frames of {shape}, in memory; best of 3"
+    out = out_dir / "writer.mcap"
+    rows: list[dict[str, Any]] = []
+    cases = [
+        ("mcap writer (none) vs mcap.writer.Writer (none)", "none", False),
+        ("mcap writer (zstd-1) vs mcap.writer.Writer (zstd-3)", "zstd", False),
+        ("mcap writer (none) vs mcap.writer.Writer (none), payloads pre-encoded", "none", True),
+    ]
+    for name, compression, encoded in cases:
+        best: dict[str, tuple[float, float, int]] = {}
+        for _ in range(3):
+            for who, run in (("eva", writer_eva), ("library", writer_library)):
+                timed = _timed(partial(run, cameras, out, compression, encoded))
+                if who not in best or timed[0] < best[who][0]:
+                    best[who] = timed
+        n = best["eva"][2]
+        rows.append(_row(name, n / best["eva"][0], n / best["library"][0], "frames/s", note))
+        rows.append(
+            _row(
+                name + " [CPU]",
+                n / best["eva"][1],
+                n / best["library"][1],
+                "frames/CPU-s",
+                note,
+            )
+        )
+    return rows
 
 
 def _seconds(run: Callable[[], int]) -> tuple[float, int]:
@@ -356,6 +444,7 @@ def report(quick: bool = True, frame_size: tuple[int, int] | None = None) -> lis
         )
         pair("mcap export (zstd-1) vs decode-only pass", "eva_zstd", "decode", size_note)
         pair("mcap export (lz4) vs decode-only pass", "eva_lz4", "decode", size_note)
+        rows.extend(writer_rows(reader, out_dir, 60))
         rows.extend(encoder_rows(100 if quick else 300))
         rss_eva = peak_rss_mb("eva_write", root, out_dir)
         rss_decode = peak_rss_mb("decode_only", root, out_dir)

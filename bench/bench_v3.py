@@ -43,6 +43,7 @@ from eva.dataset.reader import DatasetReader
 from eva.export.pipeline import export_dataset, prepare
 from eva.export.registry import ExportOptions
 from eva.formats import lerobot_v3
+from eva.formats.options import LeRobotV3Options
 from eva.progress import Progress
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,7 +99,9 @@ def eva_export_seconds(source: Path, work: Path, **extra: Any) -> tuple[float, P
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(source, src)
     start = time.perf_counter()
-    result = export_dataset(src, "lerobot_v3", options=ExportOptions(extra=extra))
+    result = export_dataset(
+        src, "lerobot_v3", options=ExportOptions(format=LeRobotV3Options(**extra))
+    )
     seconds = time.perf_counter() - start
     return seconds, result.accepted_dir
 
@@ -114,7 +117,9 @@ def writer_seconds(source: Path, work: Path, *, recorded: bool = True, **extra: 
     if not recorded:
         meta = dataclasses.replace(meta, image_histograms={})
     start = time.perf_counter()
-    lerobot_v3.write_subset(reader, meta, work, Progress(), ExportOptions(extra=extra))
+    lerobot_v3.write_subset(
+        reader, meta, work, Progress(), ExportOptions(format=LeRobotV3Options(**extra))
+    )
     return time.perf_counter() - start
 
 

@@ -1,4 +1,4 @@
-// Alignment of sampled streams onto the fps grid (contracts §1).
+// Alignment of sampled streams onto the fps grid (docs/capture.md, "Alignment").
 //
 // All inputs are sorted (non-decreasing) timestamp arrays; every function is one two-pointer
 // merge over samples and grid instants, O(n + m). The numpy reference is eva/capture/align.py

@@ -1,4 +1,4 @@
-// MessagePack ndarray maps (contracts §5) written straight into a caller's buffer.
+// MessagePack ndarray maps (docs/formats.md, "MessagePack") written straight into a caller's buffer.
 //
 // The map is {"__ndarray__": true, "data": <bin>, "dtype": <str>, "shape": [..]} with the keys in
 // exactly that order, so the bytes equal msgpack.packb() of the same Python dict. The encoded form

@@ -1,6 +1,7 @@
 #include "ring.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -87,6 +88,9 @@ bool SnapshotRing::push(double t, const void* src) {
     Block* next = tb->next.load(std::memory_order_relaxed);
     if (next != front_block_.load(std::memory_order_acquire)) {
       tail = next->tail.load(std::memory_order_relaxed);
+      // The consumer is not in `next`, so it left it after reading every sample there: the
+      // block must be empty, or this push would overwrite unread samples.
+      assert(next->front.load(std::memory_order_acquire) == tail);
       write_slot(next, tail, t, src);
       next->tail.store(tail + 1, std::memory_order_release);
       tail_block_.store(next, std::memory_order_release);

@@ -172,5 +172,17 @@ else
   echo "note: LeRobot 0.6.1 not checked ($V06_PYTHON missing; make compat-06 builds it and runs this)"
 fi
 
+# docs/formats.md's LeRobot example, as written, in LeRobot's venv.
+if EVA_ORACLE_DIR="$ORACLE" "$REPO/.venv/bin/pytest" -q -p no:cacheprovider \
+    "$REPO/tests/test_docs_formats.py" -k lerobot_example >"$WORK/docs_example.log" 2>&1 &&
+    grep -q "1 passed" "$WORK/docs_example.log"; then
+  echo "PASS docs/formats.md LeRobot example"
+  pass=$((pass + 1))
+else
+  echo "FAIL docs/formats.md LeRobot example:"
+  tail -20 "$WORK/docs_example.log"
+  fail=$((fail + 1))
+fi
+
 echo "compat: $pass passed, $fail failed"
 [[ $fail -eq 0 && $export_ok -eq 1 ]]

@@ -203,7 +203,7 @@ def ssh_agent(key: Path, workdir: Path) -> Iterator[str]:
 
 # ---- export trees for the upload tests ----------------------------------------------------------
 # Until an export is produced by eva.export.pipeline in these tests, they build the published
-# layout the gate reads (contracts §3-4, docs/design.md "Jobs") with the real job-record code.
+# layout the gate reads (docs/formats.md, docs/design.md "Jobs") with the real job-record code.
 
 
 def make_export(

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from eva.capture.save_worker import SaveJob
-from eva.cli import _CaptureLogHandler, _collect_job_line, _fit, _LogLimiter
+from eva.cli.collect_screen import CaptureLogHandler, LogLimiter, collect_job_line, fit_width
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate import validate_dataset
 
@@ -366,12 +366,12 @@ def test_job_line_names_the_first_issue_and_counts_the_others(tmp_path: Path) ->
         {"code": "frozen_camera", "detail": "front"},
         {"code": "image_skew_exceeded", "detail": "front"},
     ]
-    line = _collect_job_line(job, 2_500_000)
+    line = collect_job_line(job, 2_500_000)
     assert (
         line == f"saved episode 4: 7 frames, red (episode_too_short +2 more), 2.5 MB -> {tmp_path}"
     )
     job.quality_issues = job.quality_issues[1:2]
-    assert "red (frozen_camera), " in _collect_job_line(job, 10)
+    assert "red (frozen_camera), " in collect_job_line(job, 10)
 
 
 # ---- interactive screen ----------------------------------------------------------------------
@@ -459,8 +459,8 @@ def test_interactive_status_line_fits_the_terminal(
 
 def test_backlog_messages_are_rate_limited_per_stream() -> None:
     now = [100.0]
-    limiter = _LogLimiter(interval=5.0, clock=lambda: now[0])
-    handler = _CaptureLogHandler(limiter, logging.INFO)
+    limiter = LogLimiter(interval=5.0, clock=lambda: now[0])
+    handler = CaptureLogHandler(limiter, logging.INFO)
     handler.held = True
     log = logging.getLogger("eva.capture.test-rate-limit")
     log.propagate = False
@@ -501,9 +501,9 @@ def test_backlog_messages_are_rate_limited_per_stream() -> None:
 
 
 def test_fit_never_fills_the_last_column() -> None:
-    assert _fit("x" * 100, 80) == "x" * 79
-    assert _fit("short", 80) == "short"
-    assert _fit("相机" * 10, 9) == "相机相机"  # wide characters take two columns
+    assert fit_width("x" * 100, 80) == "x" * 79
+    assert fit_width("short", 80) == "short"
+    assert fit_width("相机" * 10, 9) == "相机相机"  # wide characters take two columns
 
 
 def test_configured_sources_check_and_record(tmp_path: Path) -> None:

@@ -19,8 +19,9 @@ from eva.cli import main
 from eva.config import config_from_dict
 from eva.console.jpeg import encode_jpeg
 from eva.dataset.errors import DatasetError
-from eva.export.options import FORMAT_OPTIONS, parse_options
+from eva.export.options import describe_options, parse_options
 from eva.export.pipeline import export_dataset
+from eva.formats.options import Hdf5Options, LeRobotV3Options, LeRobotV21Options, McapOptions
 from eva.quality.verdicts import review_episode
 
 
@@ -115,14 +116,13 @@ def test_jpeg_preview_decodes_to_the_frame() -> None:
 
 
 def test_parse_options_checks_every_field() -> None:
-    assert parse_options("v21", {"copy_videos": True}).link_videos is False
-    assert parse_options("lerobot_v21", None).link_videos is True
+    assert parse_options("lerobot_v21", None).format == LeRobotV21Options(copy_videos=False)
+    assert parse_options("v21", {"copy_videos": True}).format == LeRobotV21Options(copy_videos=True)
     options = parse_options("v3", {"data_files_size_in_mb": 5, "image_quantiles": "none"})
-    assert options.extra == {"data_files_size_in_mb": 5.0, "image_quantiles": "none"}
-    assert (
-        parse_options("hdf5", {"hdf5_compression": "gzip:4"}).extra["hdf5_compression"] == "gzip:4"
-    )
-    assert parse_options("mcap", {"mcap_chunk_size": 2048.0}).extra == {"mcap_chunk_size": 2048}
+    assert options.format == LeRobotV3Options(data_files_size_in_mb=5.0, image_quantiles="none")
+    assert parse_options("hdf5", {"hdf5_compression": "gzip:4"}).format == Hdf5Options("gzip:4")
+    assert parse_options("mcap", {"mcap_chunk_size": 2048.0}).format == McapOptions(chunk_size=2048)
+    assert parse_options("mcap", {"allow_non_finite": True}).allow_non_finite is True
     for fmt, values, field in [
         ("v3", {"nope": 1}, "options.nope"),
         ("v3", {"data_files_size_in_mb": 0}, "options.data_files_size_in_mb"),
@@ -137,9 +137,8 @@ def test_parse_options_checks_every_field() -> None:
         with pytest.raises(DatasetError, match=rf"^{field}: "):
             parse_options(fmt, values)
     # every option is described for the console's format panel
-    for specs in FORMAT_OPTIONS.values():
-        for spec in specs:
-            described = spec.as_dict()
+    for described_format in describe_options().values():
+        for described in described_format:
             assert described["help"] and described["type"] in (
                 "bool",
                 "int",

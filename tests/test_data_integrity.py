@@ -36,6 +36,7 @@ from eva.export.options import parse_options
 from eva.export.pipeline import export_dataset, prepare
 from eva.export.registry import ExportOptions
 from eva.export.verify import verify_export
+from eva.formats.options import LeRobotV21Options
 
 FRONT = "observation.images.front"
 STATE = "observation.state"
@@ -260,7 +261,9 @@ def test_damaged_mp4_fails_validate_and_export(raw: Path) -> None:
 
 
 def test_verify_decodes_a_whole_file_per_camera_and_full_decodes_all(raw: Path) -> None:
-    result = export_dataset(raw, "lerobot_v21", options=ExportOptions(link_videos=False))
+    result = export_dataset(
+        raw, "lerobot_v21", options=ExportOptions(format=LeRobotV21Options(copy_videos=True))
+    )
     assert verify_export(result.accepted_dir, full=True) == []
     files = sorted((result.accepted_dir / "videos").rglob("*.mp4"))
     assert len(files) == 2

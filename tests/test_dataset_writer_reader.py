@@ -564,6 +564,7 @@ def test_commit_holds_saving_marker_and_meta_lock_for_eva_qc(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The protocol of docs/design.md "Saving marker", checked with eva qc's own lock probes."""
+    from eva.dataset.locks import is_flocked
     from eva.quality import verdicts
 
     root = tmp_path / "raw"
@@ -573,7 +574,7 @@ def test_commit_holds_saving_marker_and_meta_lock_for_eva_qc(
     def spying_append(path, rows, **kwargs):
         if Path(path).name == "episodes.jsonl":
             seen["saving"] = verdicts.is_being_saved(root, 0)
-            seen["meta"] = verdicts._lock_is_held(root / layout.WORK_DIR / verdicts.META_LOCK)
+            seen["meta"] = is_flocked(root / layout.WORK_DIR / verdicts.META_LOCK)
         return real_append(path, rows, **kwargs)
 
     with _open(root) as writer:
@@ -739,8 +740,8 @@ def test_cameras_encode_in_parallel_with_exact_stats_and_order(
     caller's frame buffer reused after every add_frames (as the recorder does)."""
     import av
 
+    from eva.dataset.encoder_pool import ENCODE_BATCH_FRAMES
     from eva.dataset.stats import ImageStats
-    from eva.dataset.writer import ENCODE_BATCH_FRAMES
 
     keys = [f"observation.images.cam{i}" for i in range(3)]
     sizes = [(48, 64), (32, 48), (48, 64)]

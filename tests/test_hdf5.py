@@ -220,10 +220,9 @@ def test_pixels_equal_pyav_decode(
     native_convert: bool,
     batch: int,
 ) -> None:
-    name, level = hdf5.parse_compression(compression)
+    name = hdf5.parse_compression(compression)[0]
     options = hdf5.Hdf5Options(
-        compression=name,
-        compression_level=level,
+        compression=compression or "none",
         frames_per_chunk=frames_per_chunk,
         batch_frames=batch,
         native_convert=native_convert,
@@ -347,12 +346,12 @@ def test_parse_compression() -> None:
     for bad in ("gzip:10", "zstd", "lzf:3", "gzip:x"):
         with pytest.raises(DatasetError, match="hdf5 compression"):
             hdf5.parse_compression(bad)
-    opts = hdf5.Hdf5Options.from_export_options(
-        {"hdf5_compression": "gzip:2", "hdf5_frames_per_chunk": "8"}
-    )
-    assert (opts.compression, opts.compression_level, opts.frames_per_chunk) == ("gzip", 2, 8)
-    with pytest.raises(DatasetError, match="frames per chunk"):
+    opts = hdf5.Hdf5Options.from_values({"hdf5_compression": "gzip:2", "hdf5_frames_per_chunk": 8})
+    assert (opts.h5py_compression, opts.compression_level, opts.frames_per_chunk) == ("gzip", 2, 8)
+    with pytest.raises(DatasetError, match="^options.hdf5_frames_per_chunk: 0 must be >= 1"):
         hdf5.Hdf5Options(frames_per_chunk=0)
+    with pytest.raises(DatasetError, match="^options.hdf5_compression: hdf5 compression 'zip'"):
+        hdf5.Hdf5Options(compression="zip")
 
 
 def test_batch_length_is_whole_chunks_and_bounded() -> None:

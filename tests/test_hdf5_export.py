@@ -20,6 +20,7 @@ from eva.dataset.reader import DatasetReader
 from eva.export.pipeline import export_dataset
 from eva.export.registry import ExportOptions
 from eva.formats import hdf5
+from eva.formats.options import Hdf5Options
 
 CAMERAS = ["observation.images.front", "observation.images.wrist"]
 
@@ -37,7 +38,9 @@ def raw(tmp_path: Path) -> Path:
 
 
 def test_export_verify_and_read_back(raw: Path) -> None:
-    result = export_dataset(raw, "hdf5", options=ExportOptions(extra={"hdf5_frames_per_chunk": 4}))
+    result = export_dataset(
+        raw, "hdf5", options=ExportOptions(format=Hdf5Options(frames_per_chunk=4))
+    )
     accepted, rejected = result.accepted_dir, result.rejected_dir
     assert accepted == raw.parent / "export" / "hdf5" / "accepted"
     assert hdf5.verify(accepted) == []

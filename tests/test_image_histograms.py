@@ -23,6 +23,7 @@ from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
 from eva.export.pipeline import complete_episode_stats
 from eva.export.registry import ExportOptions
 from eva.formats import lerobot_v3, lerobot_v21
+from eva.formats.options import LeRobotV3Options
 from eva.progress import Progress
 
 CAMS = ["observation.images.front", "observation.images.wrist"]
@@ -185,7 +186,7 @@ def test_v3_image_quantiles_are_exact_from_recorded_histograms(
     meta = _meta(reader, indices, reader.all_image_histograms)
     assert meta.has_all_image_histograms()
     dest = tmp_path / "v3"
-    options = ExportOptions(extra={"verify_decode": verify_decode})
+    options = ExportOptions(format=LeRobotV3Options(verify_decode=verify_decode))
     lerobot_v3.write_subset(reader, meta, dest, Progress(), options)
     assert lerobot_v3.verify(dest) == []
 

@@ -25,7 +25,8 @@ from eva.dataset.video import VideoEncoder, VideoOptions
 from eva.export.pipeline import complete_episode_stats
 from eva.export.registry import ExportOptions
 from eva.formats import lerobot_v3
-from eva.formats._v3_video import probe
+from eva.formats.lerobot_v3 import probe
+from eva.formats.options import LeRobotV3Options
 from eva.progress import Progress
 
 CAMS = ["observation.images.cam0", "observation.images.cam1"]
@@ -55,7 +56,9 @@ def export(
     if indices is None:
         indices = [r["episode_index"] for r in reader.episodes]
     meta = subset_meta(reader, indices)
-    lerobot_v3.write_subset(reader, meta, dest, Progress(), ExportOptions(extra=extra))
+    lerobot_v3.write_subset(
+        reader, meta, dest, Progress(), ExportOptions(format=LeRobotV3Options(**extra))
+    )
     return reader, meta
 
 
@@ -458,7 +461,7 @@ def test_image_quantiles_can_be_skipped(source: Path, tmp_path: Path) -> None:
 
 
 def test_spread_sample_bound() -> None:
-    from eva.formats._v3_video import spread_sample
+    from eva.formats.lerobot_v3 import spread_sample
 
     items = [bytes([i]) for i in range(7)]
     assert spread_sample(items, 0) == items
@@ -500,14 +503,14 @@ def test_column_matrix_reads_vector_columns_from_arrow_buffers() -> None:
             "ragged": pa.array([[1.0], [2.0, 3.0], [4.0]], pa.list_(pa.float64())),
         }
     )
-    fixed = lerobot_v3._column_matrix(table, "fixed", "f.parquet: episode 0")
+    fixed = lerobot_v3.column_matrix(table, "fixed", "f.parquet: episode 0")
     assert fixed.dtype == np.float32 and fixed.tolist() == rows
-    variable = lerobot_v3._column_matrix(table, "variable", "f.parquet: episode 0")
+    variable = lerobot_v3.column_matrix(table, "variable", "f.parquet: episode 0")
     assert variable.dtype == np.float64 and variable.tolist() == rows
-    scalar = lerobot_v3._column_matrix(table, "scalar", "f.parquet: episode 0")
+    scalar = lerobot_v3.column_matrix(table, "scalar", "f.parquet: episode 0")
     assert scalar.shape == (3, 1) and scalar.dtype == np.int64
     with pytest.raises(DatasetError, match=r"f\.parquet: episode 0: field 'ragged'"):
-        lerobot_v3._column_matrix(table, "ragged", "f.parquet: episode 0")
+        lerobot_v3.column_matrix(table, "ragged", "f.parquet: episode 0")
 
 
 def test_episode_tasks_come_from_the_table_when_the_row_has_none(

@@ -11,7 +11,7 @@ import pytest
 
 from eva.dataset import mp4box
 from eva.dataset.video import count_decoded_frames
-from eva.formats._v3_video import (
+from eva.formats.lerobot_v3 import (
     VideoConcatError,
     VideoShardWriter,
     decode_frame_times,
@@ -186,7 +186,7 @@ def test_sample_table_copy_writes_the_same_shard_as_the_demux_copy(
 ) -> None:
     """The packet copy from the box tables (no FFmpeg open per episode) produces the very bytes
     of the copy through FFmpeg's demuxer, and the same locators."""
-    from eva.formats._v3_video import EpisodeVideo, ParamsCache
+    from eva.formats.lerobot_v3 import EpisodeVideo, ParamsCache
 
     cache = ParamsCache()
     fast = VideoShardWriter(tmp_path / "fast.mp4", splice=False)
@@ -227,7 +227,7 @@ def test_spliced_shard_demuxes_and_decodes_as_ffmpegs_muxer_output(
     """The spliced shard (sample tables written by eva, bytes copied by the kernel) gives every
     reader what FFmpeg's muxer output gives: the same packets with the same pts, dts, duration
     and flags, the same frames, and the same locators; mixed with a demuxed episode (spilled)."""
-    from eva.formats._v3_video import EpisodeVideo
+    from eva.formats.lerobot_v3 import EpisodeVideo
 
     sources = []
     for seed, n in enumerate((16, 11, 20)):
@@ -266,7 +266,7 @@ def test_spliced_shard_demuxes_and_decodes_as_ffmpegs_muxer_output(
 
 
 def test_abort_removes_a_spliced_shard_and_its_spill(tmp_path: Path) -> None:
-    from eva.formats._v3_video import EpisodeVideo
+    from eva.formats.lerobot_v3 import EpisodeVideo
 
     src = tmp_path / "a.mp4"
     encode_h264(src, synthetic_frames(8, 0))
@@ -283,7 +283,7 @@ def test_abort_removes_a_spliced_shard_and_its_spill(tmp_path: Path) -> None:
 def test_params_from_the_cache_equal_ffmpegs(
     tmp_path: Path, episodes: list[tuple[Path, int]]
 ) -> None:
-    from eva.formats._v3_video import EpisodeVideo, ParamsCache
+    from eva.formats.lerobot_v3 import EpisodeVideo, ParamsCache
 
     cache = ParamsCache()
     for path, n in episodes:

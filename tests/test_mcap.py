@@ -1,4 +1,4 @@
-"""MCAP export (contracts §5/§6), checked with the official ``mcap`` reader and PyAV decodes."""
+"""MCAP export, checked with the official ``mcap`` reader and PyAV decodes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from mcap.stream_reader import StreamReader
 from video_helpers import pyav_decode
 
 from eva.dataset import layout
+from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
+from eva.dataset.msgpack_codec import packb
 from eva.dataset.video import VideoEncoder, iter_frame_batches
 from eva.export.pipeline import export_dataset
 from eva.export.registry import ExportOptions
@@ -185,10 +187,10 @@ def test_every_camera_longer_than_the_table_aborts(
 
 def test_column_values_come_from_arrow_buffers() -> None:
     table = episode_table(3)
-    state = mcap_format.column_values(table.column("observation.state"))
+    state = column_values(table.column("observation.state"))
     assert isinstance(state, np.ndarray) and state.shape == (3, 4) and state.dtype == np.float32
-    assert mcap_format.column_values(pa.chunked_array([[1, None]])) == [1, None]
-    assert mcap_format.column_values(table.column("frame_index")).dtype == np.int64
+    assert column_values(pa.chunked_array([[1, None]])) == [1, None]
+    assert column_values(table.column("frame_index")).dtype == np.int64
 
 
 # ---- through the export pipeline --------------------------------------------------------------
@@ -281,7 +283,7 @@ def _rewrite_with(path: Path, mutate: Callable[[int, str, int], tuple[int, int]]
     """Rewrite an exported episode file, passing each image message's (sequence, log_time)
     through ``mutate(frame_index, video_key, log_time)``."""
     with mcap_format.read_episode(path) as episode:
-        payload = mcap_format.packb(episode.episode)
+        payload = packb(episode.episode)
         keys = episode.video_keys
         frames = list(episode.iter_frames())
     with open(path, "wb") as f:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from eva.dataset import mp4box
 from eva.dataset.errors import DatasetError
 from eva.dataset.video import VideoEncoder, VideoOptions, count_decoded_frames, count_frames
-from eva.formats._v3_video import VideoShardWriter
+from eva.formats.lerobot_v3 import VideoShardWriter
 
 FPS = 30
 H, W = 48, 64

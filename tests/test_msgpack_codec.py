@@ -1,4 +1,4 @@
-"""MessagePack ndarray conventions (contracts §5): native kernel == msgpack.packb reference."""
+"""MessagePack ndarray conventions (docs/formats.md, "MessagePack"): native kernel == msgpack.packb reference."""
 
 from __future__ import annotations
 

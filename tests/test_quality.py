@@ -1,4 +1,4 @@
-"""QC verdicts (contracts §2 priority), the split plan and `eva qc` on real episodes.jsonl files."""
+"""QC verdicts (the accept/reject priority of docs/formats.md), the split plan and `eva qc` on real episodes.jsonl files."""
 
 from __future__ import annotations
 

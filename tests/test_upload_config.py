@@ -1,4 +1,4 @@
-"""``collection.storage.sftp`` parsing and validation (contracts §7)."""
+"""``collection.storage.sftp`` parsing and validation (docs/config.md)."""
 
 from __future__ import annotations
 

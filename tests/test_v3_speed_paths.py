@@ -18,7 +18,7 @@ import av
 import numpy as np
 import pytest
 
-from eva.formats._v3_video import EpisodeVideo, ParamsCache, VideoShardWriter
+from eva.formats.lerobot_v3 import EpisodeVideo, ParamsCache, VideoShardWriter
 
 FPS = 30
 

@@ -14,7 +14,7 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.video import FrameSizeError, VideoEncoder, iter_frame_batches
 from eva.dataset.writer import CameraSpec, DatasetWriter
-from eva.formats.mcap import _camera_batches
+from eva.formats.mcap import camera_batches
 
 
 def _noise(n: int, h: int, w: int, seed: int = 0) -> np.ndarray:
@@ -92,9 +92,9 @@ def test_mcap_reports_a_shape_mismatch_only_for_frame_size_errors(tmp_path: Path
     with VideoEncoder(reader.video_path(0, key), 32, 16, 30) as encoder:  # not info.json's size
         encoder.write(_noise(4, 16, 32))
     with pytest.raises(DatasetError, match="as declared in info.json") as info:
-        list(_camera_batches(reader, 0, key, 4, buffers, "episode 0"))
+        list(camera_batches(reader, 0, key, 4, buffers, "episode 0"))
     assert str(reader.video_path(0, key)) in str(info.value)
     reader.video_path(1, key).write_bytes(b"not a video")
     with pytest.raises(DatasetError) as info:
-        list(_camera_batches(reader, 1, key, 4, buffers, "episode 1"))
+        list(camera_batches(reader, 1, key, 4, buffers, "episode 1"))
     assert "as declared" not in str(info.value)

@@ -439,7 +439,7 @@ def _parse_cameras(r: _Reader) -> tuple[CameraConfig, ...]:
     return tuple(cameras)
 
 
-# Columns every episode table has already (contracts §1): a vector may not take their name.
+# Columns every episode table has already (docs/formats.md): a vector may not take their name.
 _BOOKKEEPING_COLUMNS = frozenset(
     {"timestamp", "capture_time", "frame_index", "episode_index", "index", "task_index"}
 )

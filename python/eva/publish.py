@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ from eva import libc
 from eva.dataset import fsafe
 from eva.dataset.atomic import atomic_write_bytes, fsync_dir, remove_stale_temporaries
 from eva.dataset.errors import DatasetError
+from eva.dataset.locks import flock_fd
 from eva.jobs import EXPORT_JOB, mark_interrupted
 
 STAGING_PREFIX = ".eva-staging-"
@@ -71,14 +71,12 @@ def export_lock(root: Path, description: str) -> Iterator[None]:
     except OSError as e:  # EROFS, EACCES: one line naming the lock
         raise fsafe.os_error(e, path) from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not flock_fd(fd, wait=False):
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
             raise ExportBusy(
                 f"{path}: another export (or an upload) of {description} is already running "
                 f"(pid {holder}); wait for it to finish"
-            ) from None
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Native MessagePack ndarray maps (contracts §5): encode into a caller buffer, parse zero-copy.
+"""Native MessagePack ndarray maps (docs/formats.md, "MessagePack"): encode into a caller buffer, parse zero-copy.
 
 The bytes equal ``msgpack.packb({"__ndarray__": True, "data": <bytes>, "dtype": a.dtype.str,
 "shape": list(a.shape)})``; the reference lives in ``eva.dataset.msgpack_codec``.

@@ -1,6 +1,8 @@
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
+@disjoint_base
 class SnapshotRing:
     # Read-only attributes (``cdef readonly`` in ring.pyx).
     @property

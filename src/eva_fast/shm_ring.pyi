@@ -3,10 +3,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 # The C++ layout constants of native/shm_ring.hpp (names as in eva.capture.shm_ring.LAYOUT).
 LAYOUT: dict[str, Any]
 
+@disjoint_base
 class ShmRing:
     # Read-only attributes (``cdef readonly`` in shm_ring.pyx).
     @property

@@ -1,6 +1,8 @@
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
+@disjoint_base
 class ImageAccumulator:
     """Exact per-channel 256-bin histogram of interleaved RGB uint8 pixels."""
 
@@ -12,6 +14,7 @@ class ImageAccumulator:
     @property
     def pixel_count(self) -> int: ...
 
+@disjoint_base
 class VectorAccumulator:
     """Running float64 per-dim count, min, max, mean, M2 over (n, dim) row batches."""
 

@@ -1,4 +1,4 @@
-"""Alignment of captured streams onto the even fps grid (contracts §1).
+"""Alignment of captured streams onto the even fps grid (docs/capture.md, "Alignment").
 
 - The grid starts at the latest first sample over all required streams and ends at the earliest
   last sample: ``t_k = start + k / fps`` for every ``t_k <= end``.
@@ -26,7 +26,8 @@ I64 = npt.NDArray[np.int64]
 
 
 def default_tolerance(fps: float) -> float:
-    """Default image skew tolerance: half the grid period of ``fps - 1`` (contracts §1)."""
+    """Default image skew tolerance: half the grid period of ``fps - 1``, i.e.
+    ``1 / (2 (fps - 1))`` s."""
     if fps <= 1:
         raise ValueError(f"fps must be > 1, got {fps}")
     return 1.0 / (2.0 * (fps - 1.0))

@@ -50,7 +50,7 @@ STOP_GRACE_S = 3.0
 class _Group:
     source: SourceConfig
     streams: list[dict[str, Any]]  # name, kind, shape, ring (path), topic
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     reader: threading.Thread | None = None
     exit_reported: bool = False
     last_error: str | None = None
@@ -199,7 +199,7 @@ class SourceRig:
         for name in group.names:
             self._progress[name] = (self.rings[name].pushed, now)
 
-    def _read_events(self, group: _Group, process: subprocess.Popen) -> None:
+    def _read_events(self, group: _Group, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
         for raw in process.stdout:
             try:
@@ -224,7 +224,7 @@ class SourceRig:
                 if recorder is not None:
                     recorder.note_bad_sample(stream, detail, count)
 
-    def _read_stderr(self, group: _Group, process: subprocess.Popen) -> None:
+    def _read_stderr(self, group: _Group, process: subprocess.Popen[bytes]) -> None:
         assert process.stderr is not None
         tail: list[str] = []
         for raw in process.stderr:
@@ -273,7 +273,7 @@ class SourceRig:
             for group in list(self._groups.values()):
                 process = group.process
                 dead = process is not None and process.poll() is not None
-                if dead and not group.exit_reported:
+                if process is not None and dead and not group.exit_reported:
                     group.exit_reported = True
                     code = process.returncode
                     reason = group.last_error or (

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +34,7 @@ class Ring(Protocol):
 
     def push(self, t: float, sample: npt.ArrayLike) -> bool: ...
     def pop_batch(
-        self, out: npt.NDArray, out_times: npt.NDArray[np.float64], max_n: int = -1
+        self, out: npt.NDArray[Any], out_times: npt.NDArray[np.float64], max_n: int = -1
     ) -> int: ...
     def discard(self, max_n: int = -1) -> int: ...
     def peek_time(self) -> float | None: ...
@@ -103,7 +103,7 @@ class ReferenceRing:
         return True
 
     def pop_batch(
-        self, out: npt.NDArray, out_times: npt.NDArray[np.float64], max_n: int = -1
+        self, out: npt.NDArray[Any], out_times: npt.NDArray[np.float64], max_n: int = -1
     ) -> int:
         if out.dtype != self.dtype or not out.flags.c_contiguous or not out.flags.writeable:
             raise ValueError(

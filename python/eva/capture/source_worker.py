@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -99,9 +99,9 @@ class _Stream:
 
     def push(self, t: float, data: np.ndarray) -> bool:
         if not self.measure:
-            return self.ring.push(t, data)
+            return bool(self.ring.push(t, data))
         t0 = time.perf_counter_ns()
-        ok = self.ring.push(t, data)
+        ok = bool(self.ring.push(t, data))
         self.push_ns.append(time.perf_counter_ns() - t0)
         self.stamps.append(t)
         self.arrivals.append(time.time())
@@ -111,7 +111,7 @@ class _Stream:
 def _write_stats(path: str, streams: list[_Stream]) -> None:
     """The measured pushes, as ``<path>-<pid>.npz`` (``<stream>.push_ns``, ``.stamps``,
     ``.arrivals`` arrays per stream)."""
-    arrays = {}
+    arrays: dict[str, Any] = {}
     for s in streams:
         arrays[f"{s.name}.push_ns"] = np.asarray(s.push_ns, np.int64)
         arrays[f"{s.name}.stamps"] = np.asarray(s.stamps, np.float64)
@@ -335,7 +335,7 @@ def load_object(target: str) -> Callable[..., Any]:
     obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
-    return obj
+    return cast(Callable[..., Any], obj)
 
 
 def _run_python(

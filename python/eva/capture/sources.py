@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from eva.capture.synthetic import SyntheticScene, joint_actions, joint_states
 from eva.config import CameraConfig, CollectionConfig, VectorConfig
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
+
+if TYPE_CHECKING:
+    from eva.capture.rig import SourceRig
 
 
 @dataclass(frozen=True)
@@ -411,7 +414,7 @@ class RecordingSource:
         config: CollectionConfig,
         *,
         source: Source | None = None,
-        rig: object | None = None,
+        rig: SourceRig | None = None,
         note: str | None = None,
         description: str = "",
     ) -> None:
@@ -430,7 +433,7 @@ class RecordingSource:
     @property
     def streams(self) -> dict[str, str]:
         if self.rig is not None:
-            return self.rig.describe()  # type: ignore[attr-defined]
+            return self.rig.describe()
         names = [c.key for c in self.config.cameras] + [v.name for v in self.config.vectors]
         return dict.fromkeys(names, self.description)
 
@@ -440,8 +443,8 @@ class RecordingSource:
 
     def start(self, recorder: SampleSink) -> RecordingSource:
         if self.rig is not None:
-            self.rig.attach(recorder)  # type: ignore[attr-defined]
-            self.rig.start()  # type: ignore[attr-defined]
+            self.rig.attach(recorder)
+            self.rig.start()
         else:
             assert self.source is not None
             self.pump = SourcePump(self.source, recorder).start()
@@ -450,19 +453,19 @@ class RecordingSource:
 
     def before_start(self) -> list[str]:
         if self.rig is not None:
-            return self.rig.restart_stopped()  # type: ignore[attr-defined]
+            return self.rig.restart_stopped()
         return []
 
     def check(self, timeout: float | None = None) -> list[str]:
         if self.rig is not None:
-            return self.rig.check(timeout)  # type: ignore[attr-defined]
+            return self.rig.check(timeout)
         return []
 
     def close(self) -> None:
         if self.pump is not None:
             self.pump.stop()
         if self.rig is not None:
-            self.rig.close()  # type: ignore[attr-defined]
+            self.rig.close()
 
 
 def open_source(config: CollectionConfig, spec: str | None, *, seed: int = 0) -> RecordingSource:

@@ -108,7 +108,8 @@ class SyntheticScene:
         block = inside_y[:, :, None] & inside_x[:, None, :]
         out[block] = self._colour
         out += self._noise[np.arange(start, start + n) % _NOISE_BANK]
-        return np.clip(out, 0, 255).astype(np.uint8)
+        frames: np.ndarray = np.clip(out, 0, 255).astype(np.uint8)
+        return frames
 
 
 def gripper_dims(dim: int) -> list[int]:
@@ -147,7 +148,8 @@ def joint_states(
     grip_period = rng.uniform(1.0, 3.0)
     for g in gripper_dims(dim):
         angles[:, g] = (np.floor(t[:, 0] / grip_period + g * 0.37) % 2).astype(np.float64)
-    return angles.astype(np.float32)
+    values: np.ndarray = angles.astype(np.float32)
+    return values
 
 
 def joint_actions(

@@ -60,9 +60,12 @@ def _nal_header_ok(codec: str, first: np.ndarray, second: np.ndarray) -> np.ndar
     # Only what no encoder writes is refused (unspecified NAL types have private uses, such as
     # Dolby Vision's): H.264 forbidden_zero_bit 0 and nal_unit_type not 0; HEVC forbidden bit 0
     # and nuh_temporal_id_plus1 not 0.
+    ok: np.ndarray
     if codec == "h264":
-        return ((first & 0x80) == 0) & ((first & 0x1F) != 0)
-    return ((first & 0x80) == 0) & ((second & 7) != 0)
+        ok = ((first & 0x80) == 0) & ((first & 0x1F) != 0)
+    else:
+        ok = ((first & 0x80) == 0) & ((second & 7) != 0)
+    return ok
 
 
 _OBU_TYPES = np.zeros(16, bool)
@@ -164,7 +167,7 @@ def check_samples(
         stop = ends[i:j] - base
         pos, failed = _walk_window(buf, start, stop, framing)
         open_ = np.flatnonzero(~failed & (pos < stop))
-        for k in open_:  # more units than VECTOR_STEPS: finish one by one
+        for k in open_.tolist():  # more units than VECTOR_STEPS: finish one by one
             p, f = _walk_window(buf, pos[k : k + 1], stop[k : k + 1], framing)
             while not f[0] and p[0] < stop[k]:
                 p, f = _walk_window(buf, p, stop[k : k + 1], framing)

@@ -30,7 +30,8 @@ def fixed_size_values(array: pa.Array) -> np.ndarray | None:
     )
     if values.null_count or not numeric:
         return None
-    return values.to_numpy(zero_copy_only=False).reshape(shape)
+    matrix: np.ndarray = values.to_numpy(zero_copy_only=False).reshape(shape)
+    return matrix
 
 
 def column_values(column: pa.ChunkedArray | pa.Array) -> Any:
@@ -111,4 +112,5 @@ def distinct_scalars(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     if not parts:
         return []
     values = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    return distinct_values(values).tolist()
+    distinct: list[Any] = distinct_values(values).tolist()
+    return distinct

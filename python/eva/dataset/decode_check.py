@@ -27,7 +27,7 @@ import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import av
 import numpy as np
@@ -91,7 +91,8 @@ def _decode_samples(fd: int, path: Path, table: mp4box.VideoSamples, indices: li
     if name is None:
         return False
     try:
-        ctx = av.CodecContext.create(name, "r")
+        # a video decoder: create() is typed as the codec-agnostic base class
+        ctx = cast(av.VideoCodecContext, av.CodecContext.create(name, "r"))
         if table.entry.config:
             ctx.extradata = table.entry.config
         ctx.thread_count = 1  # frame threads would hold the frame back until several packets

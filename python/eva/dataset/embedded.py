@@ -23,7 +23,7 @@ def embedded_images_info(
     (shape and names kept; the ``info`` block, which describes an MP4 stream that no longer
     exists, dropped), ``embedded_images`` true, ``total_videos`` 0, no ``video_path``, and the
     format's own ``dataset_format`` / ``data_path``."""
-    info = json.loads(json.dumps(dict(source_info)))
+    info: dict[str, Any] = json.loads(json.dumps(dict(source_info)))
     for feature in info.get("features", {}).values():
         if feature.get("dtype") == "video":
             feature["dtype"] = "image"

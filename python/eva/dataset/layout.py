@@ -1,4 +1,5 @@
-"""Names and paths of the LeRobot v2.1 layout (contracts §1) and of eva's export tree (§4).
+"""Names and paths of the LeRobot v2.1 layout and of eva's export tree (both in
+docs/formats.md).
 
 Everything that turns a user-supplied name into a path goes through here, so the hostile-input
 rules (no traversal, no separators, no control characters) live in one place.

@@ -1,4 +1,5 @@
-"""MessagePack with numpy values, in the convention of contracts §5 (openpi / msgpack-numpy style).
+"""MessagePack with numpy values, in the ndarray-map convention of docs/formats.md ("MessagePack";
+openpi / msgpack-numpy style).
 
 An ndarray is the map ``{"__ndarray__": True, "data": <bin, C-order bytes>, "dtype": dtype.str,
 "shape": [..]}`` (keys in that order, so the bytes are reproducible); a numpy scalar is
@@ -15,7 +16,7 @@ The ``*_reference`` functions are the plain msgpack/numpy definitions the kernel
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -41,9 +42,15 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else array.copy(order="C")
 
 
+def _byte_view(obj: Buffer) -> memoryview:
+    """A flat unsigned-byte memoryview of ``obj`` (no copy)."""
+    # numpy's stubs declare ndarray's buffer protocol for Python 3.12+ only
+    return memoryview(obj).cast("B")  # type: ignore[arg-type]
+
+
 def _raw_bytes(array: np.ndarray) -> memoryview:
     """The C-order bytes of a contiguous array as a flat memoryview (no copy)."""
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return _byte_view(array.reshape(-1).view(np.uint8))
 
 
 def ndarray_map(array: np.ndarray) -> dict[str, Any]:
@@ -87,10 +94,11 @@ def _default(obj: Any) -> Any:
 
 def packb(obj: Any) -> bytes:
     """MessagePack of ``obj`` with ndarrays and numpy scalars in the contract convention."""
-    return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)
+    return packed
 
 
-def _field(obj: dict, name: str) -> Any:
+def _field(obj: dict[Any, Any], name: str) -> Any:
     if name in obj:
         return obj[name]
     return obj[name.encode()]
@@ -100,7 +108,7 @@ def _text(value: str | bytes) -> str:
     return value.decode("ascii") if isinstance(value, bytes) else value
 
 
-def _object_hook(obj: dict) -> Any:
+def _object_hook(obj: dict[Any, Any]) -> Any:
     if obj.get(NDARRAY_KEY, obj.get(NDARRAY_KEY.encode())) is True:
         dtype = np.dtype(_text(_field(obj, "dtype")))
         shape = tuple(int(n) for n in _field(obj, "shape"))
@@ -128,7 +136,7 @@ def encode_ndarray_reference(array: np.ndarray) -> bytes:
 
 def encode_ndarray_into_reference(array: np.ndarray, out: Buffer, offset: int = 0) -> int:
     encoded = encode_ndarray_reference(array)
-    view = memoryview(out).cast("B")
+    view = _byte_view(out)
     if offset < 0 or offset + len(encoded) > len(view):
         raise ValueError(
             f"buffer of {len(view)} bytes cannot hold {len(encoded)} bytes at offset {offset}"
@@ -151,27 +159,27 @@ def decode_ndarray_reference(data: Buffer) -> np.ndarray:
 def encode_ndarray(array: np.ndarray) -> bytes:
     """The ndarray map as bytes (native: one allocation, one copy of the data)."""
     if _native is not None:
-        return _native.encode(array)
+        return cast(bytes, _native.encode(array))
     return encode_ndarray_reference(array)
 
 
 def encode_ndarray_into(array: np.ndarray, out: Buffer, offset: int = 0) -> int:
     """Write the ndarray map into ``out`` at ``offset`` and return its length in bytes."""
     if _native is not None:
-        return _native.encode_into(array, out, offset)
+        return cast(int, _native.encode_into(array, out, offset))
     return encode_ndarray_into_reference(array, out, offset)
 
 
 def encoded_ndarray_size(array: np.ndarray) -> int:
     if _native is not None:
-        return _native.size(array)
+        return cast(int, _native.size(array))
     return encoded_ndarray_size_reference(array)
 
 
 def decode_ndarray(data: Buffer) -> np.ndarray:
     """Decode one ndarray map; the strict four-key form becomes a zero-copy view of ``data``."""
     if _native is not None:
-        view = memoryview(data).cast("B")
+        view = _byte_view(data)
         parsed = _native.parse(view)
         if parsed is not None and parsed[4] == len(view):
             data_offset, data_len, dtype_str, shape, _ = parsed

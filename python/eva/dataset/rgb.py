@@ -184,6 +184,7 @@ class FrameConverter:
         slot: int,
     ) -> None:
         planes = frame.planes
+        assert _native is not None  # use_native is set only when the kernel loaded
         _native.yuv420p_to_rgb24(
             _plane_array(planes[0]),
             _plane_array(planes[1]),

@@ -4,8 +4,8 @@ Two accumulators are fed batch by batch while an episode is written, so no episo
 whole in memory:
 
 * ``VectorStats(dim)`` for state/action-like columns: per-dimension min, max, mean, population std.
-  Accumulation is float64 (float32 accumulation over a long episode is measurably wrong, see
-  perf-notes). For numerical stability each batch is reduced with a two-pass mean / M2 (sum of
+  Accumulation is float64 (in float32, every addition to a running sum near 10^5 is rounded to
+  about 0.008, so a long episode's sums drift). For numerical stability each batch is reduced with a two-pass mean / M2 (sum of
   squared deviations from the batch mean, never the cancellation-prone ``E[x^2] - E[x]^2``), and
   batches are combined with Chan et al.'s parallel update::
 

@@ -1,6 +1,6 @@
 """Metadata of one quality subset (accepted or rejected) and the column-wise index rewrite.
 
-A subset is a self-consistent dataset cut out of a source (contracts §4): its episodes are
+A subset is a self-consistent dataset cut out of a source (docs/formats.md, "Accepted and rejected"): its episodes are
 renumbered from 0 in source order, ``index`` becomes contiguous over the subset, ``task_index``
 points into the subset's own task table, and every other column / episodes.jsonl field is kept.
 Everything here works on plain dicts and arrow tables, so every format module can share it:

@@ -1,4 +1,5 @@
-"""Append episodes to a raw LeRobot v2.1 dataset (contracts §1).
+"""Append episodes to a raw LeRobot v2.1 dataset (its paths: ``eva.dataset.layout``; its
+feature layout and table columns: ``eva.dataset.features``).
 
 ``DatasetWriter.create_or_open`` creates the directory (or opens an existing one, checking that
 its features match) and reads the metadata ONCE; afterwards every append only writes the new
@@ -8,12 +9,9 @@ does not grow with the number of episodes already in the dataset.
 An episode is staged in ``<root>/.eva-work/<random>/`` (MP4s encode there frame batch by frame
 batch; vector rows are buffered, they are small) and becomes visible at ``commit``.
 
-Encoding runs on one worker thread per camera (``parallel_encode=True``, the default):
-``add_frames`` copies each camera's frames into one of a few reused batch buffers and returns;
-the worker encodes them and feeds that camera's image stats (PyAV and the native stats release
-the GIL, so cameras encode in parallel). Memory is bounded (``ENCODE_BUFFERS`` buffers of
-``ENCODE_BATCH_FRAMES`` frames per camera; ``add_frames`` waits for a free one). A worker's
-failure surfaces on the next ``add_frames`` or at ``commit`` as a ``DatasetError`` naming the
+Encoding runs on one worker thread per camera (``parallel_encode=True``, the default; see
+``eva.dataset.encoder_pool``): ``add_frames`` copies each camera's frames into one of a few
+reused batch buffers and returns (it waits for a free one). A worker's failure surfaces on the next ``add_frames`` or at ``commit`` as a ``DatasetError`` naming the
 camera, and the episode is aborted (work dir removed, nothing published); ``commit`` / ``abort``
 join the workers before they return. Publishing order:
 
@@ -32,179 +30,61 @@ join the workers before they return. Publishing order:
 A crash before the episodes row leaves only orphan files under the index that the next commit
 reuses (and overwrites) and possibly a torn jsonl fragment; ``create_or_open`` drops such
 fragments, de-duplicates per-episode stats and repairs what follows the commit point (totals,
-stats) from ``episodes.jsonl``. A commit that fails in-process takes its appended rows back. One writer per dataset at a time (an flock on
-``.eva-work/writer.lock``); commits from several threads of that writer are serialised.
+stats) from ``episodes.jsonl`` (``eva.dataset.repair``). A commit that fails in-process takes its
+appended rows back. One writer per dataset at a time (an flock on ``.eva-work/writer.lock``);
+commits from several threads of that writer are serialised.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
-import math
 import os
-import queue
-import re
-import shutil
-import tempfile
 import threading
-import weakref
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eva.dataset import atomic, fsafe, layout
-from eva.dataset.errors import DatasetError, error_line
+from eva.dataset.encoder_pool import BufferPool
+from eva.dataset.episode_writer import EpisodeWriter, RecordedEpisode
+from eva.dataset.errors import DatasetError
+from eva.dataset.features import (
+    CAPTURE_TIME,
+    INDEX_FEATURES,
+    CameraSpec,
+    VectorSpec,
+    build_features,
+    check_features,
+    default_feature_names,
+    episode_columns,
+    episode_stats,
+    episode_table,
+)
 from eva.dataset.layout import WRITER_LOCK, saving_marker_name
-from eva.dataset.locks import flocked, meta_lock, try_flock
-from eva.dataset.repair import MetadataNotUpdated
-from eva.dataset.stats import ImageStats, RunningMerge, VectorStats, merge_stats
-from eva.dataset.video import VideoEncoder, VideoOptions
+from eva.dataset.locks import flocked, meta_lock, release_flock, try_flock
+from eva.dataset.repair import (
+    MetadataNotUpdated,
+    clean_stale_work,
+    read_meta_json,
+    read_meta_jsonl,
+    remove_stale_temporaries,
+    repair_after_crash,
+)
+from eva.dataset.stats import RunningMerge
+from eva.dataset.video import VideoOptions
 
 __all__ = [
     "CameraSpec",
     "DatasetWriter",
     "EpisodeWriter",
+    "INDEX_FEATURES",
     "VectorSpec",
     "VideoOptions",
     "default_feature_names",
-    "INDEX_FEATURES",
+    "remove_stale_temporaries",
 ]
-
-# Per-row bookkeeping columns every v2.1 table has (LeRobot's DEFAULT_FEATURES), in table order.
-INDEX_FEATURES: dict[str, str] = {
-    "timestamp": "float32",
-    "frame_index": "int64",
-    "episode_index": "int64",
-    "index": "int64",
-    "task_index": "int64",
-}
-CAPTURE_TIME = "capture_time"
-# Episode-row keys the writer owns; extra_row_fields may not override them.
-RESERVED_ROW_KEYS = frozenset({"episode_index", "tasks", "length", "video_keys"})
-# The start of an eva_image_histograms.jsonl row (json.dumps of {"episode_index": N, ...}).
-_HISTOGRAM_ROW_START = re.compile(rb'\{"episode_index": (\d+),')
-
-# Per camera: batch buffers of ENCODE_BATCH_FRAMES frames cycling between add_frames and the
-# encoder thread (one being encoded, one queued, one being filled): 11 MB per 640x480 camera.
-# Reused across episodes, so their pages are touched once per writer, not once per batch. In the
-# 3x640x480 capture bench, 4x3 ran as fast as 8x3 with 30 MB less peak RSS.
-ENCODE_BATCH_FRAMES = 4
-ENCODE_BUFFERS = 3
-
-
-@dataclass(frozen=True)
-class CameraSpec:
-    """One camera: ``key`` is the video feature name (e.g. ``observation.images.front``)."""
-
-    key: str
-    height: int
-    width: int
-
-    def __post_init__(self) -> None:
-        layout.check_video_key(self.key)
-        if self.height < 2 or self.width < 2:
-            raise ValueError(f"camera {self.key}: size {self.width}x{self.height} is too small")
-
-
-@dataclass(frozen=True)
-class VectorSpec:
-    """One float32 vector column (``observation.state``, ``action``...); ``names`` per dim."""
-
-    name: str
-    dim: int
-    names: Sequence[str] | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or "\n" in self.name:
-            raise ValueError(f"vector name {self.name!r} is not a usable column name")
-        if self.name in INDEX_FEATURES or self.name == CAPTURE_TIME:
-            raise ValueError(f"vector name {self.name!r} collides with a bookkeeping column")
-        if self.dim < 1:
-            raise ValueError(f"vector {self.name}: dim {self.dim} must be >= 1")
-        if self.names is not None and len(self.names) != self.dim:
-            raise ValueError(f"vector {self.name}: {len(self.names)} names for dim {self.dim}")
-
-    def feature_names(self) -> list[str]:
-        return list(self.names) if self.names is not None else default_feature_names(self.dim)
-
-
-def default_feature_names(dim: int) -> list[str]:
-    return [f"dim_{i}" for i in range(dim)]
-
-
-def _video_feature(cam: CameraSpec, fps: int, options: VideoOptions) -> dict[str, Any]:
-    return {
-        "dtype": "video",
-        "shape": [cam.height, cam.width, 3],
-        "names": ["height", "width", "channels"],
-        "info": {
-            "video.height": cam.height,
-            "video.width": cam.width,
-            "video.codec": options.info_codec,
-            "video.pix_fmt": options.pix_fmt,
-            "video.is_depth_map": False,
-            "video.fps": fps,
-            "video.channels": 3,
-            "has_audio": False,
-        },
-    }
-
-
-def build_features(
-    fps: int, cameras: Sequence[CameraSpec], vectors: Sequence[VectorSpec], options: VideoOptions
-) -> dict[str, dict[str, Any]]:
-    """info.json ``features`` in table order: vectors, videos, timestamp, capture_time, indices."""
-    features: dict[str, dict[str, Any]] = {}
-    for vec in vectors:
-        features[vec.name] = {"dtype": "float32", "shape": [vec.dim], "names": vec.feature_names()}
-    for cam in cameras:
-        features[cam.key] = _video_feature(cam, fps, options)
-    features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
-    features[CAPTURE_TIME] = {"dtype": "float64", "shape": [1], "names": None}
-    for name in ("frame_index", "episode_index", "index", "task_index"):
-        features[name] = {"dtype": "int64", "shape": [1], "names": None}
-    return features
-
-
-def huggingface_schema_metadata(features: Mapping[str, Mapping[str, Any]]) -> bytes:
-    """The ``huggingface`` parquet schema metadata LeRobot/datasets write (non-video columns).
-
-    LeRobot 0.3.3 itself does not need it (it passes the features from info.json; checked with
-    the oracle), but HF ``datasets.load_dataset("parquet")`` uses it to restore Sequence types.
-    """
-    hf: dict[str, Any] = {}
-    for name, feat in features.items():
-        if feat["dtype"] in ("video", "image"):
-            continue
-        value = {"dtype": feat["dtype"], "_type": "Value"}
-        if tuple(feat["shape"]) == (1,) and feat.get("names") is None:
-            hf[name] = value
-        else:
-            hf[name] = {"feature": value, "length": int(feat["shape"][0]), "_type": "Sequence"}
-    return json.dumps({"info": {"features": hf}}).encode()
-
-
-def _jsonable(value: Any, where: str) -> Any:
-    """numpy scalars/arrays -> Python values; refuse NaN/inf and non-JSON objects early."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v, where) for v in value]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist(), where)
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        raise DatasetError(f"episode field {where}: non-finite value {value}")
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    raise DatasetError(f"episode field {where}: {type(value).__name__} is not JSON data")
 
 
 def _size_mark(path: Path) -> tuple[Path, int]:
@@ -212,81 +92,6 @@ def _size_mark(path: Path) -> tuple[Path, int]:
         return path, path.stat().st_size
     except FileNotFoundError:
         return path, 0
-
-
-def _finite_row_stats(values: np.ndarray) -> dict[str, Any] | None:
-    """Stats over the rows whose values are all finite (None if there are none).
-
-    A red episode may carry NaN/inf samples (quality issue ``non_finite_value``); the parquet keeps
-    them as evidence, but JSON stats cannot hold them and one NaN would poison the dataset merge.
-    """
-    finite = np.isfinite(values).all(axis=1)
-    rows = values if finite.all() else values[finite]
-    if len(rows) == 0:
-        return None
-    stats = VectorStats(values.shape[1])
-    stats.update(rows)
-    return stats.result()
-
-
-def _has_temporaries(directory: Path) -> bool:
-    if not directory.is_dir() or directory.is_symlink():
-        return False
-    return any(p.name.startswith(atomic.TMP_PREFIX) for p in directory.iterdir())
-
-
-def _remove_temporaries(root: Path) -> list[Path]:
-    """Temp files of ``meta/`` and ``data/chunk-*/``; the caller holds the writer lock.
-
-    The writer lock excludes other writers; the meta lock (taken only when there is something
-    to remove, so a fresh dataset gets no lock file) excludes a concurrent ``eva qc``, whose
-    episodes.jsonl rewrite would lose its temp.
-    """
-    removed: list[Path] = []
-    meta = root / layout.META_DIR
-    if _has_temporaries(meta):
-        with meta_lock(root):
-            removed += atomic.remove_stale_temporaries(meta)
-    data = root / "data"
-    if data.is_dir() and not data.is_symlink():
-        for chunk in data.iterdir():  # a parquet temp file a crash left before its rename
-            if chunk.is_dir() and not chunk.is_symlink():
-                removed += atomic.remove_stale_temporaries(chunk)
-    return removed
-
-
-def remove_stale_temporaries(root: Path | str) -> list[Path]:
-    """What ``eva cleanup`` does to a raw dataset: delete the temp files killed writers or a
-    killed ``eva qc`` left (``.eva-tmp-*`` in ``meta/`` and ``data/chunk-*/``), never a live
-    writer's. With a writer open (``writer.lock`` held) only the episodes.jsonl copies of a
-    killed qc go, under the meta lock; otherwise the writer lock is taken first. Returns the
-    removed paths; a filesystem error is a one-line ``DatasetError`` naming the path."""
-    root = Path(root)
-    fsafe.check_dataset_tree(root)
-    if not (root / layout.META_DIR).is_dir():
-        return []
-    data = root / "data"
-    chunks = (
-        [c for c in data.iterdir() if c.is_dir() and not c.is_symlink()]
-        if data.is_dir() and not data.is_symlink()
-        else []
-    )
-    if not _has_temporaries(root / layout.META_DIR) and not any(map(_has_temporaries, chunks)):
-        return []
-    try:
-        fsafe.real_directory(root / layout.WORK_DIR, create=True)
-        lock_fd = try_flock(root / layout.WORK_DIR / WRITER_LOCK)
-        if lock_fd is None:  # a writer is open: its own temps stay
-            with meta_lock(root):
-                return atomic.remove_stale_temporaries(
-                    root / layout.META_DIR, target=Path(layout.EPISODES).name
-                )
-        try:
-            return _remove_temporaries(root)
-        finally:
-            os.close(lock_fd)
-    except OSError as e:
-        raise fsafe.os_error(e) from None
 
 
 class DatasetWriter:
@@ -318,7 +123,7 @@ class DatasetWriter:
         """
         self = object.__new__(cls)
         self.parallel_encode = bool(parallel_encode)
-        self._free_buffers: dict[str, list[np.ndarray]] = {}
+        self.buffer_pool = BufferPool()
         self._init(
             Path(root), int(fps), list(cameras), list(vectors), robot_type,
             video or VideoOptions(), int(chunks_size), durable,
@@ -368,7 +173,8 @@ class DatasetWriter:
             raise DatasetError(f"{root}: another writer has this dataset open")
         self._lock_fd = lock_fd
         try:
-            self._clean_stale_work()
+            # Work dirs and temp files left by a crashed writer (we hold the lock: nobody else).
+            clean_stale_work(self.root, self.work_root)
             if (root / layout.INFO).exists():
                 self._open_existing(robot_type, chunks_size)
             else:
@@ -378,13 +184,6 @@ class DatasetWriter:
             raise
 
     # ---- opening -------------------------------------------------------------------------
-
-    def _clean_stale_work(self) -> None:
-        """Work dirs and temp files left by a crashed writer (we hold the lock: nobody else)."""
-        for entry in self.work_root.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-        _remove_temporaries(self.root)
 
     def _create_new(self, robot_type: str, chunks_size: int) -> None:
         episodes = self.root / layout.EPISODES
@@ -426,25 +225,9 @@ class DatasetWriter:
         atomic.atomic_write_json(self.root / layout.INFO, self.info, durable=self.durable)
         self._has_capture_time = True
 
-    def _read_json(self, rel: str) -> Any:
-        path = self.root / rel
-        try:
-            return json.loads(fsafe.read_bytes(path).decode("utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DatasetError(f"{path}: cannot read ({e})") from None
-
-    def _read_jsonl(self, rel: str) -> list[dict[str, Any]]:
-        path = self.root / rel
-        if not path.exists():
-            return []
-        try:
-            return atomic.read_jsonl(path)
-        except (OSError, ValueError) as e:
-            raise DatasetError(str(e)) from None
-
     def _open_existing(self, robot_type: str, chunks_size: int) -> None:
-        info = self._read_json(layout.INFO)
         path = self.root / layout.INFO
+        info = read_meta_json(path)
         if not isinstance(info, dict):
             raise DatasetError(f"{path}: not a JSON object")
         if info.get("codebase_version") != layout.CODEBASE_VERSION:
@@ -460,7 +243,7 @@ class DatasetWriter:
             isinstance(f, dict) for f in features.values()
         ):
             raise DatasetError(f"{path}: field features is not an object of feature objects")
-        self._check_features(features, path)
+        check_features(features, self.cameras, self.vectors, self.video.info_codec, path)
         self.info = info
         self.features = features
         self.chunks_size = int(info.get("chunks_size") or chunks_size)
@@ -471,14 +254,14 @@ class DatasetWriter:
             atomic.heal_jsonl_tail(self.root / rel, durable=self.durable)
         with meta_lock(self.root):
             atomic.heal_jsonl_tail(self.root / layout.EPISODES, durable=self.durable)
-        tasks = self._read_jsonl(layout.TASKS)
+        tasks = read_meta_jsonl(self.root / layout.TASKS)
         self._tasks = {}
         for row in tasks:
             try:
                 self._tasks[str(row["task"])] = int(row["task_index"])
             except (KeyError, TypeError, ValueError):
                 raise DatasetError(f"{self.root / layout.TASKS}: bad row {row}") from None
-        episodes = self._read_jsonl(layout.EPISODES)
+        episodes = read_meta_jsonl(self.root / layout.EPISODES)
         try:
             lengths = {int(r["episode_index"]): int(r["length"]) for r in episodes}
         except (KeyError, TypeError, ValueError):
@@ -493,102 +276,10 @@ class DatasetWriter:
         self._max_chunk = (
             max(layout.episode_chunk(e, self.chunks_size) for e in lengths) if lengths else -1
         )
-        self._repair_after_crash(episodes)
-
-    def _check_features(self, features: Mapping[str, Any], path: Path) -> None:
-        want_cams = {c.key: c for c in self.cameras}
-        want_vecs = {v.name: v for v in self.vectors}
-        have_cams = {k for k, f in features.items() if f.get("dtype") == "video"}
-        if have_cams != set(want_cams):
-            raise DatasetError(
-                f"{path}: cameras {sorted(have_cams)} != requested {sorted(want_cams)}"
-            )
-        for key, cam in want_cams.items():
-            feat = features[key]
-            if list(feat.get("shape", [])) != [cam.height, cam.width, 3]:
-                raise DatasetError(
-                    f"{path}: feature {key} shape {feat.get('shape')} != "
-                    f"[{cam.height}, {cam.width}, 3]"
-                )
-            codec = (feat.get("info") or {}).get("video.codec")
-            if codec not in (None, self.video.info_codec):
-                raise DatasetError(
-                    f"{path}: feature {key} is {codec} video, writer encodes {self.video.info_codec}"
-                )
-        skip = set(INDEX_FEATURES) | {CAPTURE_TIME} | have_cams
-        have_vecs = {k for k in features if k not in skip}
-        if have_vecs != set(want_vecs):
-            raise DatasetError(
-                f"{path}: vectors {sorted(have_vecs)} != requested {sorted(want_vecs)}"
-            )
-        for name, vec in want_vecs.items():
-            feat = features[name]
-            if feat.get("dtype") != "float32" or list(feat.get("shape", [])) != [vec.dim]:
-                raise DatasetError(
-                    f"{path}: feature {name} is {feat.get('dtype')}{feat.get('shape')}, "
-                    f"requested float32[{vec.dim}]"
-                )
-
-    def _repair_after_crash(self, episodes: list[dict[str, Any]]) -> None:
-        """Bring totals, per-episode stats and stats.json in line with episodes.jsonl.
-
-        Only needed if a previous writer died after the commit point; costs one read of
-        episodes_stats.jsonl, once per open.
-        """
-        stats_rows = self._read_jsonl(layout.EPISODES_STATS)
-        kept = [r for r in stats_rows if r.get("episode_index") in self._episode_indices]
-        seen: set[int] = set()
-        deduped = []
-        for row in reversed(kept):  # a re-committed index: the later row is the real one
-            if row["episode_index"] not in seen:
-                seen.add(row["episode_index"])
-                deduped.append(row)
-        deduped.reverse()
-        if len(deduped) != len(stats_rows):
-            atomic.atomic_write_jsonl(
-                self.root / layout.EPISODES_STATS, deduped, durable=self.durable
-            )
-        self._prune_image_histograms()
-        stats_path = self.root / layout.STATS
-        stats = self._read_json(layout.STATS) if stats_path.exists() else None
-        counted = None
-        if isinstance(stats, dict) and "frame_index" in stats:
-            with contextlib.suppress(KeyError, TypeError, ValueError, IndexError):
-                counted = int(stats["frame_index"]["count"][0])
-        if counted == self._total_frames and isinstance(stats, dict):
-            try:
-                # mean, std and count fully describe the pooled moments: no per-episode re-read.
-                self._stats = RunningMerge.from_stats(stats)
-            except (ValueError, TypeError) as e:
-                raise DatasetError(f"{stats_path}: unusable stats ({e})") from None
-        else:
-            merged = merge_stats([r["stats"] for r in deduped]) if deduped else {}
-            self._stats = RunningMerge.from_stats(merged)
-            atomic.atomic_write_json(stats_path, merged, durable=self.durable)
-        expected = self._info_totals()
-        if any(self.info.get(k) != v for k, v in expected.items()):
-            self.info.update(expected)
-            atomic.atomic_write_json(self.root / layout.INFO, self.info, durable=self.durable)
-
-    def _prune_image_histograms(self) -> None:
-        """Drop sidecar rows of episodes that never reached episodes.jsonl and the earlier row of
-        a re-committed index. Only each line's leading ``{"episode_index": N`` is looked at (the
-        writer puts it first), so the histograms are not parsed on every open."""
-        path = self.root / layout.IMAGE_HISTOGRAMS
-        try:
-            lines = fsafe.read_bytes(path).splitlines(keepends=True)
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            raise DatasetError(f"{path}: cannot read ({e})") from None
-        last: dict[int, int] = {}
-        for i, line in enumerate(lines):
-            match = _HISTOGRAM_ROW_START.match(line)
-            if match is not None:
-                last[int(match.group(1))] = i
-        keep = sorted(i for ep, i in last.items() if ep in self._episode_indices)
-        if len(keep) != len(lines):
-            atomic.atomic_write_bytes(path, b"".join(lines[i] for i in keep), durable=self.durable)
+        self._stats = repair_after_crash(
+            self.root, self.info, self._episode_indices, self._total_frames, self._info_totals(),
+            durable=self.durable,
+        )  # fmt: skip
 
     def _info_totals(self) -> dict[str, Any]:
         n = len(self._episode_indices)
@@ -626,34 +317,13 @@ class DatasetWriter:
             raise DatasetError(f"{self.root}: task prompt must be a non-empty string")
         return EpisodeWriter(self, task)
 
-    def _take_buffers(self, cam: CameraSpec) -> list[np.ndarray]:
-        """Batch buffers for one camera's encoder thread: the pooled set, or a new one."""
-        with self._lock:
-            pooled = self._free_buffers.pop(cam.key, None)
-        if pooled is not None:
-            return pooled
-        buffers = []
-        for _ in range(ENCODE_BUFFERS):
-            buf = np.empty((ENCODE_BATCH_FRAMES, cam.height, cam.width, 3), np.uint8)
-            buf.fill(0)  # touch the pages once, here, not in the middle of an episode
-            buffers.append(buf)
-        return buffers
-
-    def _give_back_buffers(self, key: str, buffers: list[np.ndarray]) -> None:
-        """Keep one set per camera for the next episode (more exist only with parallel episodes)."""
-        with self._lock:
-            self._free_buffers.setdefault(key, buffers)
-
     def close(self) -> None:
         """Release the dataset lock. Episodes still in progress can no longer commit."""
         if self._closed:
             return
         self._closed = True
-        self._free_buffers = {}
-        with contextlib.suppress(OSError):
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        with contextlib.suppress(OSError):
-            os.close(self._lock_fd)
+        self.buffer_pool.clear()
+        release_flock(self._lock_fd)
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -698,17 +368,11 @@ class DatasetWriter:
             episode_chunk=chunk, episode_index=episode_index, video_key=key,
         )  # fmt: skip
 
-    def _commit(self, episode: EpisodeWriter, extra: dict[str, Any]) -> int:
+    def commit_episode(self, episode: RecordedEpisode, extra: dict[str, Any]) -> int:
+        """Publish a recorded episode (``EpisodeWriter.commit`` calls this); returns its index."""
         n = episode.length
-        vectors = {
-            v.name: np.concatenate(episode._vector_parts[v.name], axis=0)
-            if episode._vector_parts[v.name]
-            else np.zeros((0, v.dim), np.float32)
-            for v in self.vectors
-        }
-        capture_time = np.concatenate(episode._capture_parts)
-        frame_index = np.arange(n, dtype=np.int64)
-        timestamp = (frame_index / self.fps).astype(np.float32)
+        vectors = episode.vectors
+        capture_time = episode.capture_time
 
         with self._lock:
             if self._closed:
@@ -719,33 +383,17 @@ class DatasetWriter:
             task_index = len(self._tasks) if new_task else self._tasks[task]
             if new_task and task_index in self._tasks.values():
                 task_index = max(self._tasks.values()) + 1
-            start = self._total_frames
 
-            columns: dict[str, pa.Array] = {}
-            for v in self.vectors:
-                flat = pa.array(vectors[v.name].reshape(-1), type=pa.float32())
-                columns[v.name] = pa.FixedSizeListArray.from_arrays(flat, v.dim)
-            columns["timestamp"] = pa.array(timestamp, type=pa.float32())
-            if self._has_capture_time:
-                columns[CAPTURE_TIME] = pa.array(capture_time, type=pa.float64())
-            columns["frame_index"] = pa.array(frame_index)
-            columns["episode_index"] = pa.array(np.full(n, ep, dtype=np.int64))
-            columns["index"] = pa.array(np.arange(start, start + n, dtype=np.int64))
-            columns["task_index"] = pa.array(np.full(n, task_index, dtype=np.int64))
-            table = pa.table(columns).replace_schema_metadata(
-                {"huggingface": huggingface_schema_metadata(self.features)}
+            columns = episode_columns(
+                self.vectors, vectors, capture_time,
+                with_capture_time=self._has_capture_time, fps=self.fps, episode_index=ep,
+                first_index=self._total_frames, task_index=task_index,
+            )  # fmt: skip
+            table = episode_table(columns, self.features)
+            histograms = episode.histograms
+            ep_stats = episode_stats(
+                columns, self.vectors, vectors, episode.image_stats, self.features
             )
-
-            ep_stats = dict(episode._image_stats_results())
-            histograms = episode._image_histograms()
-            for v in self.vectors:
-                ep_stats[v.name] = _finite_row_stats(vectors[v.name])
-            scalar_columns = ["timestamp", "frame_index", "episode_index", "index", "task_index"]
-            if self._has_capture_time:
-                scalar_columns.insert(1, CAPTURE_TIME)
-            for name in scalar_columns:
-                ep_stats[name] = _finite_row_stats(columns[name].to_numpy().reshape(n, 1))
-            ep_stats = {k: ep_stats[k] for k in self.features if ep_stats.get(k) is not None}
 
             row: dict[str, Any] = {"episode_index": ep, "tasks": [task], "length": n}
             if self.cameras:
@@ -784,8 +432,8 @@ class DatasetWriter:
                     for cam in self.cameras:
                         dest = self._video_path(ep, cam.key)
                         self._real_parent(dest)
-                        fsafe.make_read_only(episode._video_files[cam.key])
-                        os.replace(episode._video_files[cam.key], dest)
+                        fsafe.make_read_only(episode.video_files[cam.key])
+                        os.replace(episode.video_files[cam.key], dest)
                         moved.append(dest)
                     if self.durable:
                         for d in {p.parent for p in moved}:
@@ -834,318 +482,3 @@ class DatasetWriter:
                 # is stale, which `eva cleanup` (or the next open) repairs. Not a failed save.
                 raise MetadataNotUpdated(self.root, ep, e) from e
             return ep
-
-
-class _StopWork:
-    """Queue message that ends an encoder thread: flush and close the MP4, or discard it."""
-
-    def __init__(self, close: bool) -> None:
-        self.close = close
-
-
-class _CameraEncoder:
-    """One camera of an episode: its MP4 encoder and its image stats, fed from ONE thread.
-
-    Threaded (``buffers`` given): ``submit`` copies frames into a free batch buffer and queues
-    it; the worker encodes it, updates the stats and hands the buffer back. At most
-    ``len(buffers)`` batches are in flight, so ``submit`` blocks while the encoder is behind.
-    Inline (``buffers`` None): ``submit`` encodes in the calling thread.
-    """
-
-    def __init__(
-        self,
-        cam: CameraSpec,
-        path: Path,
-        fps: int,
-        options: VideoOptions,
-        buffers: list[np.ndarray] | None,
-        codec_threads: int | None = None,
-    ) -> None:
-        self.cam = cam
-        self.path = path
-        self.fps = fps
-        self.options = options
-        self.codec_threads = codec_threads
-        self.encoder: VideoEncoder | None = None
-        self.stats = ImageStats()
-        self.error: BaseException | None = None  # first failure of the encoder / stats
-        self.buffers = buffers
-        self._thread: threading.Thread | None = None
-        if buffers is not None:
-            self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
-            for buf in buffers:
-                self._free.put(buf)
-            self._todo: queue.SimpleQueue[tuple[np.ndarray, int] | _StopWork] = queue.SimpleQueue()
-            # Daemon: an episode its owner never commits or aborts must not hang interpreter exit.
-            self._thread = threading.Thread(
-                target=self._run, name=f"eva-encode-{path.stem}", daemon=True
-            )
-            self._thread.start()
-
-    @property
-    def frames_written(self) -> int:
-        return self.encoder.frames_written if self.encoder is not None else 0
-
-    def _encode(self, frames: np.ndarray) -> None:
-        if self.encoder is None:
-            self.encoder = VideoEncoder(
-                self.path, self.cam.width, self.cam.height, self.fps, self.options,
-                thread_count=self.codec_threads,
-            )  # fmt: skip
-        self.encoder.write(frames)
-        self.stats.update(frames)
-
-    def _run(self) -> None:
-        while True:
-            item = self._todo.get()
-            if isinstance(item, _StopWork):
-                self._finish_inline(item.close)
-                return
-            buf, n = item
-            try:
-                if self.error is None:
-                    self._encode(buf[:n])
-            except BaseException as e:  # reported to the producer by the next submit/finish
-                self.error = e
-            finally:
-                self._free.put(buf)
-
-    def _finish_inline(self, close: bool) -> None:
-        if self.encoder is None:
-            return
-        if close and self.error is None:
-            try:
-                self.encoder.close()
-            except BaseException as e:
-                self.error = e
-        else:
-            self.encoder.abort()
-
-    def submit(self, frames: np.ndarray) -> None:
-        """Encode ``frames`` (n, H, W, 3) uint8; the caller may reuse them once this returns."""
-        if self.error is not None:
-            return
-        if self._thread is None:
-            try:
-                self._encode(frames)
-            except BaseException as e:
-                self.error = e
-            return
-        for start in range(0, len(frames), ENCODE_BATCH_FRAMES):
-            part = frames[start : start + ENCODE_BATCH_FRAMES]
-            buf = self._free.get()  # waits while ENCODE_BUFFERS batches are in flight
-            if self.error is not None:
-                self._free.put(buf)
-                return
-            np.copyto(buf[: len(part)], part)
-            self._todo.put((buf, len(part)))
-
-    def request_stop(self, close: bool) -> None:
-        """Ask the worker to finish after the queued batches (close) or to discard (abort)."""
-        if self._thread is not None:
-            self._todo.put(_StopWork(close))
-
-    def join(self, close: bool) -> None:
-        """Wait for the worker (after ``request_stop``); inline: close or abort here."""
-        if self._thread is None:
-            self._finish_inline(close)
-            return
-        self._thread.join()
-
-    def failure(self) -> str | None:
-        if self.error is None:
-            return None
-        text = error_line(self.error)
-        return f"camera {self.cam.key}: encoding {self.path.name} failed ({text})"
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def _abandon_cameras(cameras: list[_CameraEncoder]) -> None:
-    for camera in cameras:
-        camera.request_stop(close=False)  # a no-op for threads already ended
-
-
-class EpisodeWriter:
-    """One episode being recorded: ``add_frames`` batches, then ``commit`` or ``abort``."""
-
-    def __init__(self, writer: DatasetWriter, task: str) -> None:
-        self.writer = writer
-        self.task = task
-        self.length = 0
-        self.work_dir = Path(tempfile.mkdtemp(prefix="ep-", dir=writer.work_root))
-        self._cameras: dict[str, _CameraEncoder] = {}  # started on the first frames
-        self._video_files = {
-            c.key: self.work_dir / f"{i:02d}.mp4" for i, c in enumerate(writer.cameras)
-        }
-        self._vector_parts: dict[str, list[np.ndarray]] = {v.name: [] for v in writer.vectors}
-        self._capture_parts: list[np.ndarray] = []
-        self._done = False
-        self._failure: str | None = None  # why the episode was aborted by an encoder failure
-
-    def _check_open(self) -> None:
-        if self._failure is not None:
-            raise DatasetError(f"episode in {self.work_dir} was aborted: {self._failure}")
-        if self._done:
-            raise DatasetError(f"episode in {self.work_dir}: already committed or aborted")
-
-    def _start_cameras(self) -> None:
-        w = self.writer
-        # With at least one camera thread per CPU the cores are busy already: x264's slice
-        # threads would only add synchronisation (measured: ~8% less CPU and ~8% more speed in
-        # the 3-camera capture bench). Fewer cameras keep the codec's default threading.
-        codec_threads = 1 if w.parallel_encode and len(w.cameras) >= _usable_cpus() else None
-        for cam in w.cameras:
-            buffers = w._take_buffers(cam) if w.parallel_encode else None
-            self._cameras[cam.key] = _CameraEncoder(
-                cam, self._video_files[cam.key], w.fps, w.video, buffers, codec_threads
-            )
-        # An episode dropped without commit/abort must not leave its encoder threads waiting
-        # forever: when it is collected they discard their files and end (the work dir is
-        # removed by the next writer that opens the dataset).
-        weakref.finalize(self, _abandon_cameras, list(self._cameras.values()))
-
-    def _raise_on_failure(self) -> None:
-        """An encoder failed: abort the whole episode and raise its reason."""
-        for camera in self._cameras.values():
-            failure = camera.failure()
-            if failure is not None:
-                self._failure = failure
-                self.abort()
-                raise DatasetError(failure) from camera.error
-
-    def add_frames(
-        self,
-        images: Mapping[str, np.ndarray] | None = None,
-        vectors: Mapping[str, np.ndarray] | None = None,
-        capture_time: np.ndarray | Sequence[float] | None = None,
-    ) -> None:
-        """Append n aligned frames: every camera (n,H,W,3) uint8, every vector (n,dim).
-
-        ``capture_time`` (n,) float64 seconds; omitted, it defaults to the fps grid instants.
-        Images are handed to the cameras' encoders right away (never held past a few batches;
-        the arrays may be reused once this returns); vectors are buffered until commit. An
-        encoder failure (this batch's or an earlier one's) aborts the episode and raises.
-        """
-        self._check_open()
-        self._raise_on_failure()
-        images = dict(images or {})
-        vectors = dict(vectors or {})
-        w = self.writer
-        where = f"{w.root}: add_frames"  # errors name the dataset and the field
-        want_cams = {c.key for c in w.cameras}
-        want_vecs = {v.name for v in w.vectors}
-        if set(images) != want_cams:
-            raise DatasetError(
-                f"{where}: images for {sorted(images)}, dataset cameras are {sorted(want_cams)}"
-            )
-        if set(vectors) != want_vecs:
-            raise DatasetError(
-                f"{where}: vectors {sorted(vectors)}, dataset vectors are {sorted(want_vecs)}"
-            )
-        counts = {k: len(a) for k, a in {**images, **vectors}.items()}
-        if capture_time is not None:
-            capture_time = np.asarray(capture_time, dtype=np.float64).reshape(-1)
-            counts["capture_time"] = len(capture_time)
-        if not counts:
-            raise DatasetError(f"{where}: a dataset without cameras or vectors needs capture_time")
-        n = next(iter(counts.values()))
-        if any(c != n for c in counts.values()):
-            raise DatasetError(f"{where}: frame counts differ between fields {counts}")
-        if n == 0:
-            return
-        batches: dict[str, np.ndarray] = {}
-        for cam in w.cameras:
-            batch = np.asarray(images[cam.key])
-            if batch.dtype != np.uint8 or batch.shape != (n, cam.height, cam.width, 3):
-                raise DatasetError(
-                    f"{where}: camera {cam.key} batch is {batch.dtype}{tuple(batch.shape)}, "
-                    f"expected uint8({n}, {cam.height}, {cam.width}, 3)"
-                )
-            batches[cam.key] = batch
-        checked: dict[str, np.ndarray] = {}
-        for vec in w.vectors:
-            arr = np.asarray(vectors[vec.name])
-            if arr.shape != (n, vec.dim):
-                raise DatasetError(
-                    f"{where}: vector {vec.name} shape {tuple(arr.shape)} != ({n}, {vec.dim})"
-                )
-            checked[vec.name] = arr.astype(np.float32, copy=True)
-        if capture_time is None:
-            capture_time = (np.arange(self.length, self.length + n) / w.fps).astype(np.float64)
-        if w.cameras and not self._cameras:
-            self._start_cameras()
-        for key, batch in batches.items():
-            self._cameras[key].submit(batch)
-        self._raise_on_failure()
-        for name, arr in checked.items():
-            self._vector_parts[name].append(arr)
-        self._capture_parts.append(np.array(capture_time, dtype=np.float64))
-        self.length += n
-
-    def _image_stats_results(self) -> dict[str, Any]:
-        """Per camera stats (only valid once the encoder threads have been joined)."""
-        return {key: camera.stats.result() for key, camera in self._cameras.items()}
-
-    def _image_histograms(self) -> dict[str, list[list[int]]]:
-        """Per camera (3, 256) pixel counts as JSON lists (valid once the threads are joined)."""
-        return {key: camera.stats.histogram().tolist() for key, camera in self._cameras.items()}
-
-    def _stop_cameras(self, close: bool) -> None:
-        """Finish every camera's encoder (in parallel when threaded) and pool the buffers."""
-        for camera in self._cameras.values():
-            camera.request_stop(close)
-        for camera in self._cameras.values():
-            camera.join(close)
-            if camera.buffers is not None:
-                self.writer._give_back_buffers(camera.cam.key, camera.buffers)
-                camera.buffers = None
-
-    def commit(self, extra_row_fields: Mapping[str, Any] | None = None) -> int | None:
-        """Publish the episode; returns its index, or None (nothing written) for zero frames.
-
-        ``extra_row_fields`` go into the episodes.jsonl row (quality, quality_issues, timing...).
-        Waits for the cameras' encoders; if one failed, the episode is aborted and this raises.
-        """
-        self._check_open()
-        extra = _jsonable(dict(extra_row_fields or {}), "extra_row_fields")
-        clash = RESERVED_ROW_KEYS & set(extra)
-        if clash:
-            raise DatasetError(f"extra_row_fields may not set {sorted(clash)}")
-        if self.length == 0:
-            self.abort()
-            return None
-        try:
-            self._stop_cameras(close=True)
-            self._raise_on_failure()
-            for key, camera in self._cameras.items():
-                if camera.frames_written != self.length:
-                    raise DatasetError(
-                        f"camera {key}: encoded {camera.frames_written} frames, episode has "
-                        f"{self.length}"
-                    )
-            episode_index = self.writer._commit(self, extra)
-        except BaseException:
-            self.abort()
-            raise
-        self._done = True
-        shutil.rmtree(self.work_dir, ignore_errors=True)
-        return episode_index
-
-    def abort(self) -> None:
-        """Drop the episode: stop the encoders, remove the work dir. Idempotent."""
-        self._done = True
-        self._stop_cameras(close=False)
-        shutil.rmtree(self.work_dir, ignore_errors=True)
-
-    def __enter__(self) -> EpisodeWriter:
-        return self
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is not None or not self._done:
-            self.abort()

@@ -74,7 +74,7 @@ def problem_line(problem: Any) -> str:
     return str(getattr(problem, "message", problem))
 
 
-# Validation problems an export can be asked to carry (ExportOptions.extra key -> codes).
+# Validation problems an export can be asked to carry (ExportOptions field -> codes).
 CARRIABLE_PROBLEMS = {"allow_non_finite": ("non_finite_values",)}
 
 
@@ -317,7 +317,7 @@ def export_dataset(
     # included): a directory that is not a dataset leaves no export root behind. Only the
     # source is read, so no lock is needed for it.
     try:
-        prepared = prepare(source, allow_non_finite=bool(options.extra.get("allow_non_finite")))
+        prepared = prepare(source, allow_non_finite=options.allow_non_finite)
     except DatasetError as e:
         _record_refusal(root, source, fmt, job_id, e)
         raise

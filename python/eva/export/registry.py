@@ -1,16 +1,9 @@
 """Export format registry: format name -> the module that writes and verifies that format.
 
-A format is a plain module ``eva.formats.<name>`` that provides (see docs/design.md, "Export
-interfaces"):
-
-- ``write_subset(reader, meta, staging_dir, progress, options) -> None``: write one complete subset
-  (data, meta, images) of the source ``reader`` (an ``eva.dataset.reader.DatasetReader``) described
-  by ``meta`` (an ``eva.dataset.subset.SubsetMeta``) into the empty directory ``staging_dir``.
-  ``progress`` is an ``eva.progress.ProgressSink`` (call it with increments); ``options`` is an
-  ``ExportOptions``. Everything except ``meta/quality_split.json`` (the pipeline writes that).
-  Raise ``eva.dataset.errors.DatasetError`` (one line naming file/episode/field) on bad input.
-- ``verify(export_dir) -> list[Problem]``: totals against the physical files plus a real read of
-  one state, one action and one image frame per episode with the format's own reader.
+A format is a module ``eva.formats.<name>`` satisfying ``eva.formats.base.FormatModule``: its
+options dataclass ``OPTIONS`` (the one ``eva.formats.options.FORMAT_OPTIONS`` names for it),
+``write_subset(reader, meta, staging_dir, progress, options)`` and ``verify(export_dir)``
+(docs/design.md, "Export interfaces").
 
 Modules are imported lazily by name, so a format whose module is not written yet (or whose optional
 dependency is missing) is reported as unavailable instead of breaking ``import eva.export``.
@@ -19,31 +12,30 @@ dependency is missing) is reported as unavailable instead of breaking ``import e
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from eva._native import NativeCoreError
 from eva.dataset.errors import DatasetError
 from eva.dataset.layout import FORMATS, normalize_format
+from eva.formats.base import ExportOptions, FormatModule, Options
+from eva.formats.options import FORMAT_OPTIONS, McapOptions
 
-REQUIRED_FUNCTIONS = ("write_subset", "verify")
+if TYPE_CHECKING:
+    from eva.dataset.reader import DatasetReader
+    from eva.dataset.subset import SubsetMeta
+    from eva.dataset.validate import Problem
+    from eva.progress import ProgressSink
 
+__all__ = ["ExportOptions", "FormatModule", "FormatUnavailable", "load_format"]
 
-@dataclass(frozen=True)
-class ExportOptions:
-    """Knobs a format may honour; unknown formats ignore what they do not need.
-
-    ``link_videos``: the native v2.1 exporter hard-links source MP4s when the filesystem allows
-    (falls back to a copy). ``durable``: flush the staged pair to disk (one ``syncfs``) before it
-    is published, so a power loss cannot publish unwritten files; a process crash is safe either
-    way. ``extra`` carries format-specific settings (e.g. HDF5 compression).
-    """
-
-    link_videos: bool = True
-    batch_size: int = 32
-    durable: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+# The parameters of FormatModule.write_subset, in order (checked by name: a module whose
+# function takes other arguments would be called wrongly).
+WRITE_SUBSET_PARAMETERS = ("reader", "meta", "staging_dir", "progress", "options")
+VERIFY_PARAMETERS = ("export_dir",)
 
 
 class FormatUnavailable(DatasetError):
@@ -54,8 +46,9 @@ def module_name(normalized: str) -> str:
     return f"eva.formats.{normalized}"
 
 
-def load_format(fmt: str) -> ModuleType:
-    """Import and return the module of ``fmt`` (aliases accepted), checking the interface."""
+def load_format(fmt: str) -> FormatModule:
+    """Import and return the module of ``fmt`` (aliases accepted), checked against
+    ``FormatModule``."""
     name = normalize_format(fmt)
     try:
         module = importlib.import_module(module_name(name))
@@ -69,10 +62,69 @@ def load_format(fmt: str) -> ModuleType:
         raise FormatUnavailable(f"format {name}: exporter cannot be imported ({e})") from None
     except ImportError as e:
         raise FormatUnavailable(f"format {name}: exporter cannot be imported ({e})") from None
-    missing = [fn for fn in REQUIRED_FUNCTIONS if not callable(getattr(module, fn, None))]
-    if missing:
-        raise FormatUnavailable(f"format {name}: exporter module lacks {', '.join(missing)}")
-    return module
+    if name == "mcap" and not hasattr(module, "OPTIONS"):
+        module = cast(ModuleType, LegacyMcapModule(module))
+    check_format_module(name, module)
+    return cast(FormatModule, module)
+
+
+def check_format_module(name: str, module: object) -> None:
+    """Refuse a module that does not satisfy ``FormatModule`` (a ``FormatUnavailable`` naming
+    what it lacks)."""
+    problems: list[str] = []
+    for function, expected in (
+        ("write_subset", WRITE_SUBSET_PARAMETERS),
+        ("verify", VERIFY_PARAMETERS),
+    ):
+        fn = getattr(module, function, None)
+        if not callable(fn):
+            problems.append(f"lacks {function}")
+            continue
+        params = tuple(inspect.signature(fn).parameters)
+        if params != expected:
+            problems.append(
+                f"{function}({', '.join(params)}) is not {function}({', '.join(expected)})"
+            )
+    options = getattr(module, "OPTIONS", None)
+    if options is not FORMAT_OPTIONS[name]:
+        problems.append(f"OPTIONS is {options!r}, not {FORMAT_OPTIONS[name].__name__}")
+    if problems:
+        raise FormatUnavailable(f"format {name}: exporter module {'; '.join(problems)}")
+
+
+@dataclass(frozen=True)
+class LegacyMcapSettings:
+    """What the mcap module of before the typed options reads: ``extra`` and ``batch_size``."""
+
+    extra: dict[str, object] = field(default_factory=dict)
+    batch_size: int = 32
+
+
+class LegacyMcapModule:
+    """Temporary adapter: the mcap module that still reads ``options.extra`` behind the typed
+    interface (its ``McapOptions`` become the ``mcap_*`` keys it parses). Goes when that module
+    takes ``McapOptions`` itself."""
+
+    OPTIONS: type[Options] = McapOptions
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+
+    def write_subset(
+        self,
+        reader: DatasetReader,
+        meta: SubsetMeta,
+        staging_dir: Path,
+        progress: ProgressSink,
+        options: ExportOptions,
+    ) -> None:
+        mcap = options.format_options(McapOptions)
+        extra = {"mcap_compression": mcap.compression, "mcap_chunk_size": mcap.chunk_size}
+        legacy = LegacyMcapSettings({**extra, **options.extra}, mcap.batch_size)
+        self.module.write_subset(reader, meta, staging_dir, progress, legacy)
+
+    def verify(self, export_dir: Path) -> list[Problem]:
+        return cast("list[Problem]", self.module.verify(export_dir))
 
 
 def availability() -> dict[str, str | None]:

@@ -29,13 +29,25 @@ from eva.dataset import fsafe, layout
 from eva.dataset.atomic import read_jsonl
 from eva.dataset.embedded import read_export_meta
 from eva.dataset.errors import DatasetError, naming_write_errors
+from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
 from eva.dataset.validate import Problem
+from eva.formats._decode import first_frame
+from eva.formats._verify import (
+    VECTOR_FEATURES,
+    ProblemCollector,
+    check_frame,
+    check_total,
+    check_unreadable_meta,
+    check_vectors,
+    check_version,
+)
+from eva.formats.base import ExportOptions
+from eva.formats.options import LeRobotV21Options
 from eva.progress import ProgressSink
 
 FORMAT = "lerobot_v21"
-STATE = layout.STATE
-ACTION = layout.ACTION
+OPTIONS = LeRobotV21Options  # this format's options (eva.formats.base.FormatModule)
 
 
 def link_or_copy(src: Path, dest: Path, *, link: bool = True) -> str:
@@ -82,7 +94,7 @@ def export_info(meta: SubsetMeta) -> dict[str, Any]:
 
 
 def _export_episode(
-    reader: Any,
+    reader: DatasetReader,
     meta: SubsetMeta,
     staging_dir: Path,
     new: int,
@@ -135,14 +147,18 @@ def _export_episode(
 
 
 def write_subset(
-    reader: Any, meta: SubsetMeta, staging_dir: Path, progress: ProgressSink, options: Any
+    reader: DatasetReader,
+    meta: SubsetMeta,
+    staging_dir: Path,
+    progress: ProgressSink,
+    options: ExportOptions,
 ) -> None:
     """Episodes are independent files, so a small thread pool overlaps their I/O and parquet
     work (pyarrow and the file syscalls release the GIL); progress is reported in order."""
     staging_dir = Path(staging_dir)
     info = export_info(meta)
     chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
-    link = bool(getattr(options, "link_videos", True))
+    link = not options.format_options(LeRobotV21Options).copy_videos
     count = meta.total_episodes
     workers = max(1, min(4, os.cpu_count() or 1, count))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eva-v21") as pool:
@@ -163,16 +179,6 @@ def write_subset(
     progress(files=write_common_meta(staging_dir, meta, info))
 
 
-def _first_frame(path: Path) -> np.ndarray | None:
-    import av
-
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        for frame in container.decode(stream):
-            return frame.to_ndarray(format="rgb24")
-    return None
-
-
 def _count_frames(path: Path) -> int:
     from eva.dataset.video import count_frames
 
@@ -183,24 +189,15 @@ def verify(export_dir: Path) -> list[Problem]:
     """Totals against physical files, then a real read of one state, action and image frame
     per episode (pyarrow for the tables, PyAV for the MP4s)."""
     root = Path(export_dir)
-    problems: list[Problem] = []
-
-    def problem(code: str, message: str, path: Path, episode: int | None = None) -> None:
-        where = f"{path}: episode {episode}" if episode is not None else str(path)
-        problems.append(Problem(code, f"{where}: {message}", str(path), episode))
-
+    problem = ProblemCollector()
     try:
         info, episodes = read_export_meta(root)
         tasks = {int(r["task_index"]) for r in read_jsonl(root / layout.TASKS)}
     except (OSError, ValueError, KeyError, TypeError) as e:
-        problem("unreadable_meta", f"cannot read metadata: {e}", root / layout.META_DIR)
-        return problems
-    if info.get("codebase_version") != layout.CODEBASE_VERSION:
-        problem(
-            "wrong_version",
-            f"codebase_version {info.get('codebase_version')!r}",
-            root / layout.INFO,
-        )
+        check_unreadable_meta(problem, root, e)
+        return problem.problems
+    info_path = root / layout.INFO
+    check_version(problem, info, layout.CODEBASE_VERSION, info_path)
     features = info.get("features", {})
     video_keys, refused = layout.safe_video_keys(features)
     for e in refused:
@@ -211,25 +208,12 @@ def verify(export_dir: Path) -> list[Problem]:
         problem(
             "episode_numbering", f"episode indices {indices} are not 0..n-1", root / layout.EPISODES
         )
-    if info.get("total_episodes") != len(episodes):
-        problem(
-            "total_episodes",
-            f"info total_episodes {info.get('total_episodes')} but {len(episodes)} episodes",
-            root / layout.INFO,
-        )
-    if info.get("total_tasks") != len(tasks):
-        problem(
-            "total_tasks",
-            f"info total_tasks {info.get('total_tasks')} but {len(tasks)} tasks",
-            root / layout.INFO,
-        )
+    check_total(
+        problem, info, "total_episodes", len(episodes), f"{len(episodes)} episodes", info_path
+    )
+    check_total(problem, info, "total_tasks", len(tasks), f"{len(tasks)} tasks", info_path)
     videos = len(episodes) * sum(1 for f in features.values() if f.get("dtype") == "video")
-    if info.get("total_videos") != videos:
-        problem(
-            "total_videos",
-            f"info total_videos {info.get('total_videos')} but {videos} videos",
-            root / layout.INFO,
-        )
+    check_total(problem, info, "total_videos", videos, f"{videos} videos", info_path)
     total_rows = 0
     for ep in range(len(episodes)):
         chunk = layout.episode_chunk(ep, chunks_size)
@@ -270,14 +254,12 @@ def verify(export_dir: Path) -> list[Problem]:
             )
         total_rows += n
         # Real read: one state and one action value.
-        for name in (STATE, ACTION):
-            if name in features:
-                if name not in table.column_names:
-                    problem("missing_column", f"column {name!r} missing", data, ep)
-                    continue
-                value = np.asarray(table.column(name)[0].as_py(), dtype=np.float32)
-                if value.shape != tuple(features[name].get("shape", value.shape)):
-                    problem("bad_value", f"{name} has shape {value.shape}", data, ep)
+        first_values = {
+            name: np.asarray(table.column(name)[0].as_py(), dtype=np.float32)
+            for name in VECTOR_FEATURES
+            if name in table.column_names
+        }
+        check_vectors(problem, features, first_values, data, ep)
         for key in video_keys:
             video = root / layout.VIDEO_PATH.format(
                 episode_chunk=chunk, video_key=key, episode_index=ep
@@ -292,22 +274,12 @@ def verify(export_dir: Path) -> list[Problem]:
                 continue
             try:
                 frames = _count_frames(video)
-                frame = _first_frame(video)
+                frame = first_frame(video)
             except Exception as e:  # noqa: BLE001 - any decoder failure is a verification problem
                 problem("unreadable_video", f"camera {key!r}: cannot decode: {e}", video, ep)
                 continue
             if frames != n:
                 problem("frame_count", f"camera {key!r}: {frames} frames but {n} rows", video, ep)
-            shape = tuple(features[key].get("shape", ()))
-            if frame is None or frame.shape != shape:
-                got = None if frame is None else frame.shape
-                problem(
-                    "bad_frame", f"camera {key!r}: first frame {got}, expected {shape}", video, ep
-                )
-    if info.get("total_frames") != total_rows:
-        problem(
-            "total_frames",
-            f"info total_frames {info.get('total_frames')} but {total_rows} rows",
-            root / layout.INFO,
-        )
-    return problems
+            check_frame(problem, key, frame, tuple(features[key].get("shape", ())), video, ep)
+    check_total(problem, info, "total_frames", total_rows, f"{total_rows} rows", info_path)
+    return problem.problems

@@ -29,7 +29,8 @@ class SplitPlan:
 
 
 def plan_split(rows: Iterable[Mapping[str, Any]]) -> SplitPlan:
-    """Apply contracts §2 to every episodes.jsonl row (rows may come in any order)."""
+    """Apply the accept/reject rule (``subset_of``) to every episodes.jsonl row (rows may come in
+    any order)."""
     decided = sorted((int(row["episode_index"]), subset_of(row)) for row in rows)
     return SplitPlan(
         accepted=[i for i, s in decided if s == ACCEPTED],

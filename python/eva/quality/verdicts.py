@@ -1,4 +1,4 @@
-"""Operator review (QUALITY CHECK) and the accept/reject priority of contracts §2.
+"""Operator review (QUALITY CHECK) and the accept/reject priority (docs/formats.md, "Accepted and rejected").
 
 Priority, per episode, compared case-insensitively:
 1. ``qc_verdict == "pass"`` -> accepted (overrides an automatic red flag);
@@ -21,9 +21,6 @@ lock, which every rewrite of episodes.jsonl holds, so no live rewrite loses its 
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +31,7 @@ from eva.dataset.atomic import atomic_write_jsonl, read_jsonl, remove_stale_temp
 from eva.dataset.errors import DatasetError
 from eva.dataset.layout import META_LOCK as META_LOCK  # re-exported: the lock qc shares
 from eva.dataset.layout import WRITER_LOCK
-from eva.dataset.locks import meta_lock
+from eva.dataset.locks import is_flocked, meta_lock
 
 ACCEPTED = "accepted"
 REJECTED = "rejected"
@@ -50,7 +47,8 @@ def _lower(value: Any) -> str | None:
 
 
 def subset_of(row: Mapping[str, Any]) -> str:
-    """``"accepted"`` or ``"rejected"`` for one episodes.jsonl row (contracts §2)."""
+    """``"accepted"`` or ``"rejected"`` for one episodes.jsonl row: verdict pass, verdict fail,
+    then quality red, else accepted."""
     verdict = _lower(row.get("qc_verdict"))
     if verdict == "pass":
         return ACCEPTED
@@ -74,25 +72,8 @@ def saving_marker(root: Path, episode_index: int) -> Path:
     return Path(root) / layout.WORK_DIR / layout.saving_marker_name(episode_index)
 
 
-def _lock_is_held(path: Path) -> bool:
-    """True when another process holds a flock on ``path`` (a leftover file alone does not count)."""
-    try:
-        fd = fsafe.open_regular(path)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return True
-        raise
-    finally:
-        os.close(fd)
-    return False
-
-
 def is_being_saved(root: Path, episode_index: int) -> bool:
-    return _lock_is_held(saving_marker(root, episode_index))
+    return is_flocked(saving_marker(root, episode_index))
 
 
 def read_episode_rows(root: Path) -> list[dict[str, Any]]:
@@ -171,7 +152,7 @@ def _review_locked(
         rows = read_episode_rows(root)
         matches = [i for i, r in enumerate(rows) if r.get("episode_index") == episode_index]
         if not matches:
-            if _lock_is_held(root / layout.WORK_DIR / WRITER_LOCK):
+            if is_flocked(root / layout.WORK_DIR / WRITER_LOCK):
                 raise DatasetError(
                     f"{root / layout.EPISODES}: episode {episode_index} is not saved yet "
                     "(a capture writer is still working on this dataset)"

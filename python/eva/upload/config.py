@@ -1,4 +1,4 @@
-"""The ``collection.storage.sftp`` table of the TOML config (contracts §7), parsed and validated.
+"""The ``collection.storage.sftp`` table of the TOML config (docs/config.md), parsed and validated.
 
 The rest of ``collection`` belongs to ``eva.config``; this module reads only the upload backend so
 that uploading does not depend on (or re-validate) the capture settings. Every error names the key.
@@ -30,7 +30,7 @@ class SftpConfig:
     port: int = DEFAULT_PORT
     user: str | None = None
     identity_file: Path | None = None
-    # Not in contracts §7: where host keys are checked and recorded (OpenSSH's default file).
+    # Beyond host/port/user/identity_file/remote_dir: where host keys are checked and recorded (OpenSSH's default file).
     known_hosts: Path = Path(DEFAULT_KNOWN_HOSTS).expanduser()
 
     def target_path(self, dataset_name: str) -> str:

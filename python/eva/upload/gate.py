@@ -1,4 +1,5 @@
-"""May this accepted export be uploaded? (description: "Why upload is limited...", contracts §7)
+"""May this accepted export be uploaded? (only the accepted directory of the latest completed export, whose marker
+matches the current review and the requested format)
 
 Upload is allowed only when ALL of these hold, checked in this order; the first that fails is
 reported with its own reason code:

@@ -48,7 +48,7 @@ from eva.progress import ProgressSink, null_progress
 from eva.upload import paramiko_compat
 from eva.upload.config import SftpConfig
 from eva.upload.connect import Connector
-from eva.upload.errors import UploadError as UploadError  # re-exported: cli.py catches it here
+from eva.upload.errors import UploadError as UploadError  # re-exported: eva.cli catches it here
 from eva.upload.errors import UploadInterrupted
 
 STAGING_MARK = ".eva-staging-"

@@ -1,4 +1,4 @@
-"""An MP4 with one video track spliced from byte ranges of other files (private to v3).
+"""An MP4 with one video track spliced from byte ranges of other files (used by the v3 video shards).
 
 A v3.0 video shard is a concatenation: every sample of every episode MP4, unchanged, with its
 timestamps shifted. Muxing that packet by packet through FFmpeg costs ~10 us of Python and muxer

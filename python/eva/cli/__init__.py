@@ -1,0 +1,124 @@
+"""The ``eva`` command line: the only package that talks to terminals.
+
+One module per command group; a command's module is imported only when that command runs (or
+its help is asked for), so ``eva --help`` and ``eva <cmd> --help`` load no media or table
+library. Exit codes: 0 ok, 1 invalid data or a failed operation, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+from eva import __version__
+from eva._native import NativeCoreError, build_info
+from eva.cli.output import fail
+
+# name -> (module, command object, summary), in workflow order: the order `eva --help` lists
+# them. The summary is what the top-level help shows without importing the command's module;
+# tests check that it equals the first line of the command's own help.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "collect": (
+        "eva.cli.collect",
+        "collect_command",
+        "Record episodes into <log_dir>/<dataset>/raw (LeRobot v2.1).",
+    ),
+    "qc": (
+        "eva.cli.dataset_commands",
+        "qc_command",
+        "Review episodes: set a verdict and/or note, or --list the review and resulting split.",
+    ),
+    "export": (
+        "eva.cli.export_commands",
+        "export_command",
+        "Split DATASET into accepted/rejected and export both as FMT, published as a pair.",
+    ),
+    "verify": (
+        "eva.cli.export_commands",
+        "verify_command",
+        "Verify an exported accepted/rejected directory: marker, totals and a real read.",
+    ),
+    "upload": (
+        "eva.cli.upload_command",
+        "upload_command",
+        "Upload the current accepted export of DATASET over SFTP.",
+    ),
+    "info": (
+        "eva.cli.dataset_commands",
+        "info_command",
+        "Summarise a LeRobot v2.1 DATASET: episodes, frames, cameras, fps, tasks, quality counts.",
+    ),
+    "validate": (
+        "eva.cli.dataset_commands",
+        "validate_command",
+        "Check a LeRobot v2.1 DATASET; report every problem. Exit 0 valid, 1 invalid, 2 usage.",
+    ),
+    "cleanup": (
+        "eva.cli.dataset_commands",
+        "cleanup_command",
+        "Finish or undo interrupted exports of DATASET and remove hidden staging/backup dirs.",
+    ),
+    "console": (
+        "eva.cli.console_command",
+        "console_command",
+        "Serve the operator console: COLLECT, QUALITY CHECK, EXPORT and UPLOAD in a browser.",
+    ),
+}
+
+
+def _version_message() -> str:
+    info = build_info()
+    core = info["backend"]
+    if core == "broken":
+        core = f"broken ({info['error']})"
+    elif core == "native":
+        core = f"native ({info.get('compiler')}, C++{info.get('cxx_standard')})"
+    return f"eva {__version__}, core: {core}"
+
+
+class EvaGroup(click.Group):
+    """The command group. Commands load lazily (see COMMANDS); a filesystem error no command
+    words itself (EACCES, EROFS, ENOSPC, ELOOP... while reading or writing a dataset) becomes
+    one line naming the path, exit 1."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        command = getattr(importlib.import_module(entry[0]), entry[1])
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, summary) for name, (_, _, summary) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NativeCoreError as e:
+            fail(str(e))
+        except OSError as e:
+            from eva.dataset.fsafe import os_error
+
+            fail(str(os_error(e)))
+
+
+@click.group(
+    cls=EvaGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(__version__, message=_version_message())
+def main() -> None:
+    """eva: record, review, split, export and upload robot-learning datasets.
+
+    \b
+    Example:
+      eva info demo-data/pick/raw
+    """

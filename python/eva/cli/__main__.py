@@ -1,0 +1,5 @@
+"""``python -m eva.cli``: the ``eva`` command."""
+
+from eva.cli import main
+
+main()

@@ -1,0 +1,248 @@
+"""``eva info``, ``eva validate``, ``eva qc`` and ``eva cleanup``: commands on one dataset."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from eva.cli.output import EXIT_INVALID, EXIT_USAGE, emit_json, fail, say
+from eva.textsafe import printable
+
+
+def _dataset_summary(root: Path) -> dict[str, Any]:
+    from eva.dataset.reader import DatasetReader
+
+    reader = DatasetReader(root)
+    info = reader.info
+    rows = reader.episodes
+    quality = [str(r.get("quality", "")).lower() for r in rows]
+    verdicts = [str(r.get("qc_verdict") or "").lower() for r in rows]
+    return {
+        "dataset": str(root),
+        "codebase_version": info.get("codebase_version"),
+        "robot_type": info.get("robot_type"),
+        "fps": reader.fps,
+        "episodes": len(rows),
+        "frames": reader.total_frames,
+        "cameras": {key: reader.features[key].get("shape") for key in reader.video_keys},
+        "vectors": {key: reader.features[key].get("shape") for key in reader.vector_keys},
+        "tasks": [reader.tasks[i] for i in sorted(reader.tasks)],
+        "quality": {"green": quality.count("green"), "red": quality.count("red")},
+        "qc_verdict": {"pass": verdicts.count("pass"), "fail": verdicts.count("fail")},
+        "stale_exports": _stale_exports(root),
+    }
+
+
+@click.command("info")
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+def info_command(dataset: Path, as_json: bool) -> None:
+    """Summarise a LeRobot v2.1 DATASET: episodes, frames, cameras, fps, tasks, quality counts.
+
+    \b
+    Example:
+      eva info demo-data/pick/raw
+      eva info demo-data/pick/raw --json | jq .quality
+    """
+    from eva.dataset.errors import DatasetError
+
+    try:
+        summary = _dataset_summary(dataset)
+    except DatasetError as e:
+        fail(str(e))
+    if as_json:
+        emit_json(summary)
+        return
+    cameras = ", ".join(f"{k} {s[1]}x{s[0]}" for k, s in summary["cameras"].items() if s)
+    say(f"dataset   {summary['dataset']} ({summary['codebase_version']})")
+    say(f"episodes  {summary['episodes']}, frames {summary['frames']}, fps {summary['fps']}")
+    say(f"cameras   {cameras or '-'}")
+    say(f"tasks     {len(summary['tasks'])}: " + "; ".join(map(printable, summary["tasks"])))
+    q, v = summary["quality"], summary["qc_verdict"]
+    say(f"quality   green {q['green']}, red {q['red']}; qc pass {v['pass']}, fail {v['fail']}")
+    for entry in summary["stale_exports"]:
+        say(f"stale     {entry['format']} export {entry['export_root']}: {entry['detail']}")
+
+
+@click.command("validate")
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@click.option("--decode", is_flag=True, help="Decode every video to count frames (slow, exact).")
+def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
+    """Check a LeRobot v2.1 DATASET; report every problem. Exit 0 valid, 1 invalid, 2 usage.
+
+    \b
+    Example:
+      eva validate demo-data/pick/raw
+      eva validate demo-data/pick/raw --decode --json
+    """
+    from eva.dataset.validate import validate_dataset
+
+    problems = validate_dataset(dataset, decode=decode)
+    if as_json:
+        emit_json(
+            {
+                "dataset": str(dataset),
+                "valid": not problems,
+                "decode": decode,
+                "problems": [p.to_dict() for p in problems],
+            }
+        )
+    else:
+        for problem in problems:
+            say(str(problem))
+        say(
+            f"{dataset}: valid" if not problems else f"{dataset}: {len(problems)} problem(s)",
+            err=bool(problems),
+        )
+    if problems:
+        sys.exit(EXIT_INVALID)
+
+
+def _qc_list_line(entry: dict[str, Any]) -> str:
+    issues = ",".join(entry["issues"]) or "-"
+    note = entry["qc_note"] if entry["qc_note"] is not None else ""
+    return (
+        f"{entry['episode_index']:>6}  {entry['length'] if entry['length'] is not None else '?':>6}  "
+        f"{entry['quality'] or '-':<6} {entry['qc_verdict'] or '-':<5} {entry['subset']:<9} "
+        f"{entry['reason']:<26} {issues}  {note}"
+    ).rstrip()
+
+
+@click.command("qc")
+@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("episode", type=int, required=False)
+@click.option("--pass", "pass_", is_flag=True, help="Accept the episode (overrides red).")
+@click.option("--fail", "fail_", is_flag=True, help="Reject the episode.")
+@click.option("--clear", "clear_", is_flag=True, help="Remove the verdict (quality decides again).")
+@click.option("--note", default=None, help="Replace the operator note (alone: note-only update).")
+@click.option("--list", "list_", is_flag=True, help="Show every episode's review and subset.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def qc_command(
+    dataset: Path,
+    episode: int | None,
+    pass_: bool,
+    fail_: bool,
+    clear_: bool,
+    note: str | None,
+    list_: bool,
+    as_json: bool,
+) -> None:
+    """Review episodes: set a verdict and/or note, or --list the review and resulting split.
+
+    \b
+    Examples:
+      eva qc data/pick/raw 3 --pass --note "red flag was a glitch"
+      eva qc data/pick/raw 4 --note "check lighting"      (note only, verdict unchanged)
+      eva qc data/pick/raw 4 --clear                      (no verdict: quality decides)
+      eva qc data/pick/raw --list
+    """
+    from eva.dataset.errors import DatasetError
+    from eva.quality.verdicts import read_episode_rows, review_episode, review_table
+
+    if pass_ + fail_ + clear_ > 1:
+        fail("qc: --pass, --fail and --clear exclude each other", EXIT_USAGE)
+    if note is not None:
+        try:
+            note.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the locale could not decode (surrogateescape)
+            fail("qc: --note: not valid UTF-8", EXIT_USAGE)
+    verdict = "pass" if pass_ else "fail" if fail_ else None
+    try:
+        if list_:
+            if episode is not None or verdict or clear_ or note is not None:
+                fail("qc --list takes no episode, verdict or note", EXIT_USAGE)
+            table = review_table(read_episode_rows(dataset))
+            if as_json:
+                for entry in table:
+                    emit_json(entry)
+                return
+            click.echo(
+                f"{'ep':>6}  {'frames':>6}  quality verdict subset    reason{' ' * 21}issues  note"
+            )
+            for entry in table:
+                say(_qc_list_line(entry))
+            accepted = sum(1 for e in table if e["subset"] == "accepted")
+            click.echo(f"accepted {accepted}, rejected {len(table) - accepted}")
+            return
+        if episode is None:
+            fail("qc needs an EPISODE index (or --list)", EXIT_USAGE)
+        if verdict is None and note is None and not clear_:
+            fail("qc needs --pass, --fail, --clear or --note", EXIT_USAGE)
+        update = review_episode(dataset, episode, verdict=verdict, note=note, clear_verdict=clear_)
+    except DatasetError as e:
+        fail(str(e))
+    from eva.quality.verdicts import subset_of
+
+    row = update.row
+    stale = _stale_exports(dataset) if update.changed else []
+    if as_json:
+        emit_json(
+            {
+                **row,
+                "subset": subset_of(row),
+                "changed": update.changed,
+                "stale_exports": [s["format"] for s in stale],
+            }
+        )
+    else:
+        say(
+            f"episode {episode}: verdict {row.get('qc_verdict') or '-'}, "
+            f"note {row.get('qc_note')!r} -> {subset_of(row)}"
+            + ("" if update.changed else " (unchanged)")
+        )
+    for entry in stale:
+        say(
+            f"eva: warning: the {entry['format']} export {entry['export_root']} is now stale "
+            f"({entry['detail']}): export again before uploading",
+            err=True,
+        )
+
+
+def _stale_exports(dataset: Path) -> list[dict[str, str]]:
+    """The exports of ``dataset`` the current review no longer gives (eva.export.staleness);
+    a review that cannot be read lists none (the command itself reports that dataset)."""
+    from eva.dataset.errors import DatasetError
+    from eva.export.staleness import stale_exports
+
+    try:
+        found = stale_exports(dataset)
+    except DatasetError:
+        return []
+    return [
+        {"format": s.format, "export_root": str(s.export_root), "detail": s.describe()}
+        for s in found
+    ]
+
+
+@click.command("cleanup")
+@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--format", "fmt", default=None, help="Only this format (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
+    """Finish or undo interrupted exports of DATASET and remove hidden staging/backup dirs.
+
+    \b
+    Example:
+      eva cleanup data/pick/raw --format hdf5
+    """
+    from eva.dataset.errors import DatasetError
+    from eva.export.pipeline import cleanup
+
+    try:
+        actions = cleanup(dataset, fmt)
+    except (DatasetError, ValueError) as e:
+        fail(str(e))
+    if as_json:
+        emit_json({"dataset": str(dataset), "actions": actions})
+        return
+    count = 0
+    for name, lines in actions.items():
+        for line in lines:
+            say(f"{name}: {line}")
+            count += 1
+    if not count:
+        click.echo("nothing to clean up")

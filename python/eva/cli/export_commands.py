@@ -1,0 +1,247 @@
+"""``eva export`` and ``eva verify``; the per-format options come from the formats' options
+dataclasses (eva.formats.options), so each default is stated once."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from eva.cli.output import EXIT_INVALID, EXIT_USAGE, emit_json, fail, first_line, human_bytes, say
+from eva.formats.base import ExportOptions, OptionError, OptionField, Options
+from eva.formats.options import FORMAT_OPTIONS as FORMAT_OPTION_CLASSES
+
+
+def _generated_option(
+    cls: type[Options], spec: OptionField, label: str | None
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """One ``eva export`` option made from an options dataclass field (name, type, default,
+    help, choices); its value is checked by the dataclass as soon as it is parsed, so a bad
+    one is refused before a job starts (a failed job would block uploads)."""
+
+    def check(_ctx: click.Context, _param: click.Parameter, value: object) -> object:
+        try:
+            cls(**{spec.field_name: value})
+        except OptionError as e:
+            raise click.BadParameter(e.reason) from None
+        return value
+
+    help_text = f"{label}: {spec.info.help}" if label else spec.info.help
+    kind: click.ParamType | type | None
+    minimum, min_open = spec.info.minimum, spec.info.minimum_open
+    if spec.type == "bool":
+        return click.option(
+            spec.flag, spec.name, is_flag=True, default=spec.default, help=help_text, callback=check
+        )
+    if spec.type == "choice":
+        kind = click.Choice(list(spec.info.choices))
+    elif spec.type == "int":
+        kind = click.IntRange(min=minimum, min_open=min_open) if minimum is not None else int
+    elif spec.type == "float":
+        kind = click.FloatRange(min=minimum, min_open=min_open) if minimum is not None else float
+    else:
+        kind = str
+    return click.option(
+        spec.flag,
+        spec.name,
+        type=kind,
+        default=spec.default,
+        show_default=True,
+        metavar=spec.info.metavar,
+        help=help_text,
+        callback=check,
+    )
+
+
+def _format_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Every format's options (``eva.formats.options``), then the ones all formats take."""
+    generated = [
+        _generated_option(cls, spec, fmt)
+        for fmt, cls in FORMAT_OPTION_CLASSES.items()
+        for spec in cls.option_fields()
+    ]
+    generated += [
+        _generated_option(ExportOptions, spec, None) for spec in ExportOptions.option_fields()
+    ]
+    for decorate in reversed(generated):
+        command = decorate(command)
+    return command
+
+
+def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
+    """The typed options of an ``eva export`` of ``fmt`` from the generated options' values
+    (another format's options are not used)."""
+    format_cls = FORMAT_OPTION_CLASSES[fmt]
+    own = {spec.field_name: values[spec.name] for spec in format_cls.option_fields()}
+    common = {spec.field_name: values[spec.name] for spec in ExportOptions.option_fields()}
+    return ExportOptions(**common, format=format_cls(**own))
+
+
+@click.command("export")
+@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    required=True,
+    help="lerobot_v21, lerobot_v3, hdf5 or mcap (aliases: v21, v3, h5).",
+)
+@_format_options
+@click.option(
+    "--json", "as_json", is_flag=True, help="JSON progress lines (default when not a terminal)."
+)
+def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any) -> None:
+    """Split DATASET into accepted/rejected and export both as FMT, published as a pair.
+
+    \b
+    Output: <parent>/export/<fmt>/{accepted,rejected} for a source named raw,
+    else <parent>/<name>_export/<fmt>/{accepted,rejected}.
+    Example:
+      eva export data/pick/raw --format v3
+    """
+    import time
+
+    from eva.dataset.errors import DatasetError
+    from eva.dataset.layout import normalize_format
+    from eva.export.pipeline import export_dataset
+
+    try:
+        fmt = normalize_format(fmt)
+    except ValueError as e:
+        fail(str(e), EXIT_USAGE)
+    json_lines = as_json or not sys.stdout.isatty()
+    last = [0.0]
+
+    def on_progress(progress: Any, job: Any) -> None:
+        now = time.monotonic()
+        final = job.state in ("completed", "failed")
+        if json_lines:
+            if final or now - last[0] >= 0.2:
+                last[0] = now
+                emit_json({"event": "progress", "state": job.state, **progress.as_dict()})
+            return
+        if not final and now - last[0] < 0.1:
+            return
+        last[0] = now
+        total = progress.total_episodes
+        width = 30
+        done = int(width * progress.episodes / total) if total else (width if final else 0)
+        bar = "#" * done + "-" * (width - done)
+        click.echo(
+            f"\r{fmt} [{bar}] {progress.episodes}/{total if total is not None else '?'} episodes, "
+            f"{progress.files} files, {human_bytes(progress.bytes)}",
+            nl=final,
+            err=True,
+        )
+
+    try:
+        result = export_dataset(
+            dataset,
+            fmt,
+            options=_export_options(fmt, option_values),
+            on_progress=on_progress,
+        )
+    except DatasetError as e:
+        if json_lines:
+            emit_json({"event": "failed", "error": str(e)})
+        fail(str(e))
+    except Exception as e:  # noqa: BLE001 - any writer failure: one line, job.json has it too
+        message = f"export failed: {type(e).__name__}: {first_line(str(e))}"
+        if json_lines:
+            emit_json({"event": "failed", "error": message})
+        fail(message)
+    summary = {
+        "event": "completed",
+        "job_id": result.job.job_id,
+        "format": fmt,
+        "accepted_dir": str(result.accepted_dir),
+        "rejected_dir": str(result.rejected_dir),
+        "accepted_episodes": result.metas["accepted"].total_episodes,
+        "accepted_frames": result.metas["accepted"].total_frames,
+        "rejected_episodes": result.metas["rejected"].total_episodes,
+        "rejected_frames": result.metas["rejected"].total_frames,
+        "recovered": result.recovered,
+    }
+    if json_lines:
+        emit_json(summary)
+        return
+    for line in result.recovered:
+        say(f"recovered: {line}")
+    say(
+        f"accepted: {summary['accepted_dir']} ({summary['accepted_episodes']} episodes, "
+        f"{summary['accepted_frames']} frames)"
+    )
+    say(
+        f"rejected: {summary['rejected_dir']} ({summary['rejected_episodes']} episodes, "
+        f"{summary['rejected_frames']} frames)"
+    )
+
+
+@click.command("verify")
+@click.argument("export_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--source", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Source dataset to compare with (default: the one the export's place derives, "
+              "if it exists; a moved copy is checked on its own).")  # fmt: skip
+@click.option("--format", "fmt", default=None, help="Expected format (default: from the path).")
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Decode every frame of every MP4 (default: sampled keyframes of every MP4 and every "
+    "frame of one random MP4 per camera).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per problem, then a summary."
+)
+def verify_command(
+    export_dir: Path, source: Path | None, fmt: str | None, full: bool, as_json: bool
+) -> None:
+    """Verify an exported accepted/rejected directory: marker, totals and a real read.
+
+    By default every MP4 has a few keyframes decoded and one random MP4 per camera is decoded
+    whole: that proves the files are MP4s whose sampled frames decode, not that every frame of
+    every file does (damage between keyframes of an unsampled file passes); --full decodes all.
+
+    A copy moved or renamed away from <parent>/export/<fmt>/ is checked on its own (marker,
+    totals, a real read); --source also compares it with that dataset's current review.
+
+    \b
+    Example:
+      eva verify data/pick/export/lerobot_v21/accepted
+      eva verify /archive/pick-2026-01 --source data/pick/raw
+    """
+    from eva.dataset.errors import DatasetError
+    from eva.export.pipeline import problem_line
+    from eva.export.verify import verify_export_report
+
+    try:
+        report = verify_export_report(export_dir, source_dir=source, fmt=fmt, full=full)
+    except (DatasetError, ValueError) as e:
+        fail(str(e))
+    problems = report.problems
+    compared = (
+        f"compared with the source {report.source}"
+        if report.source is not None
+        else "own consistency only: no source known (--source compares it with one)"
+    )
+    if as_json:
+        for p in problems:
+            emit_json(
+                {"code": p.code, "message": p.message, "path": str(p.path), "episode": p.episode}
+            )
+        emit_json(
+            {
+                "ok": not problems,
+                "problems": len(problems),
+                "export_dir": str(export_dir),
+                "source": str(report.source) if report.source is not None else None,
+            }
+        )
+    else:
+        for p in problems:
+            say(f"{p.code}: {problem_line(p)}", err=True)
+        if not problems:
+            say(f"ok: {export_dir} ({compared})")
+    if problems:
+        sys.exit(EXIT_INVALID)

@@ -1,0 +1,162 @@
+"""``eva upload``: send an accepted export over SFTP."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from eva.cli.output import emit_json, fail, human_bytes, say
+from eva.textsafe import printable
+
+
+def _upload_source_dir(dataset: str, collection: dict[str, Any], config_path: str) -> Any:
+    """DATASET is the raw source directory, or a dataset name resolved like COLLECT does:
+    ``<log_dir>/<sanitised name>/raw`` (empty log_dir -> eva.config's derived work directory).
+    Only ``log_dir`` is read, so uploading does not depend on the capture settings."""
+    from eva.config import ConfigError, dataset_dir, resolve_log_dir
+
+    path = Path(dataset).expanduser()
+    if path.is_dir() or "/" in dataset:
+        return path
+    log_dir_text = collection.get("log_dir", "")
+    if not isinstance(log_dir_text, str):
+        fail(f"{config_path}: collection.log_dir must be a string")
+    log_dir, _ = resolve_log_dir(log_dir_text, Path(config_path).resolve().parent)
+    try:
+        return dataset_dir(log_dir, dataset)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def _upload_progress_line(progress: dict[str, Any], elapsed: float, width: int = 28) -> str:
+    totals = progress.get("totals") or {}
+    done, total = progress.get("bytes") or 0, totals.get("bytes") or 0
+    fraction = done / total if total else 0.0
+    bar = "#" * int(fraction * width) + "-" * (width - int(fraction * width))
+    rate = done / elapsed if elapsed > 0 else 0.0
+    current = progress.get("current") or ""
+    if len(current) > 40:
+        current = "..." + current[-37:]
+    return (
+        f"[{bar}] {fraction * 100:5.1f}%  {human_bytes(done)}/{human_bytes(total)}  "
+        f"files {progress.get('files') or 0}/{totals.get('files') or 0}  "
+        f"{human_bytes(rate)}/s  {current}"
+    )
+
+
+@click.command("upload")
+@click.argument("dataset")
+@click.option("--format", "fmt", required=True, help="lerobot_v21, lerobot_v3, hdf5 or mcap.")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="TOML config with a [collection.storage.sftp] table.",
+)
+@click.option(
+    "--accept-new-host-key",
+    is_flag=True,
+    help="Trust and record the server's host key if known_hosts does not list it yet.",
+)
+@click.option("--resume", is_flag=True, help="Continue an interrupted upload of this export.")
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="known_hosts file (default: storage.sftp.known_hosts, else ~/.ssh/known_hosts).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Progress and result as JSON lines.")
+def upload_command(
+    dataset: str,
+    fmt: str,
+    config_path: str,
+    accept_new_host_key: bool,
+    resume: bool,
+    known_hosts: str | None,
+    as_json: bool,
+) -> None:
+    """Upload the current accepted export of DATASET over SFTP.
+
+    DATASET is the raw source directory (or a dataset name under collection.log_dir). Only the
+    accepted directory of the latest completed export in FORMAT is sent; it is staged remotely and
+    published by one rename under <remote_dir>/<dataset-name>, or <...>.copy_<UTC time> if taken.
+
+    \b
+    Example:
+      eva upload demo-data/pick/raw --format hdf5 --config eva.toml
+    """
+    import dataclasses
+    import time
+
+    from eva.dataset.errors import DatasetError
+    from eva.upload.config import UploadConfigError, load_upload_config
+    from eva.upload.gate import UploadRefused
+    from eva.upload.job import start_upload
+    from eva.upload.sftp import UploadError, UploadOptions
+
+    def refuse(message: str) -> NoReturn:
+        if as_json:
+            emit_json({"event": "error", "error": message})
+        fail(message)
+
+    try:
+        collection, sftp_config = load_upload_config(Path(config_path))
+    except UploadConfigError as e:
+        refuse(str(e))
+    if sftp_config is not None and known_hosts:
+        sftp_config = dataclasses.replace(sftp_config, known_hosts=Path(known_hosts).resolve())
+    source = _upload_source_dir(dataset, collection, config_path)
+    try:
+        job = start_upload(
+            source,
+            fmt,
+            sftp_config,
+            options=UploadOptions(accept_new_host_key=accept_new_host_key),
+            resume=resume,
+        )
+    except UploadRefused as e:
+        refuse(f"upload refused ({e.reason}): {e}")
+    except (UploadError, DatasetError, ValueError) as e:
+        refuse(str(e))
+
+    interactive = not as_json and sys.stderr.isatty()
+    started = time.monotonic()
+    last_emit = 0.0
+    try:
+        while not job.wait(0.2):
+            now = time.monotonic()
+            if as_json and now - last_emit >= 0.5:
+                emit_json({"event": "progress", "state": job.state, **job.record.progress})
+                last_emit = now
+            elif interactive:
+                line = _upload_progress_line(job.record.progress, now - started)
+                click.echo("\r" + printable(line) + "\x1b[K", nl=False, err=True)
+    except KeyboardInterrupt:
+        job.cancel()
+        job.wait()
+    if interactive:
+        line = _upload_progress_line(job.record.progress, time.monotonic() - started)
+        click.echo("\r" + printable(line) + "\x1b[K", err=True)
+
+    record = job.snapshot()
+    if job.result is None:
+        message = f"upload failed: {job.error}"
+        if record.get("resumable") and "--resume" not in message:
+            message += " (rerun with --resume to continue)"
+        refuse(message)
+    result = job.result.as_dict()
+    if as_json:
+        emit_json({"event": "result", "state": job.state, "job_id": record["job_id"], **result})
+        return
+    note = " (target existed: published under a copy name)" if job.result.used_copy_name else ""
+    skipped = (
+        f", {job.result.skipped_files} already staged files skipped" if job.result.resumed else ""
+    )
+    say(
+        f"uploaded {job.result.files} files ({human_bytes(job.result.bytes)}) to "
+        f"{sftp_config.host if sftp_config else ''}:{job.result.remote_path}{note}{skipped}"
+    )

@@ -1,0 +1,306 @@
+"""Check a raw LeRobot v2.1 dataset before anything is exported from it.
+
+``validate_dataset`` reports EVERY problem it finds (not just the first) as ``Problem`` records
+with a stable ``code``, a one-line ``message`` naming the file / episode / field, the ``path`` at
+fault and the ``episode`` (or None). Only a missing/unreadable info.json or episodes.jsonl stops
+the walk early, since nothing else can be interpreted without them.
+
+Codes: missing_info, invalid_info, missing_episodes, invalid_episodes, bad_codebase_version,
+bad_dataset_format, invalid_tasks, duplicate_episode_index, invalid_episode_row, empty_episode,
+missing_parquet, unreadable_parquet, missing_column, wrong_episode_index, unknown_task_index,
+bad_frame_index, index_not_contiguous, timestamp_off_grid, length_mismatch, missing_video,
+unreadable_video, frame_count_mismatch, missing_stats, invalid_episodes_stats, totals_mismatch,
+torn_jsonl_tail, unsafe_path, wrong_column_type, null_values, non_finite_values,
+undecodable_video, invalid_text.
+
+Every feature column of every episode table is checked against info.json before anything is
+exported: present, of the arrow type its ``dtype`` names (the bookkeeping columns index,
+episode_index, frame_index and task_index int64, timestamp a float), lists of exactly ``shape``
+values, no nulls, and no NaN/inf in float columns (``non_finite_values``, which an export refuses
+unless asked to carry them). The types come from the parquet footer; values are read only for
+what the footer cannot tell (variable-length lists, nulls, NaN/inf). Every MP4 is inspected
+(``eva.dataset.decode_check.inspect_video``: every sample's framing, the first keyframe decoded)
+on worker threads while the parquet checks run: an overwritten ``mdat`` with an intact ``moov``
+fails here, not in the exported pair.
+
+The checks live beside this module by concern: ``meta`` (info.json, jsonl files, stats, totals),
+``table`` (one episode's parquet table), ``videos`` (the MP4 inspections), and ``problems`` (the
+``Problem`` record and its collector, shared with the export verifiers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eva.dataset import fsafe, layout, video
+from eva.dataset.errors import DatasetError
+from eva.dataset.reader import DatasetReader
+from eva.dataset.validate.meta import (
+    check_episodes_stats,
+    check_global_index,
+    check_image_histograms,
+    check_info,
+    check_text,
+    check_torn_tails,
+    check_totals,
+    more_info_problems,
+    read_meta,
+    safe_video_keys,
+)
+from eva.dataset.validate.problems import Problem, ProblemCollector
+from eva.dataset.validate.table import REQUIRED_COLUMNS, check_table
+from eva.dataset.validate.videos import VideoInspections
+
+__all__ = ["Problem", "ProblemCollector", "validate_dataset", "REQUIRED_COLUMNS"]
+
+
+def validate_dataset(
+    root: Path | str,
+    decode: bool = False,
+    *,
+    on_episode: Callable[[int, int], None] | None = None,
+    on_table: Callable[[int, pa.Table], None] | None = None,
+    reader: DatasetReader | None = None,
+) -> list[Problem]:
+    """All problems of the v2.1 dataset at ``root`` (empty list: valid).
+
+    ``reader``: validate what that reader has read (or reads) of ``root``, so that a caller that
+    goes on using the reader (the export) sees the same snapshot of the metadata files as the
+    validation did, even while a capture appends episodes.
+
+    ``decode=True`` also decodes every video to count its frames (slow, exact); otherwise the
+    container's frame count is used. ``on_episode(done, total)`` reports progress.
+    ``on_table(episode, table)`` receives the index columns each check read (those of
+    episode_index, task_index, index, frame_index, timestamp the file has), so a caller that needs
+    them (the export's task remap) does not read every parquet a second time.
+    """
+    root = Path(root)
+    out = ProblemCollector()
+    if not root.is_dir():
+        out.add("missing_info", f"{root}: not a directory", root)
+        return out.problems
+    try:  # the shared containment check: a link or FIFO in meta/, .eva-work/, data/, videos/
+        fsafe.check_dataset_tree(root, episode_files=True)
+    except DatasetError as e:
+        out.add("unsafe_path", str(e), root)
+        return out.problems
+    if reader is None:
+        reader = DatasetReader(root)
+    info_path = root / layout.INFO
+    info = read_meta(out, info_path, "info", lambda: reader.info)
+    if info is not None:
+        check_info(info, info_path, out)
+    elif out.has("invalid_info"):
+        more_info_problems(reader, info_path, out)
+    episodes_path = root / layout.EPISODES
+    episodes: list[dict[str, Any]] | None = read_meta(
+        out, episodes_path, "episodes", lambda: reader.episodes
+    )
+    if out.problems and (episodes is None or not info_path.exists() or out.has("invalid_info")):
+        return out.problems
+
+    check_torn_tails(root, out)
+    try:
+        tasks = reader.tasks
+    except DatasetError as e:
+        out.add("invalid_tasks", str(e), root / layout.TASKS)
+        tasks = None
+    try:
+        episodes_stats = reader.episodes_stats
+    except DatasetError as e:
+        out.add("invalid_episodes_stats", str(e), root / layout.EPISODES_STATS)
+        episodes_stats = {}
+    check_episodes_stats(reader, episodes_stats, out)
+
+    assert episodes is not None
+    video_keys = safe_video_keys(reader, out)
+    with VideoInspections(reader, episodes, video_keys, enabled=not decode) as videos:
+        return _check_episodes(
+            reader, root, info_path, episodes_path, episodes, tasks, episodes_stats, video_keys,
+            decode, out, on_episode, on_table, videos,
+        )  # fmt: skip
+
+
+def _check_episodes(
+    reader: DatasetReader,
+    root: Path,
+    info_path: Path,
+    episodes_path: Path,
+    episodes: list[dict[str, Any]],
+    tasks: dict[int, str] | None,
+    episodes_stats: dict[int, Any],
+    video_keys: list[str],
+    decode: bool,
+    out: ProblemCollector,
+    on_episode: Callable[[int, int], None] | None,
+    on_table: Callable[[int, pa.Table], None] | None,
+    videos: VideoInspections,
+) -> list[Problem]:
+    seen: set[int] = set()
+    total_frames = 0
+    numbering: list[tuple[int, int | None, int | None]] = []
+    check_text(reader, episodes, tasks, out)
+    for done, row in enumerate(episodes, 1):
+        ep = row["episode_index"]
+        if ep in seen:
+            out.add(
+                "duplicate_episode_index",
+                f"{episodes_path}: episode_index {ep} appears more than once",
+                episodes_path,
+                ep,
+            )
+            continue
+        seen.add(ep)
+        length = row.get("length")
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+            out.add(
+                "invalid_episode_row",
+                f"{episodes_path}: episode {ep}: field length {length!r} is not an int >= 0",
+                episodes_path,
+                ep,
+            )
+            length = None
+        else:
+            total_frames += length
+            if length == 0:
+                out.add(
+                    "empty_episode",
+                    f"{episodes_path}: episode {ep} has length 0",
+                    episodes_path,
+                    ep,
+                )
+        rows, first_index = _check_episode(
+            reader,
+            ep,
+            length,
+            tasks,
+            episodes_stats.get(ep),
+            video_keys,
+            decode,
+            out,
+            on_table,
+            videos,
+        )
+        numbering.append((ep, rows, first_index))
+        if on_episode is not None:
+            on_episode(done, len(episodes))
+
+    check_global_index(reader, numbering, out)
+    check_image_histograms(reader, out)
+    check_totals(reader, root, info_path, len(seen), total_frames, out)
+    return out.problems
+
+
+def _check_episode(
+    reader: DatasetReader,
+    ep: int,
+    length: int | None,
+    tasks: dict[int, str] | None,
+    stats: dict[str, Any] | None,
+    video_keys: list[str],
+    decode: bool,
+    out: ProblemCollector,
+    on_table: Callable[[int, pa.Table], None] | None = None,
+    videos: VideoInspections | None = None,
+) -> tuple[int | None, int | None]:
+    """Checks of one episode; returns (parquet rows, first global index) where known."""
+    try:
+        data_path = reader.data_path(ep)
+    except DatasetError as e:
+        out.add("unsafe_path", str(e), None, ep)
+        return None, None
+    rows: int | None = None
+    first_index: int | None = None
+    columns: set[str] = set()
+    parquet: pq.ParquetFile | None = None
+    if not data_path.exists():
+        out.add("missing_parquet", f"{data_path}: episode {ep} parquet missing", data_path, ep)
+    else:
+        # Row count and schema come from the footer; only the index columns are read below.
+        try:
+            parquet = pq.ParquetFile(data_path)
+            rows = parquet.metadata.num_rows
+            columns = set(parquet.schema_arrow.names)
+        except (pa.ArrowInvalid, OSError) as e:
+            out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
+    if rows is not None:
+        assert parquet is not None
+        try:
+            first_index = check_table(
+                reader, parquet, data_path, ep, rows, columns, tasks, out, on_table
+            )
+        finally:
+            parquet.close()
+        if length is not None and rows != length:
+            out.add(
+                "length_mismatch",
+                f"{data_path}: episode {ep} has {rows} rows, episodes.jsonl length is {length}",
+                data_path,
+                ep,
+            )
+        if rows == 0 and length != 0:
+            out.add("empty_episode", f"{data_path}: episode {ep} has no rows", data_path, ep)
+
+    for key in video_keys:
+        try:
+            video_path = reader.video_path(ep, key)
+        except DatasetError as e:
+            out.add("unsafe_path", str(e), None, ep)
+            continue
+        if not video_path.exists():
+            out.add(
+                "missing_video",
+                f"{video_path}: episode {ep} camera {key} video missing",
+                video_path,
+                ep,
+            )
+            continue
+        if rows is None:
+            continue
+        damaged: str | None = None
+        try:
+            if decode or videos is None:
+                frames = (
+                    video.count_decoded_frames(video_path)
+                    if decode
+                    else video.count_frames(video_path)
+                )
+            else:
+                frames, damaged = videos.result(video_path)
+        except DatasetError as e:
+            out.add("unreadable_video", f"{e} (episode {ep} camera {key})", video_path, ep)
+            continue
+        if frames != rows:
+            how = "decoded" if decode else "container"
+            out.add(
+                "frame_count_mismatch",
+                f"{video_path}: episode {ep} camera {key} has {frames} frames ({how}), "
+                f"parquet has {rows} rows",
+                video_path,
+                ep,
+            )
+        elif damaged is not None:  # decode=True has decoded every frame already
+            out.add("undecodable_video", f"{damaged} (episode {ep} camera {key})", video_path, ep)
+
+    # Every feature needs stats: from the per-episode stats, or computable from the table.
+    stats = stats or {}
+    for feature, spec in reader.features.items():
+        if feature in stats or not isinstance(spec, dict):
+            continue
+        if spec.get("dtype") not in ("video",) and feature in columns:
+            continue
+        if rows is None and spec.get("dtype") != "video":
+            continue  # the table problem is already reported
+        where = reader.root / layout.EPISODES_STATS
+        out.add(
+            "missing_stats",
+            f"{where}: episode {ep}: no stats for feature {feature} and no such column in the table",
+            where,
+            ep,
+        )
+    return rows, first_index

@@ -1,0 +1,86 @@
+"""Reading MP4s with PyAV for the formats: opening one, and decoding its frames to RGB arrays.
+
+Every format opens and decodes through these (the writers' own decode pipelines included), so a
+file that does not open is worded one way everywhere: ``<file>: cannot open video (<reason>)``
+or ``<file>: no video stream``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import av
+import numpy as np
+from av.video.reformatter import VideoReformatter
+
+
+class VideoOpenError(ValueError):
+    """An MP4 that does not open, or holds no video stream; the message names the file."""
+
+
+def open_video(path: Path) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
+    """The opened container of ``path`` and its first video stream (close the container)."""
+    try:
+        container = av.open(str(path))
+    except (OSError, av.FFmpegError) as e:
+        raise VideoOpenError(f"{path}: cannot open video ({e})") from None
+    if not container.streams.video:
+        container.close()
+        raise VideoOpenError(f"{path}: no video stream")
+    return container, container.streams.video[0]
+
+
+def rgb_arrays(frames: Iterable[av.VideoFrame]) -> Iterator[np.ndarray]:
+    """Each frame as an (H, W, 3) uint8 RGB array. One reformatter for all frames:
+    ``frame.to_ndarray(format=...)`` builds a new swscale context per frame, which costs ~100x
+    the conversion of a small frame."""
+    reformatter = VideoReformatter()
+    for frame in frames:
+        yield reformatter.reformat(frame, format="rgb24").to_ndarray()
+
+
+def frame_time(frame: av.VideoFrame) -> float:
+    """The frame's presentation time in seconds."""
+    return float(frame.pts * frame.time_base)
+
+
+def decode_frame_times(path: Path) -> list[float]:
+    """Presentation time (seconds) of every decoded frame of ``path``, in order."""
+    container, stream = open_video(path)
+    with container:
+        stream.thread_type = "AUTO"
+        return [frame_time(frame) for frame in container.decode(stream)]
+
+
+def decode_frames(path: Path) -> Iterator[tuple[float, np.ndarray]]:
+    """Every frame of ``path`` in order as (presentation time in seconds, (H, W, 3) uint8 RGB)."""
+    container, stream = open_video(path)
+    with container:
+        stream.thread_type = "AUTO"
+        reformatter = VideoReformatter()
+        for frame in container.decode(stream):
+            yield frame_time(frame), reformatter.reformat(frame, format="rgb24").to_ndarray()
+
+
+def first_frame(path: Path) -> np.ndarray | None:
+    """The first decoded frame of ``path`` as RGB, None when it decodes to no frame."""
+    container, stream = open_video(path)
+    with container:
+        for frame in container.decode(stream):
+            return frame.to_ndarray(format="rgb24")
+    return None
+
+
+def frame_at(path: Path, t: float, tolerance_s: float) -> tuple[float, np.ndarray] | None:
+    """The first frame presented at ``t`` seconds or later (within ``tolerance_s``), with its
+    time: seek to the keyframe before ``t``, decode on. None when there is no such frame."""
+    container, stream = open_video(path)
+    with container:
+        target = int(round(t / float(stream.time_base)))
+        container.seek(target, stream=stream, backward=True, any_frame=False)
+        for frame in container.decode(stream):
+            ft = frame_time(frame)
+            if ft >= t - tolerance_s:
+                return ft, frame.to_ndarray(format="rgb24")
+    return None

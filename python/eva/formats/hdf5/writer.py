@@ -1,0 +1,378 @@
+"""HDF5 episode files: columns, batched image decode into chunk blocks, and the subset export."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import threading
+import zlib
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import av
+import h5py
+import numpy as np
+import pyarrow as pa
+
+from eva.dataset import embedded, layout
+from eva.dataset.columns import column_values as column_value  # the `columns` group's values
+from eva.dataset.errors import DatasetError, WriteError, naming_write_errors
+from eva.dataset.reader import DatasetReader
+from eva.dataset.rgb import FrameConverter
+from eva.dataset.subset import SubsetMeta
+from eva.formats._decode import VideoOpenError, open_video
+from eva.formats.base import ExportOptions
+from eva.formats.hdf5.items import EPISODE_PATH, FORMAT_NAME, ITEM_NAME, write_mapping
+from eva.formats.options import Hdf5Options
+from eva.progress import ProgressSink
+
+# HDF5's error text carries the errno of a failed write: "... errno = 28, error message ...".
+_HDF5_ERRNO = re.compile(r"\berrno = (\d+)")
+
+
+# ---- images: decode in batches, pack into chunk blocks ------------------------------------------
+
+
+class BatchBuffers:
+    """Reused (n, H, W, 3) batch buffers keyed by frame shape: no per-episode allocation.
+
+    Two buffers per shape: the decode thread fills one while the writer writes the other.
+    """
+
+    COUNT = 2
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[int, int, int], list[np.ndarray]] = {}
+
+    def get(self, frames: int, height: int, width: int) -> list[np.ndarray]:
+        key = (frames, height, width)
+        buffers = self._buffers.get(key)
+        if buffers is None:
+            self._buffers.clear()  # keep one shape alive: bounded memory
+            buffers = [
+                np.empty((frames, height, width, 3), dtype=np.uint8) for _ in range(self.COUNT)
+            ]
+            self._buffers[key] = buffers
+        return buffers
+
+
+@dataclass
+class ImageWriteStats:
+    frames: int = 0
+    bytes: int = 0
+    native_frames: int = 0
+    pyav_frames: int = 0
+
+
+@dataclass
+class EpisodeWriter:
+    """Writes episode files; holds the reused buffers and converter across episodes."""
+
+    options: Hdf5Options = field(default_factory=Hdf5Options)
+    buffers: BatchBuffers = field(default_factory=BatchBuffers)
+    converter: FrameConverter | None = None
+    stats: ImageWriteStats = field(default_factory=ImageWriteStats)
+    _compress_pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.converter is None:
+            self.converter = FrameConverter(self.options.native_convert)
+
+    def write_episode(
+        self,
+        path: Path,
+        *,
+        columns: Mapping[str, Any] | pa.Table,
+        videos: Mapping[str, Path],
+        metadata: Mapping[str, Any],
+        label: str,
+    ) -> int:
+        """Write one episode file at ``path`` (via a temporary sibling); return its size in bytes.
+
+        ``columns``: a Parquet table (one row per frame) or a mapping of ready values; every video
+        in ``videos`` must decode to exactly as many frames as there are rows.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(columns, pa.Table):
+            rows = columns.num_rows
+            column_values: Mapping[str, Any] = {
+                name: column_value(columns.column(name)) for name in columns.column_names
+            }
+        else:
+            column_values = columns
+            lengths = {len(v) for v in column_values.values() if isinstance(v, np.ndarray | list)}
+            rows = lengths.pop() if len(lengths) == 1 else 0
+        if rows == 0:
+            raise DatasetError(
+                f"{label}: the episode has no rows (empty episodes are not exported)"
+            )
+        tmp = path.with_name(f".eva-tmp-{path.name}")
+        opts = self.options
+        compression = {
+            "compression": opts.h5py_compression,
+            "compression_level": opts.compression_level,
+        }
+        try:
+            # h5py reports a full disk as "Can't close file (file write failed ...)": name it.
+            with naming_write_errors(path), h5py.File(tmp, "w") as h5:
+                write_mapping(h5.create_group("columns"), column_values, **compression)
+                images = h5.create_group("images")
+                for index, (key, video) in enumerate(videos.items()):
+                    item = images.create_group(ITEM_NAME.format(index))
+                    item.attrs["key"] = key
+                    item.attrs["kind"] = "array"
+                    self._write_camera(item, key, Path(video), rows, label)
+                write_mapping(h5.create_group("metadata"), metadata)
+            os.replace(tmp, path)
+        except RuntimeError as e:
+            tmp.unlink(missing_ok=True)
+            # Some HDF5 write failures surface as RuntimeError("... errno = 28, ..."): name them.
+            found = _HDF5_ERRNO.search(str(e))
+            if found is None:
+                raise
+            raise WriteError(f"{path}: {os.strerror(int(found.group(1)))}") from e
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return path.stat().st_size
+
+    def _write_camera(self, item: h5py.Group, key: str, video: Path, rows: int, label: str) -> None:
+        """Decode ``video`` into ``item/value`` (rows, H, W, 3).
+
+        A decode thread (PyAV and the native conversion release the GIL) fills one batch buffer
+        while this thread writes the other with direct chunk writes, so decoding, conversion and
+        HDF5 I/O overlap. Memory: two batches, whatever the episode length.
+        """
+        opts = self.options
+        fpc = opts.frames_per_chunk
+        converter = self.converter
+        assert converter is not None
+        where = f"{label}: camera {key}"
+        try:
+            container, stream = open_video(video)
+        except VideoOpenError as e:
+            raise DatasetError(f"{where}: {e}") from None
+        stop = threading.Event()
+        free: queue.Queue[int | None] = queue.Queue()
+        full: queue.Queue[tuple[int, int] | BaseException | None] = queue.Queue()
+        decoder: threading.Thread | None = None
+        written = 0
+        try:
+            stream.thread_type = "AUTO"
+            frames = container.decode(stream)
+            try:
+                first = next(frames, None)
+            except av.FFmpegError as e:
+                raise DatasetError(f"{where}: cannot decode {video}: {e}") from None
+            if first is None:
+                raise DatasetError(
+                    f"{where}: {video.name} has no frames, the table has {rows} rows"
+                )
+            shape = (first.height, first.width)
+            dataset = item.create_dataset(
+                "value",
+                shape=(rows, *shape, 3),
+                maxshape=(None, *shape, 3),
+                chunks=(fpc, *shape, 3),
+                dtype=np.uint8,
+                compression=opts.h5py_compression,
+                compression_opts=opts.compression_level,
+            )
+            buffers = self.buffers.get(opts.batch_length(shape[0] * shape[1] * 3), *shape)
+            converter.start_video(first, buffers[0], 0)
+            for index in range(1, len(buffers)):
+                free.put(index)
+
+            def decode() -> None:
+                try:
+                    self._decode_frames(
+                        frames, converter, buffers, shape, rows, where, video, stop, free, full
+                    )
+                except BaseException as e:  # handed to the writer thread, which raises it
+                    full.put(e)
+
+            decoder = threading.Thread(target=decode, name=f"eva-hdf5-decode-{key}", daemon=True)
+            decoder.start()
+            while True:
+                message = full.get()
+                if message is None:
+                    break
+                if isinstance(message, BaseException):
+                    raise message
+                index, count = message
+                self._flush(dataset, buffers[index], written, count)
+                written += count
+                free.put(index)
+        finally:
+            stop.set()
+            free.put(None)  # wake the decoder if it waits for a buffer
+            if decoder is not None:
+                decoder.join()
+            container.close()
+        if written != rows:
+            raise DatasetError(
+                f"{where}: {video.name} decodes to {written} frames but the table has {rows} rows"
+            )
+        self.stats.frames += written
+        self.stats.bytes += written * shape[0] * shape[1] * 3
+        self.stats.native_frames = converter.native_frames
+        self.stats.pyav_frames = converter.pyav_frames
+
+    @staticmethod
+    def _decode_frames(
+        frames: Iterator[av.VideoFrame],
+        converter: FrameConverter,
+        buffers: list[np.ndarray],
+        shape: tuple[int, int],
+        rows: int,
+        where: str,
+        video: Path,
+        stop: threading.Event,
+        free: queue.Queue[int | None],
+        full: queue.Queue[tuple[int, int] | BaseException | None],
+    ) -> None:
+        """Decode thread: convert frames 1.. into the free buffer (frame 0 is in buffers[0])."""
+        current, filled, index = 0, 1, 1
+        batch = buffers[current]
+        try:
+            for frame in frames:
+                if stop.is_set():
+                    return
+                if (frame.height, frame.width) != shape:
+                    raise DatasetError(
+                        f"{where}: frame {index} is {frame.width}x{frame.height}, "
+                        f"but the first frame was {shape[1]}x{shape[0]}"
+                    )
+                if index >= rows:
+                    raise DatasetError(
+                        f"{where}: {video.name} has more frames than the {rows} table rows"
+                    )
+                if filled == len(batch):
+                    full.put((current, filled))
+                    next_buffer = free.get()
+                    if next_buffer is None:
+                        return
+                    current, filled = next_buffer, 0
+                    batch = buffers[current]
+                converter.convert(frame, batch, filled)
+                filled += 1
+                index += 1
+        except av.FFmpegError as e:
+            raise DatasetError(f"{where}: cannot decode {video}: {e}") from None
+        full.put((current, filled))
+        full.put(None)
+
+    def _flush(self, dataset: h5py.Dataset, batch: np.ndarray, start: int, count: int) -> None:
+        """Write batch[:count] at frame ``start``: whole chunks only (``start`` is chunk-aligned)."""
+        fpc = self.options.frames_per_chunk
+        compression = self.options.h5py_compression
+        if compression not in (None, "gzip"):
+            # lzf has no Python-side compressor: HDF5's filter pipeline, one whole-chunk block.
+            dataset[start : start + count] = batch[:count]
+            return
+        padded = -(-count // fpc) * fpc
+        if padded > count:
+            # The last chunk of the episode: HDF5 stores edge chunks whole, so pad it.
+            batch[count:padded] = 0
+        blocks = [batch[offset : offset + fpc] for offset in range(0, padded, fpc)]
+        if compression == "gzip":
+            # HDF5's deflate filter stores a zlib stream: compress the chunks ourselves on every
+            # core (zlib releases the GIL) and write the results as already-filtered chunks.
+            level = self.options.compression_level
+            level = 4 if level is None else level
+            blocks = list(self._pool().map(lambda block: zlib.compress(block, level), blocks))
+        dataset_id = dataset.id
+        for offset, block in zip(range(0, padded, fpc), blocks, strict=True):
+            dataset_id.write_direct_chunk((start + offset, 0, 0, 0), block)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._compress_pool is None:
+            self._compress_pool = ThreadPoolExecutor(
+                max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="eva-hdf5-gzip"
+            )
+        return self._compress_pool
+
+    def close(self) -> None:
+        """Stop the compression threads (if any were started)."""
+        if self._compress_pool is not None:
+            self._compress_pool.shutdown()
+            self._compress_pool = None
+
+    def __enter__(self) -> EpisodeWriter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+# ---- subset export ------------------------------------------------------------------------------
+
+
+def episode_path(episode_index: int, chunks_size: int = layout.DEFAULT_CHUNKS_SIZE) -> str:
+    chunk = layout.episode_chunk(episode_index, chunks_size)
+    return EPISODE_PATH.format(episode_chunk=chunk, episode_index=episode_index)
+
+
+def export_info(source_info: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset's v2.1 info adapted to embedded images (``eva.dataset.embedded``)."""
+    return embedded.embedded_images_info(
+        source_info, dataset_format=FORMAT_NAME, data_path=EPISODE_PATH
+    )
+
+
+def write_subset(
+    reader: DatasetReader,
+    meta: SubsetMeta,
+    staging_dir: Path,
+    progress: ProgressSink,
+    options: ExportOptions,
+) -> None:
+    """Write one quality subset (``SubsetMeta``) of the source ``reader`` as HDF5 episode files
+    plus the common metadata into ``staging_dir``."""
+    from eva.dataset.subset import write_common_meta
+
+    staging_dir = Path(staging_dir)
+    opts = options.format_options(Hdf5Options)
+    info = export_info(meta.info)
+    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
+    fps = meta.info.get("fps", getattr(reader, "fps", None))
+    with EpisodeWriter(opts) as writer:
+        _write_episodes(writer, reader, meta, staging_dir, progress, chunks_size, fps)
+    write_common_meta(staging_dir, meta, info)
+
+
+def _write_episodes(
+    writer: EpisodeWriter,
+    reader: DatasetReader,
+    meta: SubsetMeta,
+    staging_dir: Path,
+    progress: ProgressSink,
+    chunks_size: int,
+    fps: object,
+) -> None:
+    from eva.dataset.subset import rewrite_index_columns
+
+    for new, src in enumerate(meta.source_episode_indices):
+        label = f"{meta.subset} episode {new} (source episode {src})"
+        table = reader.read_table(src)
+        if table.num_rows != meta.lengths[new]:
+            raise DatasetError(
+                f"{reader.data_path(src)}: episode {src}: {table.num_rows} rows but "
+                f"episodes.jsonl length {meta.lengths[new]}"
+            )
+        table = rewrite_index_columns(table, new, meta.index_offsets[new], meta.task_remap)
+        videos = {key: Path(reader.video_path(src, key)) for key in meta.video_keys}
+        rel = episode_path(new, chunks_size)
+        size = writer.write_episode(
+            staging_dir / rel,
+            columns=table,
+            videos=videos,
+            metadata={**meta.episodes[new], "fps": fps},
+            label=label,
+        )
+        progress(episodes=1, files=1, bytes=size, current=f"{meta.subset}/{rel}")

@@ -1,0 +1,79 @@
+"""MCAP export: one ``.mcap`` per episode with EVA MessagePack messages and embedded images.
+
+Description "MCAP: EVA messages and embedded images". The package, one module per concern:
+
+- ``layout``: paths, topics, the episode schema and the frame timestamps (the file layout);
+- ``writer``: ``McapEpisodeWriter``, the chunked MCAP file writer;
+- ``export``: ``write_subset`` / ``write_episode_file``, the cameras decoded in lockstep;
+- ``reader``: ``read_episode`` -> ``McapEpisode``, streaming reads through the official reader;
+- ``verify``: ``verify``, the export's checks with the official ``mcap`` reader as the oracle.
+"""
+
+from __future__ import annotations
+
+from eva.formats.mcap.export import (
+    CameraFeed,
+    camera_batches,
+    episode_payload,
+    write_episode_file,
+    write_subset,
+)
+from eva.formats.mcap.layout import (
+    DATA_PATH,
+    EPISODE_SCHEMA_DATA,
+    EPISODE_SCHEMA_ENCODING,
+    EPISODE_SCHEMA_NAME,
+    EPISODE_TOPIC,
+    FORMAT,
+    IMAGE_TOPIC_PREFIX,
+    LIBRARY,
+    MESSAGE_ENCODING,
+    PROFILE,
+    episode_path,
+    export_info,
+    frame_period_ns,
+    frame_time_ns,
+    image_topic,
+)
+from eva.formats.mcap.reader import McapEpisode, read_episode
+from eva.formats.mcap.verify import ACTION, STATE, verify
+from eva.formats.mcap.writer import (
+    COMPRESSIONS,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_COMPRESSION,
+    ZSTD_LEVEL,
+    McapEpisodeWriter,
+)
+
+__all__ = [
+    "ACTION",
+    "COMPRESSIONS",
+    "DATA_PATH",
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_COMPRESSION",
+    "EPISODE_SCHEMA_DATA",
+    "EPISODE_SCHEMA_ENCODING",
+    "EPISODE_SCHEMA_NAME",
+    "EPISODE_TOPIC",
+    "FORMAT",
+    "IMAGE_TOPIC_PREFIX",
+    "LIBRARY",
+    "MESSAGE_ENCODING",
+    "PROFILE",
+    "STATE",
+    "ZSTD_LEVEL",
+    "CameraFeed",
+    "McapEpisode",
+    "McapEpisodeWriter",
+    "camera_batches",
+    "episode_path",
+    "episode_payload",
+    "export_info",
+    "frame_period_ns",
+    "frame_time_ns",
+    "image_topic",
+    "read_episode",
+    "verify",
+    "write_episode_file",
+    "write_subset",
+]

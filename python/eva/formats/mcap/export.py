@@ -1,0 +1,348 @@
+"""The MCAP export of a subset: one episode file per episode, frames decoded camera by camera.
+
+The cameras of an episode are decoded in lockstep by one helper thread each (PyAV releases the
+GIL while decoding and converting to RGB), one batch at a time, through the dataset reader's batch
+iterator, and written by ``McapEpisodeWriter`` (``eva.formats.mcap.writer``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from eva.dataset import layout as dataset_layout
+from eva.dataset.columns import column_values
+from eva.dataset.errors import DatasetError, naming_write_errors
+from eva.dataset.msgpack_codec import encoded_ndarray_size, packb
+from eva.dataset.video import FrameSizeError
+from eva.formats.mcap.layout import (
+    EPISODE_SCHEMA_DATA,
+    EPISODE_SCHEMA_ENCODING,
+    EPISODE_SCHEMA_NAME,
+    EPISODE_TOPIC,
+    MESSAGE_ENCODING,
+    episode_path,
+    export_info,
+    frame_period_ns,
+    image_topic,
+)
+from eva.formats.mcap.writer import (
+    COMPRESSIONS,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_COMPRESSION,
+    McapEpisodeWriter,
+)
+from eva.progress import ProgressSink
+
+# --- episode payload ---------------------------------------------------------------------------
+
+
+def _inline_image_values(column: pa.ChunkedArray) -> list[Any]:
+    # LeRobot stores inline images as struct {bytes, path}: keep the encoded bytes as bin values.
+    values = column.to_pylist()
+    return [v.get("bytes") if isinstance(v, dict) and "bytes" in v else v for v in values]
+
+
+def episode_payload(
+    table: pa.Table, metadata: Mapping[str, Any], fps: float, image_features: Sequence[str]
+) -> bytes:
+    """MessagePack of {"columns", "images", "metadata"} for the ``episode`` message."""
+    columns = {
+        name: column_values(table.column(name))
+        for name in table.column_names
+        if name not in image_features
+    }
+    images = {
+        name: _inline_image_values(table.column(name))
+        for name in table.column_names
+        if name in image_features
+    }
+    return packb({"columns": columns, "images": images, "metadata": {**metadata, "fps": fps}})
+
+
+# --- one episode -------------------------------------------------------------------------------
+
+
+def write_episode_file(
+    path: Path,
+    *,
+    table: pa.Table,
+    metadata: Mapping[str, Any],
+    fps: float,
+    frame_batches: Mapping[str, Iterator[np.ndarray]],
+    image_features: Sequence[str] = (),
+    episode_label: str = "",
+    compression: str = DEFAULT_COMPRESSION,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> int:
+    """Write one episode's MCAP at ``path``; return its size in bytes.
+
+    ``frame_batches`` maps each video key (in channel order) to an iterator of (n, H, W, 3) uint8
+    batches of that camera's decoded frames (batches may be views of a reused buffer). Cameras are
+    consumed in lockstep; a camera with fewer or more frames than ``table`` has rows raises
+    ``DatasetError`` and the partial file is removed.
+    """
+    path = Path(path)
+    label = episode_label or path.name
+    rows = table.num_rows
+    if rows == 0:
+        raise DatasetError(f"{label}: empty episode (0 rows)")
+    keys = list(frame_batches)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with naming_write_errors(path), open(path, "wb") as stream:
+            writer = McapEpisodeWriter(stream, compression=compression, chunk_size=chunk_size)
+            try:
+                writer.register_schema(
+                    1, EPISODE_SCHEMA_NAME, EPISODE_SCHEMA_ENCODING, EPISODE_SCHEMA_DATA
+                )
+                writer.register_channel(1, EPISODE_TOPIC, MESSAGE_ENCODING, schema_id=1)
+                channel_ids = {key: 2 + i for i, key in enumerate(keys)}
+                for key in keys:
+                    writer.register_channel(channel_ids[key], image_topic(key), MESSAGE_ENCODING)
+                payload = episode_payload(table, metadata, fps, image_features)
+                writer.add_message(1, 0, 0, 0, payload)
+                _write_frames(writer, frame_batches, channel_ids, rows, fps, label)
+                writer.finish()
+            finally:
+                writer.close()
+        return os.stat(path).st_size
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+class CameraFeed:
+    """One camera's batch iterator, advanced by a helper thread on request.
+
+    ``request()`` lets the thread decode the next batch, ``result()`` waits for it (None at the
+    end; the iterator's exception is re-raised here). All cameras are requested before any result
+    is awaited, so their decodes (PyAV releases the GIL for decoding and the RGB conversion) run
+    in parallel. The thread touches the iterator only between request and result, and a yielded
+    batch (a view of the iterator's reused buffer) stays valid until the next request.
+    """
+
+    _END = object()
+
+    def __init__(self, iterator: Iterator[np.ndarray], name: str) -> None:
+        self._iterator = iterator
+        self._ready: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._go = threading.Semaphore(0)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._go.acquire()
+            if self._stop:
+                return
+            try:
+                batch = next(self._iterator, None)
+            except BaseException as error:  # handed to the consumer, raised there
+                self._ready.put(error)
+                return
+            self._ready.put(batch)
+            if batch is None:
+                return
+
+    def request(self) -> None:
+        self._go.release()
+
+    def result(self) -> np.ndarray | None:
+        item = self._ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop = True
+        self._go.release()
+        self._thread.join()
+        close = getattr(self._iterator, "close", None)
+        if close is not None:
+            close()  # generators: closes the video container now, not at garbage collection
+
+
+def _write_frames(
+    writer: McapEpisodeWriter,
+    frame_batches: Mapping[str, Iterator[np.ndarray]],
+    channel_ids: Mapping[str, int],
+    rows: int,
+    fps: float,
+    label: str,
+) -> None:
+    keys = list(frame_batches)
+    if not keys:
+        return
+    feeds = {key: CameraFeed(iter(frame_batches[key]), f"eva-mcap-decode-{key}") for key in keys}
+    try:
+        _write_frames_from(writer, feeds, channel_ids, rows, fps, label)
+    finally:
+        for feed in feeds.values():
+            feed.close()
+
+
+def _write_frames_from(
+    writer: McapEpisodeWriter,
+    feeds: Mapping[str, CameraFeed],
+    channel_ids: Mapping[str, int],
+    rows: int,
+    fps: float,
+    label: str,
+) -> None:
+    keys = list(feeds)
+    batches: dict[str, np.ndarray] = {}
+    positions: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    period = frame_period_ns(fps)
+    frame_index = 0
+    while True:
+        needed = [key for key in keys if key not in batches or positions[key] >= len(batches[key])]
+        for key in needed:
+            feeds[key].request()
+        ended = []
+        for key in needed:
+            batch = feeds[key].result()
+            while batch is not None and len(batch) == 0:
+                feeds[key].request()
+                batch = feeds[key].result()
+            if batch is None:
+                ended.append(key)
+                batches.pop(key, None)
+                continue
+            batches[key] = batch
+            positions[key] = 0
+            if key not in shapes:
+                shapes[key] = tuple(batch.shape[1:])
+                sizes[key] = encoded_ndarray_size(batch[0])
+            elif tuple(batch.shape[1:]) != shapes[key]:
+                raise DatasetError(
+                    f"{label}: camera {key}: frame {frame_index} is {batch.shape[1:]}, "
+                    f"earlier frames are {shapes[key]}"
+                )
+        if ended:
+            if len(ended) == len(keys) and frame_index == rows:
+                return
+            if frame_index < rows:
+                raise DatasetError(
+                    f"{label}: camera {ended[0]} ended early after {frame_index} frames "
+                    f"(table has {rows} rows)"
+                )
+            extra = next(key for key in keys if key not in ended)
+            raise DatasetError(
+                f"{label}: camera {extra} has trailing frames beyond the {rows} table rows"
+            )
+        if frame_index >= rows:
+            raise DatasetError(
+                f"{label}: camera {keys[0]} has trailing frames beyond the {rows} table rows"
+            )
+        # All cameras hold frames: write as many frame indices as every current batch covers.
+        count = min(len(batches[key]) - positions[key] for key in keys)
+        count = min(count, rows - frame_index)
+        for _ in range(count):
+            log_time = (frame_index + 1) * period
+            for key in keys:
+                writer.add_ndarray_message(
+                    channel_ids[key],
+                    frame_index,
+                    log_time,
+                    log_time,
+                    batches[key][positions[key]],
+                    sizes[key],
+                )
+                positions[key] += 1
+            frame_index += 1
+
+
+def _options(options: Any) -> tuple[str, int, int]:
+    extra = dict(getattr(options, "extra", None) or {})
+    compression = str(extra.get("mcap_compression", DEFAULT_COMPRESSION)).lower()
+    if compression not in COMPRESSIONS:
+        raise DatasetError(
+            f"--mcap-compression {compression!r}: choose one of {', '.join(COMPRESSIONS)}"
+        )
+    chunk_size = int(extra.get("mcap_chunk_size", DEFAULT_CHUNK_SIZE))
+    if chunk_size < 1024:
+        raise DatasetError(f"--mcap-chunk-size {chunk_size}: must be at least 1024 bytes")
+    batch_size = max(1, int(getattr(options, "batch_size", 32) or 32))
+    return compression, chunk_size, batch_size
+
+
+def write_subset(
+    reader: Any, meta: Any, staging_dir: Path, progress: ProgressSink, options: Any
+) -> None:
+    """Write one subset as MCAP files plus common metadata into ``staging_dir``.
+
+    ``reader`` is a ``DatasetReader`` of the v2.1 source, ``meta`` its ``SubsetMeta``; options:
+    ``options.extra["mcap_compression"]`` (none|zstd|lz4) and ``["mcap_chunk_size"]`` (bytes),
+    ``options.batch_size`` (frames decoded per camera per batch).
+    """
+    from eva.dataset.subset import rewrite_index_columns, write_common_meta
+
+    compression, chunk_size, batch_size = _options(options)
+    staging_dir = Path(staging_dir)
+    fps = reader.fps
+    video_keys = list(meta.video_keys)
+    image_features = [k for k, f in reader.features.items() if f.get("dtype") == "image"]
+    chunks_size = int(meta.info.get("chunks_size", dataset_layout.DEFAULT_CHUNKS_SIZE))
+    # One decode buffer per camera, reused for every episode (no per-episode page faults).
+    buffers: dict[str, np.ndarray] = {}
+    for key in video_keys:
+        shape = reader.features[key].get("shape") or []
+        if len(shape) == 3 and int(shape[2]) == 3:
+            buffers[key] = np.empty((batch_size, int(shape[0]), int(shape[1]), 3), np.uint8)
+    for new_index, source_index in enumerate(meta.source_episode_indices):
+        label = f"episode {new_index} (source episode {source_index})"
+        table = rewrite_index_columns(
+            reader.read_table(source_index),
+            new_index,
+            meta.index_offsets[new_index],
+            meta.task_remap,
+        )
+        batches: dict[str, Iterator[np.ndarray]] = {}
+        for key in video_keys:
+            batches[key] = camera_batches(reader, source_index, key, batch_size, buffers, label)
+        rel = episode_path(new_index, chunks_size)
+        progress(current=f"{meta.subset}: {rel}")
+        size = write_episode_file(
+            staging_dir / rel,
+            table=table,
+            metadata=meta.episodes[new_index],
+            fps=fps,
+            frame_batches=batches,
+            image_features=image_features,
+            episode_label=label,
+            compression=compression,
+            chunk_size=chunk_size,
+        )
+        progress(episodes=1, files=1, bytes=size)
+    write_common_meta(staging_dir, meta, export_info(meta.info))
+
+
+def camera_batches(
+    reader: Any,
+    episode_index: int,
+    key: str,
+    batch_size: int,
+    buffers: dict[str, np.ndarray],
+    label: str,
+) -> Iterator[np.ndarray]:
+    """reader.iter_frames into this camera's decode buffer, which every episode reuses."""
+    out = buffers.get(key)
+    try:
+        yield from reader.iter_frames(episode_index, key, batch_size, out=out)
+    except FrameSizeError as e:
+        # The reused buffer has the info.json shape; this video has another frame size.
+        raise DatasetError(
+            f"{label}: camera {key}: video frames are not {out.shape[1:] if out is not None else '?'}"
+            f" as declared in info.json ({e})"
+        ) from None

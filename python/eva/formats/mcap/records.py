@@ -1,0 +1,180 @@
+"""Where the ``mcap`` package's records are serialized: a chunk buffer and a stream sink.
+
+Every record of an eva MCAP file is a record type of ``mcap.records`` written by its own
+``write(builder)``; the two builders here only decide where its bytes go, so that no payload is
+copied more often than the file needs:
+
+- ``ChunkBuffer`` serializes into a reused bytearray (the chunk being filled). A payload that is
+  already at its place in that buffer (a frame encoded there by the native kernel) is not copied
+  again: ``payload_view`` hands out the view, and ``write`` of that same view only advances.
+- ``StreamRecords`` collects records for a stream and keeps large payloads (a chunk's data) by
+  reference, so a chunk reaches the file without passing through a ``BytesIO``.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import IO
+
+from mcap.data_stream import RecordBuilder
+from mcap.opcode import Opcode
+from mcap.records import McapRecord, Message
+
+# Record framing of the spec: opcode u8, then the record's length u64.
+_PREFIX = struct.Struct("<BQ")
+_LENGTH = struct.Struct("<Q")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+# Payloads from this size on are kept by reference by StreamRecords (below it a copy is cheaper
+# than one more write call).
+LARGE_PAYLOAD = 64 * 1024
+
+Bytes = bytes | bytearray | memoryview
+
+
+def serialized(record: McapRecord) -> bytes:
+    """The bytes of one record, as the library writes them."""
+    builder = RecordBuilder()
+    record.write(builder)
+    return bytes(builder.end())
+
+
+# Bytes before a message's payload: the record prefix and the channel/sequence/time fields.
+MESSAGE_OVERHEAD = len(
+    serialized(Message(channel_id=0, log_time=0, data=b"", publish_time=0, sequence=0))
+)
+
+
+class ChunkBuffer(RecordBuilder):
+    """A ``RecordBuilder`` over a preallocated bytearray; ``count`` is the bytes used so far.
+
+    The buffer never grows: the caller checks ``room`` first and swaps in a larger buffer (``reset``)
+    for a record that does not fit.
+    """
+
+    def __init__(self, buffer: bytearray) -> None:
+        # No super().__init__(): the library's builder would make a BytesIO this one never uses.
+        self.buffer = buffer
+        self.used = 0
+        self._record_start = 0
+        self._in_place: memoryview | None = None
+
+    @property
+    def count(self) -> int:
+        return self.used
+
+    @property
+    def room(self) -> int:
+        return len(self.buffer) - self.used
+
+    def reset(self, buffer: bytearray | None = None) -> None:
+        """Start a new chunk (in ``buffer`` when given)."""
+        if buffer is not None:
+            self.buffer = buffer
+        self.used = 0
+
+    def start_record(self, opcode: Opcode) -> None:
+        self._record_start = self.used
+        _PREFIX.pack_into(self.buffer, self.used, opcode, 0)
+        self.used += _PREFIX.size
+
+    def finish_record(self) -> None:
+        length = self.used - self._record_start - _PREFIX.size
+        _LENGTH.pack_into(self.buffer, self._record_start + 1, length)
+
+    def write(self, data: Bytes) -> None:
+        if data is self._in_place:
+            self._in_place = None
+            self.used += len(data)
+            return
+        end = self.used + len(data)
+        self.buffer[self.used : end] = data
+        self.used = end
+
+    # The fixed-size fields straight into the buffer (the library's versions pack a bytes first):
+    # a message's header is written once per frame.
+    def write2(self, value: int) -> None:
+        _U16.pack_into(self.buffer, self.used, value)
+        self.used += 2
+
+    def write4(self, value: int) -> None:
+        _U32.pack_into(self.buffer, self.used, value)
+        self.used += 4
+
+    def write8(self, value: int) -> None:
+        _LENGTH.pack_into(self.buffer, self.used, value)
+        self.used += 8
+
+    def payload_view(self, size: int) -> memoryview:
+        """The ``size`` bytes where the payload of a message started now will stand.
+
+        The caller fills them, passes the view as the message's data (``write`` then does not
+        copy it) and releases it after the message is written.
+        """
+        start = self.used + MESSAGE_OVERHEAD
+        view = memoryview(self.buffer)[start : start + size]
+        self._in_place = view
+        return view
+
+    def end(self) -> bytes:
+        data = bytes(self.buffer[: self.used])
+        self.used = 0
+        return data
+
+
+class StreamRecords(RecordBuilder):
+    """A ``RecordBuilder`` whose records go to a stream by ``write_to``, large payloads uncopied."""
+
+    def __init__(self) -> None:
+        # No super().__init__(): the parts below replace the library builder's BytesIO.
+        self._parts: list[Bytes] = [bytearray()]
+        self._count = 0
+        self._record_start = 0
+        self._length_part = 0
+        self._length_at = 0
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def start_record(self, opcode: Opcode) -> None:
+        head = self._parts[-1]
+        assert isinstance(head, bytearray)
+        self._record_start = self._count
+        self._length_part = len(self._parts) - 1
+        self._length_at = len(head) + 1
+        head += _PREFIX.pack(opcode, 0)
+        self._count += _PREFIX.size
+
+    def finish_record(self) -> None:
+        length = self._count - self._record_start - _PREFIX.size
+        part = self._parts[self._length_part]
+        assert isinstance(part, bytearray)
+        _LENGTH.pack_into(part, self._length_at, length)
+
+    def write(self, data: Bytes) -> None:
+        size = len(data)
+        if size >= LARGE_PAYLOAD:
+            self._parts.append(data)
+            self._parts.append(bytearray())
+        else:
+            head = self._parts[-1]
+            assert isinstance(head, bytearray)
+            head += data
+        self._count += size
+
+    def write_to(self, stream: IO[bytes]) -> int:
+        """Write every record collected so far to ``stream``; return the byte count."""
+        for part in self._parts:
+            if part:
+                stream.write(part)
+        written = self._count
+        self._parts = [bytearray()]
+        self._count = 0
+        return written
+
+    def end(self) -> bytes:
+        data = b"".join(self._parts)
+        self._parts = [bytearray()]
+        self._count = 0
+        return data

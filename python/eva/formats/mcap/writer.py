@@ -1,0 +1,393 @@
+"""The MCAP file writer of the export: chunked messages, message and chunk indexes, a summary.
+
+Every record is a record type of the ``mcap`` package, serialized by the package
+(``eva.formats.mcap.records`` only chooses where the bytes go). ``mcap.writer.Writer`` itself is
+not used: it copies each payload into a ``BytesIO`` twice over (slow to grow to 4 MiB chunks),
+compresses zstd at level 3 only, and compresses and writes a chunk in the caller's thread
+(bench/README.md, ``bench_mcap.py``, has the measured cost).
+
+Each image message (record header + MessagePack ndarray map) is encoded by the native
+``msgpack_image`` kernel straight from the decoded frame into a reused chunk buffer: one copy of
+the pixels, GIL released, no per-frame allocation. A full chunk is CRC'd, optionally compressed
+(zstd / lz4 frame, both release the GIL) and written with its message indexes by a helper thread
+while the next chunk fills; the summary holds schemas, channels, statistics and chunk indexes, so
+the official reader can filter by topic and time without scanning the file.
+
+Defaults: ``compression = "none"``, ``chunk_size = 4 MiB``, chunk CRCs on.
+
+- none: the images were already lossily compressed in the source MP4s, and decoded camera-like
+  frames barely compress losslessly, while compression costs about a third of the export speed
+  (bench/README.md, ``bench_mcap.py``). Choose ``zstd`` when storage matters more than time; level
+  1 because it runs about 3x faster than level 3 for about a tenth more bytes on camera frames.
+- 4 MiB chunks hold one or two frame indices of three 640x480 cameras, so reading one frame index
+  touches one or two chunks, the per-chunk records (message index, chunk index) stay negligible,
+  and the writer's memory is two chunk buffers.
+- CRCs let a consumer (``make_reader(..., validate_crcs=True)``) detect a damaged transfer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+from mcap.opcode import Opcode
+from mcap.records import (
+    Channel,
+    Chunk,
+    ChunkIndex,
+    DataEnd,
+    Footer,
+    Header,
+    McapRecord,
+    Message,
+    MessageIndex,
+    Schema,
+    Statistics,
+    SummaryOffset,
+)
+from mcap.writer import MCAP0_MAGIC
+
+from eva.dataset.msgpack_codec import encode_ndarray_into, encoded_ndarray_size
+from eva.formats.mcap.layout import LIBRARY, PROFILE
+from eva.formats.mcap.records import MESSAGE_OVERHEAD, ChunkBuffer, StreamRecords, serialized
+
+COMPRESSIONS = ("none", "zstd", "lz4")
+DEFAULT_COMPRESSION = "none"
+DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
+ZSTD_LEVEL = 1  # about 3x level 3's speed on camera frames for about 10% more bytes
+# Headroom of a chunk buffer over the chunk size: the record that fills a chunk may overshoot.
+BUFFER_SLACK = 64 * 1024
+
+
+@dataclass
+class _ChunkState:
+    used: int = 0
+    start_time: int = 0
+    end_time: int = 0
+    messages: int = 0
+    # channel id -> [(log_time, offset in the chunk), ...]
+    index: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+
+class McapEpisodeWriter:
+    """Write one MCAP file: header, schema, channels, chunked messages, summary, footer.
+
+    Only what the eva layout needs: schemas and channels registered up front (in the data section
+    before the first chunk, where every reader, streaming or seeking, sees them before any
+    message), messages appended in log-time order. One instance per file, used from one thread.
+
+    With ``background=True`` (default) a full chunk is CRC'd, compressed and written by a helper
+    thread while the caller fills the second of two chunk buffers: those steps release the GIL,
+    so they overlap with the video decode on another core. ``finish()`` (or ``close()`` on
+    error) joins the helper.
+    """
+
+    def __init__(
+        self,
+        stream: IO[bytes],
+        *,
+        compression: str = DEFAULT_COMPRESSION,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        crc: bool = True,
+        background: bool = True,
+    ) -> None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"mcap compression {compression!r}: choose one of {COMPRESSIONS}")
+        if chunk_size < 1024:
+            raise ValueError(f"mcap chunk size {chunk_size} is below 1024 bytes")
+        self._stream = stream
+        self._pos = 0
+        self._compression = compression
+        self._compressor = _make_compressor(compression)
+        self._chunk_size = int(chunk_size)
+        self._crc = crc
+        # Two chunk buffers, reused for every chunk (the second is allocated when first needed);
+        # a buffer only grows (once) for a message larger than the chunk size.
+        first = bytearray(self._chunk_size + BUFFER_SLACK)
+        self._bufs: list[bytearray | None] = [first, None]
+        self._buf_index = 0
+        self._records = ChunkBuffer(first)
+        # Records outside chunks: the caller's thread writes the data section before the first
+        # chunk and the summary; the helper thread writes chunks and message indexes.
+        self._out = StreamRecords()
+        self._chunk_out = StreamRecords()
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="eva-mcap-flush")
+            if background
+            else None
+        )
+        self._pending: Future[None] | None = None
+        self._chunk = _ChunkState()
+        self._schemas: list[Schema] = []
+        self._channels: list[Channel] = []
+        self._channel_counts: dict[int, int] = {}
+        self._chunk_indexes: list[ChunkIndex] = []
+        self._message_count = 0
+        self._start_time: int | None = None
+        self._end_time = 0
+        self._finished = False
+        self._stream.write(MCAP0_MAGIC)
+        self._pos += len(MCAP0_MAGIC)
+        self._emit(Header(profile=PROFILE, library=LIBRARY))
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _emit(self, *records: McapRecord) -> None:
+        """Write records outside the chunks, from the caller's thread."""
+        for record in records:
+            record.write(self._out)
+        self._pos += self._out.write_to(self._stream)
+
+    def register_schema(self, schema_id: int, name: str, encoding: str, data: bytes) -> None:
+        self._check_no_messages_yet("schema")
+        schema = Schema(id=schema_id, data=data, encoding=encoding, name=name)
+        self._schemas.append(schema)
+        self._emit(schema)
+
+    def register_channel(
+        self, channel_id: int, topic: str, message_encoding: str, schema_id: int = 0
+    ) -> None:
+        self._check_no_messages_yet("channel")
+        channel = Channel(
+            id=channel_id,
+            topic=topic,
+            message_encoding=message_encoding,
+            metadata={},
+            schema_id=schema_id,
+        )
+        self._channels.append(channel)
+        self._channel_counts[channel_id] = 0
+        self._emit(channel)
+
+    def _check_no_messages_yet(self, what: str) -> None:
+        # Schemas and channels go straight to the stream, which the helper thread owns once
+        # chunks are being flushed.
+        if self._message_count:
+            raise RuntimeError(f"register every {what} before the first message")
+
+    def _reserve(self, size: int) -> int:
+        """Make room for a ``size``-byte record in the chunk buffer; return its offset."""
+        if self._records.used and self._records.used + size > self._chunk_size:
+            self._flush_chunk()
+        if size > self._records.room:
+            buffer = bytearray(max(size, self._chunk_size) + BUFFER_SLACK)
+            self._bufs[self._buf_index] = buffer
+            self._records.reset(buffer)
+        return self._records.used
+
+    def _account(self, channel_id: int, log_time: int, offset: int) -> None:
+        chunk = self._chunk
+        if chunk.messages == 0:
+            chunk.start_time = chunk.end_time = log_time
+        else:
+            chunk.start_time = min(chunk.start_time, log_time)
+            chunk.end_time = max(chunk.end_time, log_time)
+        chunk.messages += 1
+        entries = chunk.index.get(channel_id)
+        if entries is None:
+            entries = chunk.index[channel_id] = []
+        entries.append((log_time, offset))
+        self._channel_counts[channel_id] += 1
+        self._message_count += 1
+        if self._start_time is None or log_time < self._start_time:
+            self._start_time = log_time
+        self._end_time = max(self._end_time, log_time)
+        if self._records.used >= self._chunk_size:
+            self._flush_chunk()
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def add_message(
+        self, channel_id: int, sequence: int, log_time: int, publish_time: int, data: bytes
+    ) -> None:
+        offset = self._reserve(MESSAGE_OVERHEAD + len(data))
+        Message(
+            channel_id=channel_id,
+            log_time=log_time,
+            data=data,
+            publish_time=publish_time,
+            sequence=sequence,
+        ).write(self._records)
+        self._account(channel_id, log_time, offset)
+
+    def add_ndarray_message(
+        self,
+        channel_id: int,
+        sequence: int,
+        log_time: int,
+        publish_time: int,
+        array: np.ndarray,
+        encoded_size: int | None = None,
+    ) -> None:
+        """Append a message whose payload is ``array``'s ndarray map, encoded in place.
+
+        ``encoded_size`` (``encoded_ndarray_size(array)``) may be passed when the caller knows it,
+        e.g. for every frame of one camera.
+        """
+        if encoded_size is None:
+            encoded_size = encoded_ndarray_size(array)
+        offset = self._reserve(MESSAGE_OVERHEAD + encoded_size)
+        written = encode_ndarray_into(array, self._records.buffer, offset + MESSAGE_OVERHEAD)
+        if written != encoded_size:
+            raise ValueError(f"ndarray map is {written} bytes, expected {encoded_size}")
+        with self._records.payload_view(encoded_size) as payload:
+            Message(
+                channel_id=channel_id,
+                log_time=log_time,
+                data=payload,  # type: ignore[arg-type]  # a view: the record's data is in place
+                publish_time=publish_time,
+                sequence=sequence,
+            ).write(self._records)
+        self._account(channel_id, log_time, offset)
+
+    def _wait_pending(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()  # re-raises a failed write here, in the caller's thread
+
+    def _flush_chunk(self) -> None:
+        chunk = self._chunk
+        if chunk.messages == 0:
+            return
+        chunk.used = self._records.used
+        buffer = self._records.buffer
+        # The other buffer is free once its flush (the only one in flight) has finished.
+        self._wait_pending()
+        self._chunk = _ChunkState()
+        if self._executor is None:
+            self._records.reset()
+            self._write_chunk(buffer, chunk)
+            return
+        self._pending = self._executor.submit(self._write_chunk, buffer, chunk)
+        self._buf_index ^= 1
+        other = self._bufs[self._buf_index]
+        if other is None:
+            other = self._bufs[self._buf_index] = bytearray(len(buffer))
+        self._records.reset(other)
+
+    def _write_chunk(self, buf: bytearray, chunk: _ChunkState) -> None:
+        out = self._chunk_out
+        with memoryview(buf)[: chunk.used] as records:
+            crc = zlib.crc32(records) if self._crc else 0
+            if self._compressor is None:
+                data: bytes | memoryview = records
+                compression = ""
+            else:
+                data = self._compressor(records)
+                compression = self._compression
+            compressed_size = len(data)
+            Chunk(
+                compression=compression,
+                data=data,  # type: ignore[arg-type]  # a view of the chunk buffer, uncopied
+                message_end_time=chunk.end_time,
+                message_start_time=chunk.start_time,
+                uncompressed_crc=crc,
+                uncompressed_size=chunk.used,
+            ).write(out)
+            chunk_offset = self._pos
+            chunk_length = out.write_to(self._stream)
+            self._pos += chunk_length
+        index_start = self._pos
+        index_offsets: dict[int, int] = {}
+        for channel_id in sorted(chunk.index):
+            index_offsets[channel_id] = index_start + out.count
+            MessageIndex(channel_id=channel_id, records=chunk.index[channel_id]).write(out)
+        index_length = out.write_to(self._stream)
+        self._pos += index_length
+        self._chunk_indexes.append(
+            ChunkIndex(
+                message_start_time=chunk.start_time,
+                message_end_time=chunk.end_time,
+                chunk_start_offset=chunk_offset,
+                chunk_length=chunk_length,
+                message_index_offsets=index_offsets,
+                message_index_length=index_length,
+                compression=compression,
+                compressed_size=compressed_size,
+                uncompressed_size=chunk.used,
+            )
+        )
+
+    # -- summary -------------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Flush the last chunk and write DataEnd, the summary and the footer."""
+        if self._finished:
+            return
+        self._flush_chunk()
+        self._wait_pending()
+        self.close()
+        self._emit(DataEnd(data_section_crc=0))
+        summary_start = self._pos
+        statistics = Statistics(
+            attachment_count=0,
+            channel_count=len(self._channels),
+            channel_message_counts=self._channel_counts,
+            chunk_count=len(self._chunk_indexes),
+            message_count=self._message_count,
+            message_end_time=self._end_time,
+            message_start_time=self._start_time or 0,
+            metadata_count=0,
+            schema_count=len(self._schemas),
+        )
+        groups: list[tuple[Opcode, list[Any]]] = [
+            (Opcode.SCHEMA, self._schemas),
+            (Opcode.CHANNEL, self._channels),
+            (Opcode.STATISTICS, [statistics]),
+            (Opcode.CHUNK_INDEX, self._chunk_indexes),
+        ]
+        summary = self._out
+        offsets: list[SummaryOffset] = []
+        for opcode, records in groups:
+            if not records:
+                continue  # no empty groups (nor their offsets) in the summary
+            group_start = summary.count
+            for record in records:
+                record.write(summary)
+            offsets.append(
+                SummaryOffset(
+                    group_opcode=opcode,
+                    group_start=summary_start + group_start,
+                    group_length=summary.count - group_start,
+                )
+            )
+        summary_offset_start = summary_start + summary.count
+        for offset in offsets:
+            offset.write(summary)
+        summary_bytes = summary.end()
+        # The summary CRC covers the summary and the footer up to (not including) the CRC field.
+        footer_head = serialized(Footer(summary_start, summary_offset_start, 0))[:-4]
+        summary_crc = zlib.crc32(footer_head, zlib.crc32(summary_bytes))
+        self._stream.write(summary_bytes)
+        self._pos += len(summary_bytes)
+        self._emit(Footer(summary_start, summary_offset_start, summary_crc))
+        self._stream.write(MCAP0_MAGIC)
+        self._pos += len(MCAP0_MAGIC)
+        self._finished = True
+
+    def close(self) -> None:
+        """Stop the helper thread (after its current write); the file is complete only after
+        ``finish()``."""
+        if self._executor is not None:
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                with contextlib.suppress(BaseException):
+                    pending.result()
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+def _make_compressor(compression: str) -> Any:
+    if compression == "none":
+        return None
+    if compression == "zstd":
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress
+    import lz4.frame
+
+    return lz4.frame.compress

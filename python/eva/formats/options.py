@@ -1,0 +1,171 @@
+"""Each format's options: one frozen dataclass per format, every default stated once.
+
+They live together in this light module (no format imported) so that ``eva export``'s
+``--<format>-*`` options and the console's format panel are generated from them without loading
+h5py or PyAV; each format package re-exports its own class (``eva.formats.hdf5.Hdf5Options``).
+See ``eva.formats.base`` for how an option field is declared and checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eva.dataset.errors import DatasetError
+from eva.formats.base import OptionError, Options, option
+
+_MB_HELP = "MB; a shard is closed before it would pass it"
+
+
+@dataclass(frozen=True)
+class LeRobotV21Options(Options):
+    copy_videos: bool = option(
+        False, help="copy MP4s instead of hard-linking (or cloning) the read-only source files."
+    )
+
+
+@dataclass(frozen=True)
+class LeRobotV3Options(Options):
+    """The v3-specific knobs (same names as in info.json)."""
+
+    verify_decode: bool = option(
+        False,
+        help="decode every frame of every video shard to check the frame counts (and compute "
+        "exact image quantiles); by default the MP4 samples are counted without decoding.",
+    )
+    data_files_size_in_mb: float = option(
+        100.0,
+        flag="--data-file-size-mb",
+        minimum=0,
+        minimum_open=True,
+        help=f"data shard size limit ({_MB_HELP}).",
+    )
+    video_files_size_in_mb: float = option(
+        200.0,  # LeRobot 0.4.4's default
+        flag="--video-file-size-mb",
+        minimum=0,
+        minimum_open=True,
+        help=f"video shard size limit ({_MB_HELP}).",
+    )
+    # Without a sample, image features get no quantiles (LeRobot normalises images by mean/std
+    # or not at all; quantiles matter for state/action).
+    image_quantiles: str = option(
+        "keyframes",
+        choices=("keyframes", "none"),
+        help="image quantiles from the decoded keyframes, or none (faster).",
+    )
+    # One keyframe per episode and camera: the decode (~1-2 ms per 320x240 keyframe, more for
+    # larger frames) then costs O(episodes), not O(frames), and stays hidden behind the copy.
+    image_quantile_keyframes: int = option(
+        1,
+        minimum=0,
+        help="keyframes decoded per episode and camera for the image quantiles (evenly spread; "
+        "0 = every keyframe).",
+    )
+    chunks_size: int = 1000  # file_index wraps to the next chunk folder after this many files
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.chunks_size < 1:
+            raise OptionError("chunks_size", f"{self.chunks_size!r} must be >= 1")
+
+
+def parse_compression(text: str | None) -> tuple[str | None, int | None]:
+    """``none`` | ``gzip[:level]`` | ``lzf`` -> (h5py compression name or None, level or None)."""
+    if text is None:
+        return None, None
+    value = str(text).strip().lower()
+    if value in ("", "none", "off", "no"):
+        return None, None
+    name, _, level_text = value.partition(":")
+    if name == "lzf" and not level_text:
+        return "lzf", None
+    if name == "gzip":
+        if not level_text:
+            return "gzip", 4
+        if level_text.isdigit() and 0 <= int(level_text) <= 9:
+            return "gzip", int(level_text)
+        raise DatasetError(f"hdf5 compression {text!r}: gzip level must be 0-9")
+    raise DatasetError(f"hdf5 compression {text!r}: choose none, gzip[:level] or lzf")
+
+
+# Upper bound of one HDF5 batch buffer (two are in use per camera being written).
+MAX_BATCH_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class Hdf5Options(Options):
+    compression: str = option(
+        "none",
+        name="hdf5_compression",
+        text=True,
+        metavar="none|gzip[:LEVEL]|lzf",
+        help="image/column compression (none is fastest; gzip and lzf are ~50 MB/s/core).",
+    )
+    frames_per_chunk: int = option(
+        1,
+        name="hdf5_frames_per_chunk",
+        minimum=1,
+        help="frames per image chunk (1: cheapest random access; more: fewer I/O calls and "
+        "better compression, but one frame reads its whole chunk).",
+    )
+    # Frames decoded before a write; rounded up to whole chunks. Bounds memory per camera.
+    batch_frames: int = 32
+    # Use the native yuv420p -> rgb24 conversion (identical to PyAV's) when the core is built.
+    native_convert: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            parse_compression(self.compression)
+        except DatasetError as e:
+            raise OptionError("hdf5_compression", str(e)) from None
+        if self.batch_frames < 1:
+            raise OptionError("batch_frames", f"{self.batch_frames!r} must be >= 1")
+
+    @property
+    def h5py_compression(self) -> str | None:
+        """h5py's compression filter name (None: raw chunks)."""
+        return parse_compression(self.compression)[0]
+
+    @property
+    def compression_level(self) -> int | None:
+        return parse_compression(self.compression)[1]
+
+    def batch_length(self, frame_bytes: int) -> int:
+        """Frames per batch buffer: whole chunks, ``batch_frames`` rounded up, but at most
+        ``MAX_BATCH_BYTES`` (large frames get fewer frames per batch; never less than a chunk)."""
+        fpc = self.frames_per_chunk
+        chunks = max(1, -(-self.batch_frames // fpc))
+        chunks_fitting = MAX_BATCH_BYTES // max(1, frame_bytes * fpc)
+        return max(1, min(chunks, chunks_fitting)) * fpc
+
+
+@dataclass(frozen=True)
+class McapOptions(Options):
+    compression: str = option(
+        "none",
+        name="mcap_compression",
+        choices=("none", "zstd", "lz4"),
+        help="chunk compression (none: frames come from lossy MP4s; zstd for size).",
+    )
+    chunk_size: int = option(
+        4 * 1024 * 1024,
+        name="mcap_chunk_size",
+        minimum=1024,
+        help="uncompressed chunk size in bytes.",
+    )
+    batch_size: int = 32  # frames decoded per camera per batch
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_size < 1:
+            raise OptionError("batch_size", f"{self.batch_size!r} must be >= 1")
+
+
+# Format name (eva.dataset.layout.FORMATS) -> its options dataclass.
+FORMAT_OPTIONS: dict[str, type[Options]] = {
+    "lerobot_v21": LeRobotV21Options,
+    "lerobot_v3": LeRobotV3Options,
+    "hdf5": Hdf5Options,
+    "mcap": McapOptions,
+}
