@@ -260,7 +260,7 @@ def run_session(seconds: float, log_dir: Path) -> dict[str, float]:
 
     monitor = threading.Thread(target=sample_rss, daemon=True)
     monitor.start()
-    rings = [s.ring for s in rec._cameras.values()]
+    rings = [s.ring for s in rec.cameras.values()]
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     rec.start()

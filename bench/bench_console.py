@@ -218,7 +218,7 @@ class Client:
 
 
 def _camera_rings(session: Any) -> list[Any]:
-    return [s.ring for s in session.recorder._cameras.values()]  # a bench may look inside
+    return [s.ring for s in session.recorder.cameras.values()]
 
 
 def record(session: Any, timer: PushTimer, seconds: float) -> dict[str, Any]:
@@ -227,7 +227,7 @@ def record(session: Any, timer: PushTimer, seconds: float) -> dict[str, Any]:
 
     rec = session.recorder
     rings = _camera_rings(session)
-    overflow0 = sum(s.ring.overflow_count for s in rec._streams.values())
+    overflow0 = sum(s.ring.overflow_count for s in rec.streams.values())
     warnings0 = len(session.warnings.entries)
     timer.reset()
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -251,7 +251,7 @@ def record(session: Any, timer: PushTimer, seconds: float) -> dict[str, Any]:
         raise RuntimeError(f"save failed: {job.error}")
     if not timer.image_ns or not timer.vector_ns:
         raise RuntimeError("no push was timed: does SourcePump still call sink.push_* per sample?")
-    overflow = sum(s.ring.overflow_count for s in rec._streams.values()) - overflow0
+    overflow = sum(s.ring.overflow_count for s in rec.streams.values()) - overflow0
     return {
         "recorded_s": job.frames / FPS,
         "frames": job.frames,
@@ -842,7 +842,7 @@ def test_status_uncached(benchmark: Any, tmp_path: Path) -> None:
     try:
 
         def status() -> None:
-            session._status_cache = None  # what every event-stream tick pays once per 0.2 s
+            session.invalidate_status()  # what every event-stream tick pays once per 0.2 s
             session.status()
 
         benchmark(status)

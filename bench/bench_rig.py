@@ -302,8 +302,8 @@ def driver_main(spec: dict[str, Any]) -> dict[str, Any]:
         time.sleep(SETTLE_S)
         t_idle = time.time() if spec.get("idle_s") else None
         time.sleep(spec.get("idle_s") or 0.0)  # rig running, recorder idle (not encoding)
-        rings = [s.ring for s in recorder._streams.values()]  # a bench may look inside
-        cameras = [recorder._streams[camera_key(c)].ring for c in CAMERAS]
+        rings = [s.ring for s in recorder.streams.values()]
+        cameras = [recorder.streams[camera_key(c)].ring for c in CAMERAS]
         busy.start()
         overflow0 = sum(r.overflow_count for r in rings)
         overflow_cam0 = sum(r.overflow_count for r in cameras)
@@ -337,7 +337,7 @@ def driver_main(spec: dict[str, Any]) -> dict[str, Any]:
         overflow = sum(r.overflow_count for r in rings) - overflow0
         hwm_w = {pid: proc_status_kb(pid, "VmHWM") for pid in workers}
         shm_w = {pid: proc_status_kb(pid, "RssShmem") for pid in workers}
-        bad = sum(s.bad_shape for s in recorder._streams.values())  # this episode's
+        bad = sum(s.bad_shape for s in recorder.streams.values())  # this episode's
         result: dict[str, Any] = {
             "design": design,
             "busy": len(busy.threads),

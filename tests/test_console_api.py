@@ -358,7 +358,7 @@ def test_series_for_the_plots(api: httpx.Client, recorded: list[dict]) -> None:
 
 
 def test_issue_frames_are_parsed_for_jumps() -> None:
-    from eva.console.session import issue_frames
+    from eva.console.review import issue_frames
 
     assert issue_frames("camera c: frozen from frame 12 (near frame 40) for 1 s") == [12, 40]
     assert issue_frames("no image for frames 0-9") == [0]

@@ -28,14 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shm_ring_producer import STEP, pattern
 
-from eva.capture import shm_ring
-from eva.capture.shm_ring import (
-    HEADER_BYTES,
-    ReferenceShmRing,
-    ShmLayout,
-    attach_shm_ring,
-    create_shm_ring,
-)
+from eva.capture import shm_layout
+from eva.capture.shm_layout import HEADER_BYTES, ShmLayout
+from eva.capture.shm_ring import ReferenceShmRing, attach_shm_ring, create_shm_ring
 
 pytestmark = pytest.mark.kernels
 
@@ -70,7 +65,7 @@ def _pair(path: Path, shape, dtype, slots: int, producer_native: bool, consumer_
 def test_native_and_reference_layout_constants_agree() -> None:
     from eva_fast import shm_ring as native_mod
 
-    assert native_mod.LAYOUT == shm_ring.LAYOUT
+    assert native_mod.LAYOUT == shm_layout.LAYOUT
 
 
 @pytest.mark.parametrize("producer_native,consumer_native", COMBOS)

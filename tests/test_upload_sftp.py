@@ -20,10 +20,10 @@ from eva.dataset.layout import export_root
 from eva.jobs import UPLOAD_JOB
 from eva.progress import Progress
 from eva.upload.config import SftpConfig
+from eva.upload.errors import HostKeyError
 from eva.upload.job import UploadJob, read_upload_record, start_upload
 from eva.upload.sftp import (
     STAGING_MARK,
-    HostKeyError,
     UploadError,
     UploadOptions,
     publish_staging,

@@ -26,13 +26,13 @@ file or write a job record somewhere else. Such a tree is refused before anythin
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from eva import libc
 from eva.dataset import fsafe
 from eva.dataset.atomic import atomic_write_bytes, fsync_dir, remove_stale_temporaries
 from eva.dataset.errors import DatasetError
@@ -42,9 +42,6 @@ from eva.jobs import EXPORT_JOB, mark_interrupted
 STAGING_PREFIX = ".eva-staging-"
 BACKUP_PREFIX = ".eva-backup-"
 COMPLETE_MARKER = ".eva-complete"
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
 
 
 class ExportBusy(DatasetError):
@@ -95,11 +92,9 @@ def make_staging(root: Path, export_id: str) -> Path:
 
 def sync_filesystem(path: Path) -> None:
     """Flush every dirty page of the filesystem holding ``path`` (one ``syncfs``, not N fsyncs)."""
-    libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        syncfs = getattr(libc, "syncfs", None)
-        if syncfs is None or syncfs(fd) != 0:
+        if not libc.syncfs(fd):
             os.sync()
     finally:
         os.close(fd)
@@ -117,17 +112,6 @@ def mark_complete(staging: Path, export_id: str, *, durable: bool = True) -> Non
 
 def is_complete(staging: Path) -> bool:
     return (Path(staging) / COMPLETE_MARKER).is_file()
-
-
-def _rename_exchange(a: Path, b: Path) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is None:
-        raise OSError(errno.ENOSYS, "renameat2 is not available")
-    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), str(a))
 
 
 def _remove_tree(path: Path) -> None:
@@ -163,7 +147,7 @@ def publish_pair(
         return
     if exchange:
         try:
-            _rename_exchange(staging, root)
+            libc.rename_exchange(staging, root)
         except OSError as e:
             if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
                 raise

@@ -1,14 +1,16 @@
-"""Automatic quality checks of live capture (contracts §1) and the issue records they produce.
+"""Automatic quality checks of live capture and the issue records they produce.
 
-Each check runs incrementally on the samples the consumer pops, so STOP only summarises. Any issue
-makes the episode red. Codes produced here:
+The per-stream checks (:class:`StreamCheck`) run incrementally on the samples the consumer pops;
+at STOP :func:`validate_episode` checks the aligned totals the consumer tallied
+(:class:`EpisodeTally`) and builds the episode's quality record. Any issue makes the episode red.
+Codes produced here:
 
 - ``non_monotonic_timestamp``: a sample whose time is not later than the stream's previous one
   (it is left out of alignment, which needs sorted times);
 - ``non_finite_value``: a vector sample with NaN/inf values or a non-finite time (left out);
 - ``source_clock_discontinuity``: a gap between consecutive samples of a stream larger than
-  ``clock_jump_s`` (here), or a stream whose samples all end before the grid starts (recorder:
-  streams on different clocks);
+  ``clock_jump_s`` (StreamCheck), or a stream whose samples all end before the grid starts
+  (validate_episode: streams on different clocks);
 - ``frozen_camera``: a camera delivering identical images for at least ``frozen_camera_s``;
 - ``invalid_image_shape`` / ``invalid_vector_dim``: pushed samples of the wrong shape (refused at
   push time, counted);
@@ -27,10 +29,15 @@ makes the episode red. Codes produced here:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from eva.capture import align
+from eva.config import CollectionConfig
 
 EPISODE_TOO_SHORT = "episode_too_short"
 FRAME_COUNT_MISMATCH = "frame_count_mismatch"
@@ -104,7 +111,11 @@ class StreamCheck:
     _prev_sample: int = 0  # number of the sample _prev_frame holds
 
     def filter(
-        self, times: np.ndarray, values: np.ndarray, issues: IssueLog, frame_at: Any
+        self,
+        times: np.ndarray,
+        values: np.ndarray,
+        issues: IssueLog,
+        frame_at: Callable[[float], str],
     ) -> np.ndarray:
         """Boolean mask of the samples in ``times``/``values`` that may be aligned.
 
@@ -180,7 +191,7 @@ class StreamCheck:
         frames: np.ndarray,
         good: np.ndarray,
         issues: IssueLog,
-        frame_at: Any,
+        frame_at: Callable[[float], str],
     ) -> None:
         for i in good:
             frame = frames[i]
@@ -207,3 +218,173 @@ class StreamCheck:
                     np.copyto(prev, frame)
             self._prev_t = t
             self._prev_sample = self.samples_seen + int(i)
+
+
+@dataclass
+class EpisodeTally:
+    """What the consumer counted over one aligned episode: the input of :func:`validate_episode`.
+
+    Per-stream dicts are keyed by stream name (cameras by their feature key); ``cameras`` and
+    ``vectors`` list the configured streams in config order, which is the order of the issues.
+    """
+
+    fps: float
+    skew_tolerance_s: float
+    rows: int  # grid rows aligned and written
+    cameras: list[str]
+    vectors: list[str]
+    kinds: dict[str, str]  # "camera" | "vector"
+    samples_seen: dict[str, int]
+    first_t: dict[str, float]  # first usable sample time, streams that delivered
+    last_t: dict[str, float]
+    grid_start: float | None
+    late_rows: dict[str, int]  # rows aligned before a late stream's first sample
+    skew_count: dict[str, int]
+    skew_first: dict[str, int]
+    skew_max: dict[str, float]
+    skew_sum: dict[str, float]
+    bad_shapes: dict[str, tuple[int, str]]  # samples refused at push: count, first detail
+    stalls: dict[str, str]
+    unexpected: dict[str, int]  # samples pushed for streams the config does not declare
+    refused: dict[str, int]  # samples refused past the backlog's hard limit, every stream
+    high_water: dict[str, int]
+    started_at: str
+    ended_at: str | None
+    duration_seconds: float
+
+
+def validate_episode(
+    tally: EpisodeTally, issues: IssueLog, cfg: CollectionConfig, frame_at: Callable[[float], str]
+) -> dict[str, Any]:
+    """Add the checks of the aligned totals to ``issues``; the episode's quality record (the
+    ``quality``, ``quality_issues``, timing, ``alignment`` and ``capture_backlog`` fields of its
+    row in episodes.jsonl)."""
+    rows = tally.rows
+    for name in tally.cameras:
+        if name not in tally.first_t:
+            issues.add(
+                MISSING_CAMERA_STREAM,
+                name,
+                f"camera {name}: no image arrived during the episode"
+                + (f"; its {rows} frames are black" if rows else ""),
+            )
+        elif name in tally.late_rows:
+            k = tally.late_rows[name]
+            issues.add(
+                MISSING_CAMERA,
+                name,
+                f"camera {name}: no image for frames 0-{k - 1} (the stream started "
+                f"{tally.first_t[name] - (tally.grid_start or 0.0):.3f} s late); they are black",
+            )
+        if tally.skew_count.get(name):
+            issues.add(
+                IMAGE_SKEW_EXCEEDED,
+                name,
+                f"camera {name}: {tally.skew_count[name]} frames (first: frame "
+                f"{tally.skew_first[name]}) whose nearest image is farther than "
+                f"{tally.skew_tolerance_s * 1e3:.1f} ms from the grid (max {tally.skew_max[name] * 1e3:.1f} ms)",
+            )
+    for name in tally.vectors:
+        if name not in tally.first_t:
+            issues.add(
+                MISSING_CONFIGURED_COLUMN,
+                name,
+                f"vector {name}: no sample arrived during the episode; column is zeros",
+            )
+        elif name in tally.late_rows:
+            k = tally.late_rows[name]
+            issues.add(
+                MISSING_CONFIGURED_COLUMN,
+                name,
+                f"vector {name}: no sample for frames 0-{k - 1} (stream started late); "
+                "they are zeros",
+            )
+    for name, (count, detail) in tally.bad_shapes.items():
+        kind = tally.kinds[name]
+        code = INVALID_IMAGE_SHAPE if kind == "camera" else INVALID_VECTOR_DIM
+        what = "camera" if kind == "camera" else "vector"
+        issues.add(code, name, f"{what} {name}: {count} samples refused: {detail}")
+    for name, detail in tally.stalls.items():
+        what = "camera" if tally.kinds[name] == "camera" else "stream"
+        issues.add(
+            SOURCE_STALLED,
+            name,
+            f"{what} {name} stalled{frame_at(tally.last_t.get(name, math.nan))}: {detail}",
+        )
+    for key, count in tally.unexpected.items():
+        if key.startswith("vector:"):
+            issues.add(
+                UNEXPECTED_VECTOR_STREAM,
+                key,
+                f"vector stream {key[7:]!r} is not in the config: {count} samples ignored",
+            )
+        else:
+            issues.add(
+                UNEXPECTED_IMAGE_STREAM,
+                key,
+                f"camera {key!r} is not in the config: {count} images ignored",
+            )
+    for name, count in tally.refused.items():
+        if count:
+            issues.add(
+                CAPTURE_BACKLOG_OVERFLOW,
+                name,
+                f"stream {name}: {count} samples refused: the capture backlog reached its "
+                f"hard memory limit ({cfg.backlog.max_memory_mb:g} MB over all cameras)",
+            )
+    if tally.grid_start is not None:
+        # A stream whose samples all end before the grid starts runs on another clock.
+        for name, last in tally.last_t.items():
+            if last < tally.grid_start - cfg.clock_jump_s:
+                starter = max(tally.first_t, key=tally.first_t.__getitem__)
+                issues.add(
+                    SOURCE_CLOCK_DISCONTINUITY,
+                    name,
+                    f"stream {name}: its samples end at t={last:.3f} s, before stream "
+                    f"{starter} starts at t={tally.grid_start:.3f} s: are they on one clock?",
+                )
+    expected = None
+    if tally.grid_start is not None and tally.last_t:
+        expected = align.grid_length(tally.grid_start, min(tally.last_t.values()), tally.fps)
+        if expected != rows:
+            issues.add(
+                FRAME_COUNT_MISMATCH,
+                "episode",
+                f"aligned {rows} frames but the streams' common span holds {expected} grid "
+                "instants",
+            )
+    if 0 < rows < cfg.min_episode_frames:
+        issues.add(
+            EPISODE_TOO_SHORT,
+            "episode",
+            f"episode has {rows} frames, fewer than min_episode_frames={cfg.min_episode_frames}",
+        )
+    records = issues.records()
+    alignment: dict[str, Any] = {
+        "fps": tally.fps,
+        "grid_start": tally.grid_start,
+        "grid_end": min(tally.last_t.values()) if tally.last_t else None,
+        "skew_tolerance_s": tally.skew_tolerance_s,
+        "cameras": {
+            name: {
+                "samples": tally.samples_seen[name],
+                "max_skew_s": tally.skew_max[name],
+                "mean_skew_s": tally.skew_sum[name] / rows if rows else 0.0,
+                "skew_violations": tally.skew_count[name],
+            }
+            for name in tally.cameras
+        },
+        "vectors": {name: {"samples": tally.samples_seen[name]} for name in tally.vectors},
+    }
+    return {
+        "quality": "red" if records else "green",
+        "quality_issues": records,
+        "started_at": tally.started_at,
+        "ended_at": tally.ended_at,
+        "duration_seconds": round(tally.duration_seconds, 6),
+        "alignment": alignment,
+        "capture_backlog": {
+            "high_water": tally.high_water,
+            "refused": tally.refused,
+        },
+    }

@@ -64,7 +64,7 @@ class SaveJob:
         """Block until saved or failed; False on timeout."""
         return self._done.wait(timeout)
 
-    def _finish(self, state: str, error: str | None = None) -> None:
+    def finish(self, state: str, error: str | None = None) -> None:
         self.state = state
         self.error = error
         self.finished_at = utc_now()
@@ -130,19 +130,19 @@ def commit_episode(
             episode.abort()
             job.episode_index = None
             job.frames = 0
-            job._finish(SAVED)
+            job.finish(SAVED)
             return
         # The writer holds the saving marker and meta.lock of the eva qc protocol during commit.
         index = episode.commit(row_fields)
         job.episode_index = index
         job.frames = episode.length
-        job._finish(SAVED)
+        job.finish(SAVED)
     except MetadataNotUpdated as e:
         # The episode is committed (its row is in episodes.jsonl): saved, with the warning.
         job.episode_index = e.episode_index
         job.frames = episode.length
         job.warning = str(e)
-        job._finish(SAVED)
+        job.finish(SAVED)
     except Exception as e:  # the job records the failure; the recorder keeps running
         episode.abort()
-        job._finish(FAILED, error_line(e))
+        job.finish(FAILED, error_line(e))

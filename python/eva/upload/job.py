@@ -32,6 +32,7 @@ from eva.jobs import STATES, UPLOAD_JOB, Job, JobRecorder, write_job
 from eva.progress import Progress
 from eva.publish import export_lock
 from eva.upload.config import SftpConfig
+from eva.upload.errors import UploadError, UploadInterrupted
 from eva.upload.gate import (
     UploadPermit,
     UploadRefused,
@@ -40,8 +41,6 @@ from eva.upload.gate import (
     dataset_name_for,
 )
 from eva.upload.sftp import (
-    UploadError,
-    UploadInterrupted,
     UploadOptions,
     UploadResult,
     scan_local_tree,

@@ -1,17 +1,18 @@
 """Send a local directory tree over SFTP (paramiko) and publish it with one remote rename.
 
-How an upload goes (contracts §7):
-1. Open ``connections`` SSH connections (host key checked against known_hosts on every one; an
-   unknown key is refused unless the caller opts in, which then records it after the first
-   successful login). Authentication is by key only: the configured identity file, else the keys
-   of the running ssh-agent.
+How an upload goes:
+1. Open ``connections`` SSH connections (``upload/connect.py``: host key checked against
+   known_hosts on every one; an unknown key is refused unless the caller opts in, which then
+   records it after the first successful login). Authentication is by key only: the configured
+   identity file, else the keys of the running ssh-agent.
 2. Create ``<remote_dir>`` if missing, then a hidden staging directory beside the target:
    ``<remote_dir>/.<name>.eva-staging-<random>``. Its path is reported through ``on_staging``
    before any file is written, so the caller can record it for ``--resume``.
 3. Send every file into staging. Each worker owns one SFTP channel (``sessions_per_connection``
    per connection) and keeps up to ``max_inflight`` WRITE requests of ``request_size`` bytes in
    flight, checking the server's status reply of every one (paramiko's own pipelined mode drops
-   the replies of failed writes). Largest files go first so the workers finish together.
+   the replies of failed writes; ``upload/paramiko_compat.py`` holds the paramiko internals this
+   needs). Largest files go first so the workers finish together.
 4. Publish with ONE plain SFTP rename (SSH_FXP_RENAME). OpenSSH's server refuses it when the new
    name exists (a file or a directory, even an empty one); ``posix-rename@openssh.com`` would
    replace an empty directory, so it is never used here. If the target exists the upload is
@@ -28,13 +29,11 @@ How an upload goes (contracts §7):
 from __future__ import annotations
 
 import contextlib
-import getpass
 import hashlib
 import os
 import posixpath
 import queue
 import secrets
-import socket
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -43,31 +42,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import paramiko
-from paramiko.hostkeys import HostKeyEntry
-from paramiko.sftp import CMD_STATUS, CMD_WRITE, SFTP_OK, int64
 
 from eva.dataset.layout import check_component
 from eva.progress import ProgressSink, null_progress
+from eva.upload import paramiko_compat
 from eva.upload.config import SftpConfig
+from eva.upload.connect import Connector
+from eva.upload.errors import UploadError as UploadError  # re-exported: eva.cli catches it here
+from eva.upload.errors import UploadInterrupted
 
 STAGING_MARK = ".eva-staging-"
 # OpenSSH's sftp-server accepts messages up to 256 KiB; 255 KiB of data leaves room for headers.
 DEFAULT_REQUEST_SIZE = 255 * 1024
-# Ciphers in order of preference: AES-GCM is the cheapest per byte in paramiko (perf-notes).
-PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
 MAX_COPY_ATTEMPTS = 99
-
-
-class UploadError(Exception):
-    """The upload failed; the message names the file, path or setting at fault."""
-
-
-class HostKeyError(UploadError):
-    """The server's host key is unknown (and not accepted) or differs from known_hosts."""
-
-
-class UploadInterrupted(UploadError):
-    """The upload was cancelled; the staging directory is kept so it can be resumed."""
 
 
 @dataclass(frozen=True)
@@ -175,202 +162,6 @@ class UploadResult:
         }
 
 
-# ---- connections ------------------------------------------------------------------------------
-
-
-def known_hosts_name(host: str, port: int) -> str:
-    return host if port == 22 else f"[{host}]:{port}"
-
-
-def _fingerprint(key: paramiko.PKey) -> str:
-    return f"{key.get_name()} {key.fingerprint}"
-
-
-class Connector:
-    """Opens authenticated transports to one server, all pinned to the same verified host key."""
-
-    def __init__(self, config: SftpConfig, options: UploadOptions) -> None:
-        self.config = config
-        self.options = options
-        self.host_name = known_hosts_name(config.host, config.port)
-        self.pinned_key: paramiko.PKey | None = None
-        self.new_key_to_record: paramiko.PKey | None = None
-        self.host_key_recorded = False
-        self.revoked_keys: list[paramiko.PKey] = []
-
-    def _known_keys(self) -> dict[str, paramiko.PKey]:
-        """This host's keys from known_hosts (by key type); also collects ``@revoked`` keys.
-
-        Read line by line, like OpenSSH: a line paramiko cannot parse (a ``@cert-authority``
-        entry, an unknown key type, garbage) is skipped instead of making the file unusable."""
-        path = self.config.known_hosts
-        host_keys = paramiko.HostKeys()
-        self.revoked_keys = []
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return {}
-        except OSError as e:
-            raise HostKeyError(f"{path}: cannot read known_hosts ({e.strerror})") from None
-        for lineno, raw_line in enumerate(text.splitlines(), 1):
-            line = raw_line.strip()
-            if not line or line.startswith("#"):
-                continue
-            marker = None
-            if line.startswith("@"):
-                marker, _, line = line.partition(" ")
-            try:
-                entry = HostKeyEntry.from_line(line.strip(), lineno)
-            except Exception:  # InvalidHostKey, unknown key types, bad base64
-                continue
-            if entry is None or entry.key is None:
-                continue
-            if marker == "@revoked":
-                self.revoked_keys.append(entry.key)
-            elif marker is None:
-                for name in entry.hostnames:
-                    host_keys.add(name, entry.key.get_name(), entry.key)
-        entry = host_keys.lookup(self.host_name)
-        return dict(entry) if entry else {}
-
-    def _check_host_key(self, key: paramiko.PKey, known: dict[str, paramiko.PKey]) -> None:
-        if self.pinned_key is not None:
-            if key != self.pinned_key:
-                raise HostKeyError(f"{self.host_name}: host key changed between connections")
-            return
-        if any(key == revoked for revoked in self.revoked_keys):
-            raise HostKeyError(
-                f"{self.host_name}: host key {_fingerprint(key)} is marked @revoked in "
-                f"{self.config.known_hosts}; refusing to connect"
-            )
-        expected = known.get(key.get_name())
-        if expected is not None:
-            if key != expected:
-                raise HostKeyError(
-                    f"{self.host_name}: host key {_fingerprint(key)} does NOT match "
-                    f"{self.config.known_hosts}; refusing to connect (possible "
-                    "man-in-the-middle, or the server was reinstalled: fix known_hosts)"
-                )
-        elif known:
-            raise HostKeyError(
-                f"{self.host_name}: server offered a {key.get_name()} host key but "
-                f"{self.config.known_hosts} only lists {', '.join(sorted(known))} for it"
-            )
-        elif not self.options.accept_new_host_key:
-            raise HostKeyError(
-                f"{self.host_name}: unknown host key {_fingerprint(key)} (not in "
-                f"{self.config.known_hosts}); verify it and rerun with --accept-new-host-key"
-            )
-        else:
-            self.new_key_to_record = key
-        self.pinned_key = key
-
-    def _authenticate(self, transport: paramiko.Transport) -> None:
-        user = self.config.user or getpass.getuser()
-        where = f"{user}@{self.config.describe()}"
-        if self.config.identity_file is not None:
-            path = self.config.identity_file
-            try:
-                key = paramiko.PKey.from_path(path)
-            except FileNotFoundError:
-                raise UploadError(f"identity_file {path}: not found") from None
-            except paramiko.PasswordRequiredException:
-                raise UploadError(
-                    f"identity_file {path}: is passphrase-protected; add it to ssh-agent and "
-                    "leave identity_file unset"
-                ) from None
-            except (OSError, paramiko.SSHException, ValueError) as e:
-                raise UploadError(f"identity_file {path}: cannot load key ({e})") from None
-            try:
-                transport.auth_publickey(user, key)
-            except paramiko.SSHException as e:
-                raise UploadError(f"{where}: key {path} was not accepted ({e})") from None
-            return
-        agent = paramiko.Agent()
-        try:
-            keys = agent.get_keys()
-            if not keys:
-                raise UploadError(
-                    f"{where}: no identity_file configured and no keys in ssh-agent (SSH_AUTH_SOCK)"
-                )
-            for key in keys:
-                try:
-                    transport.auth_publickey(user, key)
-                    return
-                except paramiko.AuthenticationException:
-                    continue
-            raise UploadError(f"{where}: none of the {len(keys)} ssh-agent keys was accepted")
-        finally:
-            agent.close()
-
-    def open_transport(self) -> paramiko.Transport:
-        known = self._known_keys()
-        address = (self.config.host, self.config.port)
-        try:
-            sock = socket.create_connection(address, timeout=self.options.connect_timeout)
-        except OSError as e:
-            raise UploadError(f"cannot connect to {self.config.describe()}: {e}") from None
-        transport = paramiko.Transport(sock)
-        try:
-            security = transport.get_security_options()
-            available = security.ciphers
-            security.ciphers = tuple(c for c in PREFERRED_CIPHERS if c in available) + tuple(
-                c for c in available if c not in PREFERRED_CIPHERS
-            )
-            if known:  # ask for a host key type we can verify, like OpenSSH does
-                security.key_types = tuple(k for k in security.key_types if k in known) + tuple(
-                    k for k in security.key_types if k not in known
-                )
-            try:
-                transport.start_client(timeout=self.options.connect_timeout)
-            except (paramiko.SSHException, OSError, EOFError) as e:
-                raise UploadError(
-                    f"SSH handshake with {self.config.describe()} failed: {e}"
-                ) from None
-            self._check_host_key(transport.get_remote_server_key(), known)
-            self._authenticate(transport)
-            self._record_new_host_key()
-            return transport
-        except BaseException:
-            transport.close()
-            raise
-
-    def _record_new_host_key(self) -> None:
-        """Append an accepted new host key to known_hosts (only after a successful login)."""
-        key = self.new_key_to_record
-        if key is None:
-            return
-        self.new_key_to_record = None
-        path = self.config.known_hosts
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        line = f"{self.host_name} {key.get_name()} {key.get_base64()}\n".encode()
-        append_known_host(path, line)
-        self.host_key_recorded = True
-
-
-def append_known_host(path: Path, line: bytes) -> None:
-    """Append ``line`` to known_hosts in place, as OpenSSH does: a symlinked file (dotfiles kept
-    in a repository) stays a link and its target gets the line, and the file keeps its mode and
-    owner (a copy + rename would replace the link and reset both). One O_APPEND write of a whole
-    line, after a newline when the file lacks a final one; a new file is 0600."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        raise UploadError(f"{path}: cannot record the host key ({e.strerror or e})") from None
-    try:
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            line = b"\n" + line
-        view = memoryview(line)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except OSError as e:
-        raise UploadError(f"{path}: cannot record the host key ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
-
-
 # ---- remote helpers ---------------------------------------------------------------------------
 
 
@@ -458,23 +249,6 @@ def publish_staging(sftp: paramiko.SFTPClient, staging: str, target: str, now: d
     raise UploadError(f"{target}: all {MAX_COPY_ATTEMPTS} copy names are taken")
 
 
-class _WriteAcks:
-    """Collects the status replies to pipelined WRITE requests (paramiko calls _async_response)."""
-
-    def __init__(self) -> None:
-        self.pending = 0
-        self.error: str | None = None
-
-    def _async_response(self, t: int, msg: paramiko.Message, num: int) -> None:
-        self.pending -= 1
-        if t != CMD_STATUS:
-            self.error = self.error or f"unexpected SFTP reply type {t} to WRITE"
-            return
-        code = msg.get_int()
-        if code != SFTP_OK and self.error is None:
-            self.error = msg.get_text() or f"SFTP status {code}"
-
-
 def sha256_remote(sftp: paramiko.SFTPClient, path: str, size: int) -> str:
     digest = hashlib.sha256()
     with sftp.open(path, "rb") as f:
@@ -525,7 +299,7 @@ def _send_file(
     verified prefix already on the server)."""
     buffer = bytearray(options.request_size)
     view = memoryview(buffer)
-    acks = _WriteAcks()
+    acks = paramiko_compat.WriteAcks()
     sent = start
     try:
         local_file = open(local.path, "rb")  # noqa: SIM115 - closed below
@@ -543,17 +317,16 @@ def _send_file(
                 raise UploadError(f"{local.path}: read failed ({e.strerror})") from None
             if not n:
                 break
-            # ``Message.add_string`` copies the view into the packet, so the buffer is reusable.
-            sftp._async_request(acks, CMD_WRITE, remote_file.handle, int64(sent), view[:n])
-            acks.pending += 1
+            # send_write copies the view into the packet, so the buffer is reusable at once.
+            paramiko_compat.send_write(sftp, acks, remote_file.handle, sent, view[:n])
             sent += n
             shared.report(nbytes=n)
             while acks.pending >= options.max_inflight:
-                sftp._read_response()
+                paramiko_compat.read_response(sftp)
             if acks.error:
                 break
         while acks.pending > 0:
-            sftp._read_response()
+            paramiko_compat.read_response(sftp)
     if acks.error:
         raise UploadError(f"{remote}: remote write failed ({acks.error})")
     if sent != local.size:
@@ -650,7 +423,11 @@ def upload_tree(
     cancel = cancel or threading.Event()
     check_component(dataset_name, "dataset name")
     target = config.target_path(dataset_name)
-    connector = Connector(config, options)
+    connector = Connector(
+        config,
+        accept_new_host_key=options.accept_new_host_key,
+        connect_timeout=options.connect_timeout,
+    )
     transports: list[paramiko.Transport] = []
     clients: list[paramiko.SFTPClient] = []
     staging: str | None = None

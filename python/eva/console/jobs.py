@@ -1,0 +1,344 @@
+"""The console's background jobs: one export or upload at a time, and the exports' states.
+
+The same ``eva.export.pipeline`` and ``eva.upload`` code as ``eva export`` / ``eva upload``; their
+``job.json`` / ``upload_job.json`` are the same files. :class:`BackgroundJobs` keeps the jobs
+started from this console (``GET /api/jobs/{id}``) and refuses a second one while one runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eva.console.datasets import DatasetDirs
+from eva.console.errors import bad_request, check_body, conflict, not_found
+from eva.dataset import layout
+from eva.dataset.errors import DatasetError, error_line
+from eva.jobs import new_job_id, read_job
+from eva.timestamps import utc_now
+from eva.upload.config import SftpConfig
+
+
+@dataclass
+class ConsoleJob:
+    """An export or upload started from the console (``GET /api/jobs/{id}``)."""
+
+    job_id: str
+    kind: str  # "export" | "upload"
+    dataset: str
+    format: str
+    state: str = "queued"  # queued | running | completed | failed
+    progress: dict[str, Any] = field(default_factory=dict)
+    accepted_dir: str | None = None
+    rejected_dir: str | None = None
+    totals: dict[str, Any] = field(default_factory=dict)
+    verify: dict[str, Any] | None = None
+    remote_path: str | None = None
+    error: str | None = None
+    created_at: str = field(default_factory=utc_now)
+    finished_at: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _console_reason(gate_reason: str) -> str:
+    """The console's code for an upload gate refusal: its API has always called a stale export
+    ``export_stale`` (the gate's ``stale_review``, decided by the same eva.export.staleness)."""
+    return "export_stale" if gate_reason == "stale_review" else gate_reason
+
+
+def export_states(root: Path, plan: Any) -> dict[str, dict[str, Any]]:
+    """Every format's latest export job of the raw dataset ``root``, with its totals and
+    whether the review changed since (``plan``: the current split plan)."""
+    from eva.export.staleness import export_staleness
+
+    states: dict[str, dict[str, Any]] = {}
+    for fmt in layout.FORMATS:
+        export_root = layout.export_root(root, fmt)
+        job = read_job(export_root / "job.json")
+        if job is None:
+            continue
+        entry: dict[str, Any] = {
+            "job_id": job.job_id,
+            "state": job.state,
+            "accepted_dir": job.accepted_dir,
+            "rejected_dir": job.rejected_dir,
+            "error": job.error,
+            "finished_at": job.finished_at,
+            "stale": False,
+        }
+        # The one staleness rule the upload gate and `eva qc` / `eva info` use too.
+        staleness = export_staleness(root, fmt, plan) if job.state == "completed" else None
+        if staleness is not None:
+            entry["totals"] = {
+                subset: {
+                    "episodes": (m or {}).get("total_episodes"),
+                    "frames": (m or {}).get("total_frames"),
+                }
+                for subset, m in staleness.markers.items()
+            }
+            entry["stale"] = staleness.stale
+            entry["stale_detail"] = staleness.describe() if staleness.stale else None
+        states[fmt] = entry
+    return states
+
+
+class BackgroundJobs:
+    """Export and upload jobs of the console; ``changed`` is called on every job update."""
+
+    def __init__(
+        self, dirs: DatasetDirs, sftp: SftpConfig | None, changed: Callable[[], None]
+    ) -> None:
+        self.dirs = dirs
+        self.sftp = sftp
+        self.changed = changed
+        self._jobs: dict[str, ConsoleJob] = {}
+        self._jobs_lock = threading.Lock()
+        self._active_job: str | None = None
+
+    def active(self) -> ConsoleJob | None:
+        """The job started last (running or finished), if any."""
+        with self._jobs_lock:
+            return self._jobs.get(self._active_job) if self._active_job else None
+
+    def exports(self, name: str) -> dict[str, Any]:
+        """Every format's latest export of the dataset, whether the review changed since (stale),
+        and what the upload gate says of it."""
+        from eva.quality.split import plan_split
+        from eva.quality.verdicts import read_episode_rows
+        from eva.upload.gate import UploadRefused, check_upload
+        from eva.upload.job import read_upload_record
+
+        root = self.dirs.root(name)
+        if not (root / layout.EPISODES).exists():
+            return {"dataset": name, "formats": {}, "options": self.format_options()}
+        root = self.dirs.checked_root(name)
+        try:
+            plan = plan_split(read_episode_rows(root))
+        except DatasetError as e:
+            raise conflict("bad_dataset", str(e)) from None
+        states = export_states(root, plan)
+        for fmt in layout.FORMATS:
+            entry = states.setdefault(fmt, {"state": None, "stale": False})
+            try:
+                check_upload(root, fmt, backend_configured=self.sftp is not None)
+                entry["upload"] = {"allowed": True, "reason": None, "message": None}
+            except UploadRefused as e:
+                reason = _console_reason(e.reason)
+                entry["upload"] = {"allowed": False, "reason": reason, "message": str(e)}
+            if entry["upload"]["allowed"] and entry.get("stale"):
+                entry["upload"] = {
+                    "allowed": False,
+                    "reason": "export_stale",
+                    "message": "the review changed since this export: export again",
+                }
+            record = read_upload_record(layout.export_root(root, fmt))
+            entry["last_upload"] = (
+                {
+                    "state": record.state,
+                    "remote_path": record.remote_path,
+                    "error": record.error,
+                    "finished_at": record.finished_at,
+                }
+                if record is not None
+                else None
+            )
+        return {"dataset": name, "formats": states, "options": self.format_options()}
+
+    @staticmethod
+    def format_options() -> dict[str, list[dict[str, Any]]]:
+        from eva.export.options import FORMAT_OPTIONS
+
+        return {fmt: [s.as_dict() for s in specs] for fmt, specs in FORMAT_OPTIONS.items()}
+
+    def _format(self, fmt: Any) -> str:
+        if not isinstance(fmt, str):
+            raise bad_request("bad_field", "format: one of " + ", ".join(layout.FORMATS), "format")
+        try:
+            return layout.normalize_format(fmt)
+        except ValueError as e:
+            raise bad_request("bad_field", f"format: {e}", "format") from None
+
+    def _claim(self, job: ConsoleJob) -> None:
+        with self._jobs_lock:
+            active = self._jobs.get(self._active_job) if self._active_job else None
+            if active is not None and active.state in ("queued", "running"):
+                raise conflict(
+                    "job_running",
+                    f"{active.kind} job {active.job_id} ({active.dataset}, {active.format}) is "
+                    f"{active.state}; wait for it to finish",
+                )
+            self._jobs[job.job_id] = job
+            self._active_job = job.job_id
+        self.changed()
+
+    def _update(self, job: ConsoleJob, **fields: Any) -> None:
+        with self._jobs_lock:
+            for key, value in fields.items():
+                setattr(job, key, value)
+        self.changed()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        with self._jobs_lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise not_found("unknown_job", f"job {job_id!r} does not exist", "id")
+            return job.as_dict()
+
+    def jobs(self) -> list[dict[str, Any]]:
+        with self._jobs_lock:
+            return [j.as_dict() for j in self._jobs.values()]
+
+    def start_export(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        from eva.export.options import parse_options
+
+        check_body(body, ("format", "options"))
+        fmt = self._format(body.get("format"))
+        options_in = body.get("options") or {}
+        if not isinstance(options_in, Mapping):
+            raise bad_request("bad_field", "options: must be an object", "options")
+        try:
+            options = parse_options(fmt, options_in)
+        except DatasetError as e:
+            text = str(e)
+            raise bad_request("bad_option", text, text.split(":", 1)[0]) from None
+        root = self.dirs.checked_root(name)
+        if not self.dirs.episode_count(root):
+            raise conflict("no_episodes", f"dataset {name!r} has no recorded episodes yet")
+        paths = layout.export_paths(root, fmt)
+        job = ConsoleJob(
+            job_id=new_job_id(),
+            kind="export",
+            dataset=name,
+            format=fmt,
+            accepted_dir=str(paths["accepted"]),
+            rejected_dir=str(paths["rejected"]),
+        )
+        self._claim(job)
+        threading.Thread(
+            target=self._run_export,
+            args=(job, root, options),
+            name="eva-console-export",
+            daemon=True,
+        ).start()
+        return job.as_dict()
+
+    def _run_export(self, job: ConsoleJob, root: Path, options: Any) -> None:
+        from eva.export.pipeline import export_dataset
+        from eva.export.verify import verify_export
+
+        last = [0.0]
+
+        def on_progress(progress: Any, export_job: Any) -> None:
+            now = time.monotonic()
+            if now - last[0] < 0.1 and export_job.state == "running":
+                return
+            last[0] = now
+            self._update(job, state="running", progress=progress.as_dict())
+
+        self._update(job, state="running")
+        try:
+            result = export_dataset(
+                root, job.format, options=options, on_progress=on_progress, job_id=job.job_id
+            )
+            totals = {
+                subset: {"episodes": meta.total_episodes, "frames": meta.total_frames}
+                for subset, meta in result.metas.items()
+            }
+            self._update(
+                job,
+                totals=totals,
+                accepted_dir=str(result.accepted_dir),
+                rejected_dir=str(result.rejected_dir),
+                progress={**job.progress, "current": "eva verify"},
+            )
+            verify: dict[str, Any] = {}
+            for subset, directory in (
+                ("accepted", result.accepted_dir),
+                ("rejected", result.rejected_dir),
+            ):
+                problems = verify_export(directory, source_dir=root, fmt=job.format)
+                verify[subset] = {
+                    "ok": not problems,
+                    "problems": [f"{p.code}: {p.message}" for p in problems[:20]],
+                }
+            self._update(job, verify=verify, state="completed", finished_at=utc_now())
+        except Exception as e:  # noqa: BLE001 - the job record carries the one-line reason
+            text = (
+                str(e).strip().splitlines()[0]
+                if isinstance(e, DatasetError) and str(e)
+                else error_line(e)
+            )
+            self._update(job, state="failed", error=text, finished_at=utc_now())
+
+    def start_upload(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        from eva.publish import ExportBusy
+        from eva.quality.split import plan_split
+        from eva.quality.verdicts import read_episode_rows
+        from eva.upload.errors import UploadError
+        from eva.upload.gate import UploadRefused, check_upload
+        from eva.upload.job import start_upload
+
+        check_body(body, ("format",))
+        fmt = self._format(body.get("format"))
+        root = self.dirs.root(name)
+        try:
+            # The gate first: without a backend nothing else matters and no thread starts.
+            check_upload(root, fmt, backend_configured=self.sftp is not None)
+        except UploadRefused as e:
+            raise conflict(_console_reason(e.reason), str(e)) from None
+        root = self.dirs.checked_root(name)
+        plan = plan_split(read_episode_rows(root))
+        state = export_states(root, plan).get(fmt, {})
+        if state.get("stale"):
+            raise conflict(
+                "export_stale",
+                f"{layout.export_paths(root, fmt)['accepted']}: the review changed since this "
+                f"export ({state.get('stale_detail')}); export again before uploading",
+            )
+        job = ConsoleJob(job_id=new_job_id(), kind="upload", dataset=name, format=fmt)
+        self._claim(job)
+        try:
+            upload = start_upload(root, fmt, self.sftp)
+        except UploadRefused as e:
+            self._update(job, state="failed", error=str(e), finished_at=utc_now())
+            raise conflict(_console_reason(e.reason), str(e)) from None
+        except (UploadError, ExportBusy, DatasetError, ValueError) as e:
+            self._update(job, state="failed", error=str(e), finished_at=utc_now())
+            raise conflict("upload_refused", str(e)) from None
+        self._update(job, state="running", accepted_dir=str(upload.permit.accepted_dir))
+        last = [0.0]
+
+        def on_progress(progress: Any) -> None:
+            now = time.monotonic()
+            if now - last[0] >= 0.1:
+                last[0] = now
+                self._update(job, progress=progress.as_dict())
+
+        upload.add_listener(on_progress)
+        threading.Thread(
+            target=self._watch_upload, args=(job, upload), name="eva-console-upload", daemon=True
+        ).start()
+        return job.as_dict()
+
+    def _watch_upload(self, job: ConsoleJob, upload: Any) -> None:
+        upload.wait()
+        progress = upload.progress.as_dict()
+        if upload.result is None:
+            self._update(
+                job, state="failed", error=upload.error, progress=progress, finished_at=utc_now()
+            )
+            return
+        self._update(
+            job,
+            state="completed",
+            remote_path=upload.result.remote_path,
+            progress=progress,
+            totals={"files": upload.result.files, "bytes": upload.result.bytes},
+            finished_at=utc_now(),
+        )

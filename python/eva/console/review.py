@@ -1,0 +1,260 @@
+"""The console's review: episodes with their quality issues, verdicts, videos and plotted series.
+
+The same ``eva.quality.verdicts`` calls, locks and files as ``eva qc``; every dataset is a name of
+``collection.tasks`` resolved by :class:`~eva.console.datasets.DatasetDirs`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eva.console.datasets import DatasetDirs
+from eva.console.errors import bad_request, check_body, conflict, not_found
+from eva.console.jobs import export_states
+from eva.dataset import layout
+from eva.dataset.errors import DatasetError
+
+MAX_SERIES_POINTS = 2000
+
+_FRAME_REF = re.compile(r"\bframes? (\d+)")
+
+
+def issue_frames(detail: object) -> list[int]:
+    """Frame numbers an issue's detail names ("frame 12", "near frame 40", "frames 0-9"), so the
+    replay can jump there."""
+    if not isinstance(detail, str):
+        return []
+    return sorted({int(m) for m in _FRAME_REF.findall(detail)})
+
+
+class EpisodeReview:
+    """Review of the datasets' episodes; ``changed`` is called when a verdict or note changed."""
+
+    def __init__(self, dirs: DatasetDirs, changed: Callable[[], None]) -> None:
+        self.dirs = dirs
+        self.changed = changed
+        self._videos: dict[tuple[str, str, str], tuple[Any, Path]] = {}
+
+    def episodes(self, name: str) -> dict[str, Any]:
+        from eva.quality.split import plan_split
+        from eva.quality.verdicts import read_episode_rows, reason_of, subset_of
+
+        root = self.dirs.root(name)
+        if not (root / layout.EPISODES).exists():
+            return {"dataset": name, "dir": str(root), "episodes": [], "split": {}, "stale": []}
+        root = self.dirs.checked_root(name)
+        try:
+            rows = read_episode_rows(root)
+        except DatasetError as e:
+            raise conflict("bad_dataset", str(e)) from None
+        episodes = []
+        for row in sorted(rows, key=lambda r: r["episode_index"]):
+            issues = []
+            for item in row.get("quality_issues") or []:
+                if isinstance(item, Mapping):
+                    issues.append({**item, "frames": issue_frames(item.get("detail"))})
+            episodes.append(
+                {
+                    "episode_index": row["episode_index"],
+                    "length": row.get("length"),
+                    "tasks": row.get("tasks"),
+                    "quality": row.get("quality"),
+                    "quality_issues": issues,
+                    "qc_verdict": row.get("qc_verdict"),
+                    "qc_note": row.get("qc_note"),
+                    "subset": subset_of(row),
+                    "reason": reason_of(row),
+                    "video_keys": row.get("video_keys") or [],
+                    "started_at": row.get("started_at"),
+                    "duration_seconds": row.get("duration_seconds"),
+                }
+            )
+        plan = plan_split(rows)
+        return {
+            "dataset": name,
+            "dir": str(root),
+            "episodes": episodes,
+            "split": {"accepted": plan.accepted, "rejected": plan.rejected},
+            "stale": [f for f, e in export_states(root, plan).items() if e.get("stale")],
+        }
+
+    def set_review(self, name: str, index: Any, body: Mapping[str, Any]) -> dict[str, Any]:
+        from eva.quality.verdicts import review_episode, subset_of
+
+        check_body(body, ("verdict", "note"))
+        if "verdict" not in body and "note" not in body:
+            raise bad_request(
+                "bad_field", "verdict: give a verdict (pass, fail, null) or a note", "verdict"
+            )
+        verdict = body.get("verdict")
+        if (
+            "verdict" in body
+            and verdict is not None
+            and (not isinstance(verdict, str) or verdict.strip().lower() not in ("pass", "fail"))
+        ):
+            raise bad_request(
+                "bad_field", f'verdict: {verdict!r}: use "pass", "fail" or null', "verdict"
+            )
+        note = body.get("note")
+        if note is not None and not isinstance(note, str):
+            raise bad_request("bad_field", "note: must be a string", "note")
+        if isinstance(note, str) and any(ord(c) < 32 and c != "\t" for c in note):
+            raise bad_request(
+                "bad_field", "note: control characters (newlines) are not allowed", "note"
+            )
+        root = self.dirs.checked_root(name)
+        episode = self._episode_index(root, index)
+        try:
+            update = review_episode(
+                root,
+                episode,
+                verdict=verdict,
+                note=note,
+                clear_verdict="verdict" in body and verdict is None,
+            )
+        except DatasetError as e:
+            text = str(e)
+            if "being saved" in text or "not saved yet" in text:
+                raise conflict("episode_saving", text) from None
+            raise conflict("review_failed", text) from None
+        if update.changed:
+            self.changed()
+        row = update.row
+        return {
+            "episode_index": episode,
+            "qc_verdict": row.get("qc_verdict"),
+            "qc_note": row.get("qc_note"),
+            "subset": subset_of(row),
+            "changed": update.changed,
+        }
+
+    def _episode_index(self, root: Path, index: Any) -> int:
+        from eva.quality.verdicts import read_episode_rows
+
+        if isinstance(index, str) and index.isdigit():
+            index = int(index)
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise bad_request("bad_field", f"episode index {index!r} is not an int >= 0", "index")
+        try:
+            indices = {row["episode_index"] for row in read_episode_rows(root)}
+        except DatasetError as e:
+            raise conflict("bad_dataset", str(e)) from None
+        if index not in indices:
+            raise not_found(
+                "unknown_episode", f"{root.name}: episode {index} does not exist", "index"
+            )
+        return index
+
+    def _reader(self, name: str) -> tuple[Any, Path]:
+        from eva.dataset.reader import DatasetReader
+
+        root = self.dirs.checked_root(name)
+        try:
+            return DatasetReader(root), root
+        except DatasetError as e:
+            raise conflict("bad_dataset", str(e)) from None
+
+    def video_file(self, name: str, index: Any, key: str) -> Path:
+        """The episode's raw MP4 of camera ``key``, checked to lie inside the dataset.
+
+        A replay seeks with many Range requests: the checked path is remembered while the
+        dataset's info.json and episodes.jsonl are unchanged (one stat each instead of a reader,
+        the rows and a dozen ``resolve`` calls per request)."""
+        root = self.dirs.root(name)
+        signature = self._meta_signature(root)
+        cached = self._videos.get((name, str(index), key))
+        if signature is not None and cached is not None and cached[0] == signature:
+            path = cached[1]
+            if path.is_file() and not path.is_symlink():
+                return path
+        path = self._video_file(name, index, key)
+        if signature is not None:
+            self._videos[(name, str(index), key)] = (signature, path)
+        return path
+
+    @staticmethod
+    def _meta_signature(root: Path) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            stats = [
+                os.stat(root / rel, follow_symlinks=False) for rel in (layout.INFO, layout.EPISODES)
+            ]
+        except OSError:
+            return None
+        if root.is_symlink():
+            return None
+        return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+
+    def _video_file(self, name: str, index: Any, key: str) -> Path:
+        reader, root = self._reader(name)
+        episode = self._episode_index(root, index)
+        if key not in reader.video_keys:
+            raise not_found("unknown_camera", f"{root.name}: no video feature {key!r}", "video_key")
+        try:
+            path: Path = reader.video_path(episode, key)
+        except DatasetError as e:
+            raise conflict("bad_dataset", str(e)) from None
+        resolved = path.resolve()
+        if not layout.is_within(resolved, root.resolve()):
+            raise conflict("unsafe_path", f"{path}: resolves outside the dataset")
+        if not resolved.is_file():
+            raise not_found("missing_video", f"{path}: episode {episode} video missing")
+        return resolved
+
+    def series(self, name: str, index: Any, max_points: Any = None) -> dict[str, Any]:
+        """Vector features of one episode for the plots, at most ``max_points`` rows (evenly
+        picked, first and last kept), with the frame index of each kept row."""
+        reader, root = self._reader(name)
+        episode = self._episode_index(root, index)
+        if max_points is None:
+            limit = MAX_SERIES_POINTS
+        else:
+            try:
+                limit = int(max_points)
+            except (TypeError, ValueError):
+                raise bad_request(
+                    "bad_field", f"max_points {max_points!r} is not an integer", "max_points"
+                ) from None
+            if not 2 <= limit <= 100_000:
+                raise bad_request(
+                    "bad_field", "max_points must be between 2 and 100000", "max_points"
+                )
+        try:
+            rows = reader.count_rows(episode)
+            picked = (
+                np.arange(rows)
+                if rows <= limit
+                else np.unique(np.linspace(0, rows - 1, limit).round().astype(np.int64))
+            )
+            series = {}
+            for key in reader.vector_keys:
+                values = reader.read_vector(episode, key)
+                if values.ndim == 1:
+                    values = values[:, None]
+                values = values[picked].astype(np.float64)
+                names = reader.features.get(key, {}).get("names")
+                if not isinstance(names, list) or len(names) != values.shape[1]:
+                    names = [f"{key}[{i}]" for i in range(values.shape[1])]
+                series[key] = {
+                    "names": [str(n) for n in names],
+                    # one list per dimension; null where a value is not finite (JSON has no NaN)
+                    "values": [
+                        [float(v) if np.isfinite(v) else None for v in values[:, d]]
+                        for d in range(values.shape[1])
+                    ],
+                }
+        except DatasetError as e:
+            raise conflict("bad_dataset", str(e)) from None
+        return {
+            "dataset": name,
+            "episode_index": episode,
+            "fps": reader.fps,
+            "length": rows,
+            "frame_index": picked.tolist(),
+            "series": series,
+        }
