@@ -8,7 +8,9 @@ or ``<file>: no video stream``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from fractions import Fraction
 from pathlib import Path
+from typing import cast
 
 import av
 import numpy as np
@@ -42,7 +44,9 @@ def rgb_arrays(frames: Iterable[av.VideoFrame]) -> Iterator[np.ndarray]:
 
 def frame_time(frame: av.VideoFrame) -> float:
     """The frame's presentation time in seconds."""
-    return float(frame.pts * frame.time_base)
+    # A frame decoded from a demuxed stream always carries both (PyAV types them optional for
+    # frames built by hand).
+    return float(cast(int, frame.pts) * cast(Fraction, frame.time_base))
 
 
 def decode_frame_times(path: Path) -> list[float]:
@@ -77,7 +81,8 @@ def frame_at(path: Path, t: float, tolerance_s: float) -> tuple[float, np.ndarra
     time: seek to the keyframe before ``t``, decode on. None when there is no such frame."""
     container, stream = open_video(path)
     with container:
-        target = int(round(t / float(stream.time_base)))
+        # A demuxed stream always has a time base (PyAV types it optional for output streams).
+        target = int(round(t / float(cast(Fraction, stream.time_base))))
         container.seek(target, stream=stream, backward=True, any_frame=False)
         for frame in container.decode(stream):
             ft = frame_time(frame)

@@ -200,8 +200,8 @@ def verify(export_dir: Path) -> list[Problem]:
     check_version(problem, info, layout.CODEBASE_VERSION, info_path)
     features = info.get("features", {})
     video_keys, refused = layout.safe_video_keys(features)
-    for e in refused:
-        problem("video_key", str(e), root / layout.INFO)
+    for refusal in refused:
+        problem("video_key", str(refusal), root / layout.INFO)
     chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
     indices = [r.get("episode_index") for r in episodes]
     if indices != list(range(len(episodes))):

@@ -279,7 +279,9 @@ class EpisodeWriter:
         if padded > count:
             # The last chunk of the episode: HDF5 stores edge chunks whole, so pad it.
             batch[count:padded] = 0
-        blocks = [batch[offset : offset + fpc] for offset in range(0, padded, fpc)]
+        blocks: list[np.ndarray] | list[bytes] = [
+            batch[offset : offset + fpc] for offset in range(0, padded, fpc)
+        ]
         if compression == "gzip":
             # HDF5's deflate filter stores a zlib stream: compress the chunks ourselves on every
             # core (zlib releases the GIL) and write the results as already-filtered chunks.

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import av
 import numpy as np
@@ -108,11 +108,13 @@ class VideoShardWriter:
             self._stream = self._container.add_stream_from_template(in_stream, opaque=True)
             self._stream.time_base = in_stream.time_base
             self.params = source.info.params
-        elif not source.info.params.compatible_with(self.params):
-            raise VideoConcatError(
-                f"{source.path}: stream parameters differ from shard {self.path.name}: "
-                + "; ".join(self.params.differences(source.info.params))
-            )
+        else:
+            assert self.params is not None  # set with the shard's first episode
+            if not source.info.params.compatible_with(self.params):
+                raise VideoConcatError(
+                    f"{source.path}: stream parameters differ from shard {self.path.name}: "
+                    + "; ".join(self.params.differences(source.info.params))
+                )
         if source.samples is not None:
             return self._copy_samples(source.path, source.samples, keyframes, keyframe_limit)
         first = len(keyframes) if keyframes is not None else 0
@@ -214,7 +216,9 @@ class VideoShardWriter:
                     data = view[at : at + sizes[k]]
                     if keyframes is not None and flags[k]:
                         keyframes.append(bytes(data))
-                    packet = av.Packet(data)
+                    # PyAV's stub says bytes, but Packet takes any buffer: the slice of the
+                    # read block goes in without a copy.
+                    packet = av.Packet(data)  # type: ignore[arg-type]
                     packet.pts = pts_list[k]
                     packet.dts = dts_list[k]
                     packet.duration = durations[k]
@@ -255,7 +259,8 @@ class VideoShardWriter:
                 # With B-frames the demuxer reports that frame at pts 0 with a negative dts (the
                 # reorder delay); the previous episode's last dts is lower still, so decode order
                 # stays monotonic (checked below).
-                start_ts = packet.pts if packet.pts is not None else packet.dts
+                # Not both None: the flush packet is skipped above.
+                start_ts = packet.pts if packet.pts is not None else cast(int, packet.dts)
                 shift = self._next_start - int(start_ts)
             pts = None if packet.pts is None else int(packet.pts) + shift
             dts = None if packet.dts is None else int(packet.dts) + shift
@@ -276,7 +281,7 @@ class VideoShardWriter:
                     raise VideoConcatError(f"{source}: a packet without timestamps")
                 self._splice.add_packet(bytes(packet), dts, pts, packet.is_keyframe, duration)
             else:
-                assert self._container is not None
+                assert self._container is not None and self._stream is not None
                 packet.pts, packet.dts = pts, dts
                 packet.stream = self._stream
                 self._container.mux(packet)
@@ -370,7 +375,7 @@ def decode_keyframes(params: StreamParams, packets: list[bytes], sink: FrameSink
     PyAV releases the GIL while decoding and converting, so this runs well in a worker thread
     next to the packet copy.
     """
-    ctx = av.CodecContext.create(params.codec, "r")
+    ctx = cast(av.VideoCodecContext, av.CodecContext.create(params.codec, "r"))
     if params.extradata:
         ctx.extradata = params.extradata
     ctx.thread_count = 1

@@ -205,9 +205,9 @@ def _decode_shard(path: Path, key: str, placed: list[PlacedEpisode]) -> dict[int
         if slot < 0:
             stray += 1
             continue
-        ep = order[slot]
-        counts[ep] += 1
-        stats[ep].update(frame)
+        episode = order[slot]
+        counts[episode] += 1
+        stats[episode].update(frame)
     for ep in placed:
         if counts[ep.episode] != ep.frames or stray:
             raise DatasetError(

@@ -191,9 +191,9 @@ def tasks_table(tasks: Mapping[int, str]) -> pa.Table:
     return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
 
 
-def v3_info(meta: SubsetMeta, settings: LeRobotV3Options) -> dict:
+def v3_info(meta: SubsetMeta, settings: LeRobotV3Options) -> dict[str, Any]:
     """v3.0 info.json from the subset's v2.1 info (LeRobot's convert_info, plus eva's keys)."""
-    info = json.loads(json.dumps(meta.info))  # deep copy of JSON data
+    info: dict[str, Any] = json.loads(json.dumps(meta.info))  # deep copy of JSON data
     fps = info.get("fps")
     info["codebase_version"] = CODEBASE_VERSION
     info["dataset_format"] = DATASET_FORMAT

@@ -68,8 +68,8 @@ def verify(export_dir: Path) -> list[Problem]:
     fps = float(info.get("fps") or 0)
     features = info.get("features", {})
     video_keys, refused = layout.safe_video_keys(features)
-    for e in refused:
-        problem("video_key", str(e), info_path)
+    for refusal in refused:
+        problem("video_key", str(refusal), info_path)
     data_tpl = info.get("data_path") or DATA_PATH
     video_tpl = info.get("video_path") or VIDEO_PATH
     # The templates are input: only plain {field} / {field:03d} replacements that format, and
