@@ -416,12 +416,16 @@ def test_validation_errors_stop_before_writing(source: Path, case: str) -> None:
 
 def test_cli_export_json_lines_and_lock_refusal(source: Path) -> None:
     runner = CliRunner()
-    r = runner.invoke(main, ["export", str(source), "--format", "lerobot_v21"])
+    r = runner.invoke(main, ["export", str(source), "--format", "lerobot_v21", "--json"])
     assert r.exit_code == 0, r.output
     events = [json.loads(line) for line in r.output.splitlines()]
     assert events[-1]["event"] == "completed"
     assert events[-1]["accepted_episodes"] == 3 and events[-1]["rejected_episodes"] == 3
     assert any(e["event"] == "progress" for e in events)
+    assert {"publishing", "writing"} <= {e.get("stage") for e in events}
+    # Without --json the same run prints text, whatever stdout is (here not a terminal).
+    text = runner.invoke(main, ["export", str(source), "--format", "v21"])
+    assert text.exit_code == 0 and text.output.startswith("accepted: "), text.output
     # A second export of the same source+format while the lock is held is refused.
     root = source.parent / "export" / "lerobot_v21"
     code = (

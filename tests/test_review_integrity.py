@@ -455,7 +455,7 @@ def test_full_disk_names_the_file_and_publishes_nothing(synthetic_dataset, fmt: 
     mounted = _mount_small_tmpfs(export)
     # Without mount rights: a file size limit in the exporting process (EFBIG, not ENOSPC).
     reason = "No space left on device" if mounted else "File too large"
-    command = [sys.executable, "-m", "eva.cli", "export", str(source), "--format", fmt]
+    command = [sys.executable, "-m", "eva.cli", "export", str(source), "--format", fmt, "--json"]
     if not mounted:
         command.append("--copy-videos")  # a hard link or reflink writes no data
     try:

@@ -2,7 +2,8 @@
 
 One module per command group; a command's module is imported only when that command runs (or
 its help is asked for), so ``eva --help`` and ``eva <cmd> --help`` load no media or table
-library. Exit codes: 0 ok, 1 invalid data or a failed operation, 2 usage error.
+library. Exit codes, the same for every command: 0 ok, 1 the work failed or the data is invalid,
+2 usage or configuration errors, 130 interrupted (after one line saying what was kept).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import click
 
 from eva import __version__
 from eva._native import NativeCoreError, build_info
-from eva.cli.output import fail
+from eva.cli.output import EXIT_INTERRUPTED, fail, say
 
 # name -> (module, command object, summary), in workflow order: the order `eva --help` lists
 # them. The summary is what the top-level help shows without importing the command's module;
@@ -102,6 +103,10 @@ class EvaGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            note = ctx.meta.get("eva.interrupt_note", "nothing was changed")
+            say(f"eva: interrupted: {note}", err=True)
+            raise SystemExit(EXIT_INTERRUPTED) from None
         except NativeCoreError as e:
             fail(str(e))
         except OSError as e:

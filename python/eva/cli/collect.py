@@ -17,7 +17,15 @@ from eva.cli.collect_screen import (
     StatusScreen,
     collect_status_line,
 )
-from eva.cli.output import EXIT_INVALID, EXIT_USAGE, emit_json, fail, first_line, say
+from eva.cli.output import (
+    EXIT_INVALID,
+    EXIT_USAGE,
+    emit_json,
+    fail,
+    first_line,
+    say,
+    verbosity_options,
+)
 
 
 def _collect_load(config_path: Path, dataset: str | None) -> Any:
@@ -171,6 +179,7 @@ def _collect_setup(cfg: Any, override: str | None, seed: int) -> Any:
 
 
 @click.command("collect")
+@verbosity_options(quiet=False)
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--episodes",

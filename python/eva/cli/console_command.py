@@ -9,10 +9,11 @@ import click
 
 from eva._native import NativeCoreError
 from eva.cli.collect_screen import CaptureLogHandler, LogLimiter
-from eva.cli.output import EXIT_USAGE, fail, first_line, say
+from eva.cli.output import EXIT_USAGE, fail, first_line, say, verbosity_options
 
 
 @click.command("console")
+@verbosity_options()
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; anything but loopback must be given explicitly.")  # fmt: skip

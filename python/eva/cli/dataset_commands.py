@@ -8,7 +8,19 @@ from typing import Any
 
 import click
 
-from eva.cli.output import EXIT_INVALID, EXIT_USAGE, emit_json, fail, say
+from eva.cli.output import (
+    EXIT_INVALID,
+    EXIT_USAGE,
+    FORMAT_HELP,
+    FormatChoice,
+    detail,
+    emit_json,
+    fail,
+    note,
+    say,
+    verbosity,
+    verbosity_options,
+)
 from eva.textsafe import printable
 
 
@@ -37,6 +49,7 @@ def _dataset_summary(root: Path) -> dict[str, Any]:
 
 
 @click.command("info")
+@verbosity_options()
 @click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 def info_command(dataset: Path, as_json: bool) -> None:
@@ -67,7 +80,15 @@ def info_command(dataset: Path, as_json: bool) -> None:
         say(f"stale     {entry['format']} export {entry['export_root']}: {entry['detail']}")
 
 
+# The command that fixes a problem, where one does (the others need the data itself mended).
+VALIDATE_FIXES = {
+    "totals_mismatch": "eva cleanup {dataset}  (repairs the totals an interrupted save left behind)",
+    "non_finite_values": "eva export {dataset} --allow-non-finite ...  (exports them as they are)",
+}
+
+
 @click.command("validate")
+@verbosity_options()
 @click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @click.option("--decode", is_flag=True, help="Decode every video to count frames (slow, exact).")
@@ -93,7 +114,21 @@ def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
         )
     else:
         for problem in problems:
-            say(str(problem))
+            if verbosity() >= 0:
+                say(str(problem))
+            where = ", ".join(
+                part
+                for part in (
+                    f"file {problem.path}" if problem.path else "",
+                    f"episode {problem.episode}" if problem.episode is not None else "",
+                )
+                if part
+            )
+            if where:
+                detail(f"    at {where}")
+            fix = VALIDATE_FIXES.get(problem.code)
+            if fix is not None and verbosity() >= 0:
+                say(f"    fix: {fix.format(dataset=dataset)}")
         say(
             f"{dataset}: valid" if not problems else f"{dataset}: {len(problems)} problem(s)",
             err=bool(problems),
@@ -113,6 +148,7 @@ def _qc_list_line(entry: dict[str, Any]) -> str:
 
 
 @click.command("qc")
+@verbosity_options()
 @click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("episode", type=int, required=False)
 @click.option("--pass", "pass_", is_flag=True, help="Accept the episode (overrides red).")
@@ -219,8 +255,15 @@ def _stale_exports(dataset: Path) -> list[dict[str, str]]:
 
 
 @click.command("cleanup")
-@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--format", "fmt", default=None, help="Only this format (default: all).")
+@verbosity_options()
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=FormatChoice(),
+    default=None,
+    help="Only this format (default: all). " + FORMAT_HELP,
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
     """Finish or undo interrupted exports of DATASET and remove hidden staging/backup dirs.
@@ -245,4 +288,4 @@ def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
             say(f"{name}: {line}")
             count += 1
     if not count:
-        click.echo("nothing to clean up")
+        note("nothing to clean up", err=False)

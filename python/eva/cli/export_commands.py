@@ -10,7 +10,21 @@ from typing import Any
 
 import click
 
-from eva.cli.output import EXIT_INVALID, EXIT_USAGE, emit_json, fail, first_line, human_bytes, say
+from eva.cli.output import (
+    EXIT_INVALID,
+    FORMAT_HELP,
+    FormatChoice,
+    detail,
+    emit_json,
+    fail,
+    first_line,
+    human_bytes,
+    note,
+    on_interrupt,
+    say,
+    verbosity,
+    verbosity_options,
+)
 from eva.cli.progress import ProgressBar
 from eva.formats.base import ExportOptions, OptionError, OptionField, Options
 from eva.formats.options import FORMAT_OPTIONS as FORMAT_OPTION_CLASSES
@@ -82,16 +96,21 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
 
 
 @click.command("export")
+@verbosity_options()
 @click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--format",
     "fmt",
     required=True,
-    help="lerobot_v21, lerobot_v3, hdf5 or mcap (aliases: v21, v3, h5).",
+    type=FormatChoice(),
+    help=FORMAT_HELP,
 )
 @_format_options
 @click.option(
-    "--json", "as_json", is_flag=True, help="JSON progress lines (default when not a terminal)."
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object per event on stdout (progress, then completed or failed).",
 )
 def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any) -> None:
     """Split DATASET into accepted/rejected and export both as FMT, published as a pair.
@@ -105,16 +124,15 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
     import time
 
     from eva.dataset.errors import DatasetError
-    from eva.dataset.layout import normalize_format
     from eva.export.pipeline import export_dataset
 
-    try:
-        fmt = normalize_format(fmt)
-    except ValueError as e:
-        fail(str(e), EXIT_USAGE)
-    json_lines = as_json or not sys.stdout.isatty()
+    on_interrupt(
+        "the published pair is unchanged; the next export (or eva cleanup) removes the staging"
+    )
+    json_lines = as_json  # a pipe, cron or ssh gets the same text as a terminal
     last = [0.0]
-    bar = ProgressBar(f"export {fmt}", unit="episodes", enabled=False if json_lines else None)
+    quiet = json_lines or verbosity() < 0
+    bar = ProgressBar(f"export {fmt}", unit="episodes", enabled=False if quiet else None)
 
     def on_progress(progress: Any, job: Any) -> None:
         now = time.monotonic()
@@ -171,7 +189,7 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
         emit_json(summary)
         return
     for line in result.recovered:
-        say(f"recovered: {line}")
+        note(f"recovered: {line}", err=False)
     say(
         f"accepted: {summary['accepted_dir']} ({summary['accepted_episodes']} episodes, "
         f"{summary['accepted_frames']} frames)"
@@ -180,14 +198,25 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
         f"rejected: {summary['rejected_dir']} ({summary['rejected_episodes']} episodes, "
         f"{summary['rejected_frames']} frames)"
     )
+    for subset in ("accepted", "rejected"):
+        files = [p for p in Path(summary[f"{subset}_dir"]).rglob("*") if p.is_file()]
+        size = human_bytes(sum(p.stat().st_size for p in files))
+        detail(f"{subset}: {len(files)} files, {size}")
 
 
 @click.command("verify")
+@verbosity_options()
 @click.argument("export_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--source", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Source dataset to compare with (default: the one the export's place derives, "
               "if it exists; a moved copy is checked on its own).")  # fmt: skip
-@click.option("--format", "fmt", default=None, help="Expected format (default: from the path).")
+@click.option(
+    "--format",
+    "fmt",
+    type=FormatChoice(),
+    default=None,
+    help="Expected format (default: from the path). " + FORMAT_HELP,
+)
 @click.option(
     "--full",
     is_flag=True,

@@ -42,3 +42,91 @@ def human_bytes(n: float) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
     return f"{size:.1f} GB"
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+
+
+class FormatChoice(click.Choice):  # type: ignore[type-arg]
+    """``--format``: a format name or alias (case-insensitive), given back as the canonical
+    name; help and shell completion list every accepted spelling."""
+
+    name = "format"
+
+    def __init__(self) -> None:
+        from eva.dataset.layout import FORMAT_ALIASES
+
+        super().__init__(list(FORMAT_ALIASES), case_sensitive=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from eva.dataset.layout import normalize_format
+
+        return normalize_format(str(super().convert(value, param, ctx)))
+
+
+FORMAT_HELP = "lerobot_v21, lerobot_v3, hdf5 or mcap (aliases: v21, v3, h5; any case)."
+
+
+def on_interrupt(note: str) -> None:
+    """What the running command keeps if the operator presses Ctrl-C now: the line printed
+    before eva exits 130 (the default says nothing was changed)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.find_root().meta["eva.interrupt_note"] = note
+
+
+# ---- verbosity: -q/--quiet and -v/--verbose on every command ---------------------------------
+
+_VERBOSITY = "eva.verbosity"
+
+
+def _store_verbosity(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    root = ctx.find_root().meta
+    if param.name == "quiet" and value:
+        root[_VERBOSITY] = -1
+    elif param.name == "verbose" and value:
+        root[_VERBOSITY] = max(root.get(_VERBOSITY, 0), 0) + int(value)
+
+
+def verbosity_options(*, quiet: bool = True) -> Any:
+    """Add ``-v/--verbose`` (repeatable) and, unless the command has its own, ``-q/--quiet``."""
+
+    def decorate(command: Any) -> Any:
+        command = click.option(
+            "-v",
+            "--verbose",
+            count=True,
+            expose_value=False,
+            callback=_store_verbosity,
+            help="More detail (repeatable).",
+        )(command)
+        if quiet:
+            command = click.option(
+                "-q",
+                "--quiet",
+                is_flag=True,
+                expose_value=False,
+                callback=_store_verbosity,
+                help="No progress bar or notes; errors and results still print.",
+            )(command)
+        return command
+
+    return decorate
+
+
+def verbosity() -> int:
+    """-1 quiet, 0 normal, 1+ verbose (the current command's -q/-v)."""
+    ctx = click.get_current_context(silent=True)
+    return int(ctx.find_root().meta.get(_VERBOSITY, 0)) if ctx is not None else 0
+
+
+def note(text: object, *, err: bool = True) -> None:
+    """An informational line (stderr by default), left out with --quiet."""
+    if verbosity() >= 0:
+        say(text, err=err)
+
+
+def detail(text: object, *, err: bool = False) -> None:
+    """A line shown only with --verbose."""
+    if verbosity() > 0:
+        say(text, err=err)

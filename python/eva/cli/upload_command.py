@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-from eva.cli.output import emit_json, fail, human_bytes, say
+from eva.cli.output import (
+    EXIT_INTERRUPTED,
+    FORMAT_HELP,
+    FormatChoice,
+    emit_json,
+    fail,
+    human_bytes,
+    say,
+    verbosity,
+    verbosity_options,
+)
 from eva.cli.progress import ProgressBar
 from eva.textsafe import printable
 
@@ -45,8 +56,9 @@ def _show_upload(bar: ProgressBar, progress: dict[str, Any]) -> None:
 
 
 @click.command("upload")
+@verbosity_options()
 @click.argument("dataset")
-@click.option("--format", "fmt", required=True, help="lerobot_v21, lerobot_v3, hdf5 or mcap.")
+@click.option("--format", "fmt", required=True, type=FormatChoice(), help=FORMAT_HELP)
 @click.option(
     "--config",
     "config_path",
@@ -120,7 +132,8 @@ def upload_command(
     except (UploadError, DatasetError, ValueError) as e:
         refuse(str(e))
 
-    bar = ProgressBar(f"upload {fmt}", unit="bytes", enabled=False if as_json else None)
+    quiet = as_json or verbosity() < 0
+    bar = ProgressBar(f"upload {fmt}", unit="bytes", enabled=False if quiet else None)
     last_emit = 0.0
     try:
         while not job.wait(0.2):
@@ -133,10 +146,17 @@ def upload_command(
     except KeyboardInterrupt:
         job.cancel()
         job.wait()
+        interrupted = True
+    else:
+        interrupted = False
     _show_upload(bar, job.record.progress)
     bar.close()
 
     record = job.snapshot()
+    if interrupted and job.result is None:
+        kept = "; rerun with --resume to continue" if record.get("resumable") else ""
+        say(f"eva: interrupted: nothing was published{kept}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     if job.result is None:
         message = f"upload failed: {job.error}"
         if record.get("resumable") and "--resume" not in message:

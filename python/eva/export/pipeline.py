@@ -100,7 +100,11 @@ def validate_source(
     if allow_non_finite:
         problems = [p for p in problems if p.code not in CARRIABLE_PROBLEMS["allow_non_finite"]]
     if problems:
-        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        more = (
+            f" (and {len(problems) - 1} more problems: eva validate {source} lists them)"
+            if len(problems) > 1
+            else ""
+        )
         hint = (
             " (eva export --allow-non-finite exports them as they are)"
             if problems[0].code in CARRIABLE_PROBLEMS["allow_non_finite"]

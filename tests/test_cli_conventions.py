@@ -1,0 +1,111 @@
+"""The CLI's conventions, the same for every command (docs/cli.md): exit codes 0/1/2/130, --format
+as a choice of names and aliases, -q/-v everywhere, text unless --json."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from eva.capture.synthetic import write_synthetic_dataset
+from eva.cli import COMMANDS, main
+
+
+def _invoke(*args: str) -> click.testing.Result:
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["export", "{ds}", "--format", "zip"],
+        ["verify", "{ds}", "--format", "zip"],
+        ["upload", "{ds}", "--format", "zip"],
+        ["cleanup", "{ds}", "--format", "zip"],
+    ],
+)
+def test_a_bad_format_is_a_usage_error_everywhere(small_dataset: Path, args: list[str]) -> None:
+    result = _invoke(*[a.format(ds=small_dataset) for a in args])
+    assert result.exit_code == 2, result.output
+    assert "'zip' is not one of" in result.output and "lerobot_v3" in result.output
+
+
+def test_format_names_and_aliases_in_any_case(small_dataset: Path) -> None:
+    result = _invoke("export", str(small_dataset), "--format", "V21")
+    assert result.exit_code == 0, result.output
+    assert (small_dataset.parent / "export" / "lerobot_v21" / "accepted").is_dir()
+
+
+def test_a_missing_path_is_a_usage_error(tmp_path: Path) -> None:
+    for command in ("cleanup", "info", "validate"):
+        result = _invoke(command, str(tmp_path / "nonexistent"))
+        assert result.exit_code == 2, (command, result.output)
+
+
+def test_every_command_takes_quiet_and_verbose() -> None:
+    ctx = click.Context(main)
+    for name in COMMANDS:
+        command = main.get_command(ctx, name)
+        assert command is not None
+        flags = {opt for p in command.params for opt in getattr(p, "opts", [])}
+        assert {"-q", "--quiet", "-v", "--verbose"} <= flags, name
+
+
+def test_validate_names_the_fixing_command_and_details_with_verbose(tmp_path: Path) -> None:
+    raw = write_synthetic_dataset(tmp_path / "raw", episodes=2, frames=8)
+    info = raw / "meta" / "info.json"
+    info.write_text(info.read_text().replace('"total_frames": 16', '"total_frames": 9'))
+    result = _invoke("validate", str(raw))
+    assert result.exit_code == 1
+    assert f"fix: eva cleanup {raw}" in result.output
+    verbose = _invoke("validate", "-v", str(raw))
+    assert f"at file {info}" in verbose.output
+    quiet = _invoke("validate", "-q", str(raw))
+    assert "totals_mismatch" not in quiet.output and "1 problem(s)" in quiet.output
+
+
+def test_a_refused_export_points_to_validate(tmp_path: Path) -> None:
+    raw = write_synthetic_dataset(tmp_path / "raw", episodes=2, frames=8)
+    for ep in (0, 1):
+        (raw / f"videos/chunk-000/observation.images.front/episode_{ep:06d}.mp4").unlink()
+    result = _invoke("export", str(raw), "--format", "v21")
+    assert result.exit_code == 1
+    assert f"more problems: eva validate {raw} lists them" in result.output
+
+
+def test_ctrl_c_exits_130_saying_what_was_kept(tmp_path: Path) -> None:
+    raw = write_synthetic_dataset(tmp_path / "raw", episodes=4, frames=150, width=320, height=240)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "eva.cli", "export", str(raw), "--format", "hdf5", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    first = process.stdout.readline()  # the first progress event: the export is writing
+    assert '"event": "progress"' in first, first
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    if process.returncode == 0:
+        pytest.skip("the export finished before the interrupt")
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("eva: interrupted: the published pair"), err
+    assert "Aborted" not in err and "Traceback" not in err
+    assert not (tmp_path / "export" / "hdf5" / "accepted").exists()
+
+
+def test_text_output_whatever_stdout_is(small_dataset: Path) -> None:
+    piped = subprocess.run(
+        [sys.executable, "-m", "eva.cli", "export", str(small_dataset), "--format", "mcap"],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.startswith("accepted: "), piped.stdout
