@@ -55,8 +55,9 @@ def console_command(
     from eva.capture.sources import SourceSpecError
 
     try:
+        from eva.console.errors import ConsoleError
         from eva.console.server import default_token_file, new_token, serve, write_token_file
-        from eva.console.session import ConsoleError, ConsoleSession
+        from eva.console.session import ConsoleSession
     except NativeCoreError as e:
         fail(str(e))
     except ImportError as e:

@@ -45,7 +45,7 @@ def _generated_option(
         return value
 
     help_text = f"{label}: {spec.info.help}" if label else spec.info.help
-    kind: click.ParamType | type | None
+    kind: click.ParamType[Any, Any] | type[int] | type[float] | type[str] | None
     minimum, min_open = spec.info.minimum, spec.info.minimum_open
     if spec.type == "bool":
         return click.option(
@@ -54,7 +54,7 @@ def _generated_option(
     if spec.type == "choice":
         kind = click.Choice(list(spec.info.choices))
     elif spec.type == "int":
-        kind = click.IntRange(min=minimum, min_open=min_open) if minimum is not None else int
+        kind = click.IntRange(min=int(minimum), min_open=min_open) if minimum is not None else int
     elif spec.type == "float":
         kind = click.FloatRange(min=minimum, min_open=min_open) if minimum is not None else float
     else:
@@ -199,7 +199,7 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
         f"{summary['rejected_frames']} frames)"
     )
     for subset in ("accepted", "rejected"):
-        files = [p for p in Path(summary[f"{subset}_dir"]).rglob("*") if p.is_file()]
+        files = [p for p in Path(str(summary[f"{subset}_dir"])).rglob("*") if p.is_file()]
         size = human_bytes(sum(p.stat().st_size for p in files))
         detail(f"{subset}: {len(files)} files, {size}")
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -47,7 +48,7 @@ def human_bytes(n: float) -> str:
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 
-class FormatChoice(click.Choice):  # type: ignore[type-arg]
+class FormatChoice(click.Choice[str]):
     """``--format``: a format name or alias (case-insensitive), given back as the canonical
     name; help and shell completion list every accepted spelling."""
 
@@ -88,10 +89,13 @@ def _store_verbosity(ctx: click.Context, param: click.Parameter, value: Any) -> 
         root[_VERBOSITY] = max(root.get(_VERBOSITY, 0), 0) + int(value)
 
 
-def verbosity_options(*, quiet: bool = True) -> Any:
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def verbosity_options(*, quiet: bool = True) -> Callable[[Command], Command]:
     """Add ``-v/--verbose`` (repeatable) and, unless the command has its own, ``-q/--quiet``."""
 
-    def decorate(command: Any) -> Any:
+    def decorate(command: Command) -> Command:
         command = click.option(
             "-v",
             "--verbose",

@@ -21,7 +21,7 @@ lock, which every rewrite of episodes.jsonl holds, so no live rewrite loses its 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,7 +176,7 @@ def _review_locked(
     return ReviewUpdate(row=row, changed=changed)
 
 
-def review_table(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def review_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One summary dict per episode for ``eva qc --list`` (the CLI formats it)."""
     table = []
     for row in sorted(rows, key=lambda r: r.get("episode_index", -1)):
