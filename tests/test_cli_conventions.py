@@ -3,6 +3,7 @@ as a choice of names and aliases, -q/-v everywhere, text unless --json."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -109,3 +110,31 @@ def test_text_output_whatever_stdout_is(small_dataset: Path) -> None:
     )
     assert piped.returncode == 0, piped.stderr
     assert piped.stdout.startswith("accepted: "), piped.stdout
+
+
+def test_qc_ranges_lists_all_or_none_and_details_in_the_listing(tmp_path: Path) -> None:
+    issue = {"severity": "red", "code": "frozen_camera", "detail": "camera front frozen from 19"}
+    raw = write_synthetic_dataset(
+        tmp_path / "raw",
+        episodes=6,
+        frames=6,
+        quality=["green", "red", "green", "green", "green", "green"],
+        quality_issues=[None, [issue], None, None, None, None],
+    )
+    assert _invoke("qc", str(raw), "2-4,0", "--fail", "--note", "bad light").exit_code == 0
+    rows = {r["episode_index"]: r for r in map(json.loads, (raw / "meta/episodes.jsonl").open())}
+    assert [e for e, r in rows.items() if r.get("qc_verdict") == "fail"] == [0, 2, 3, 4]
+    # one unknown episode refuses the whole update
+    refused = _invoke("qc", str(raw), "1,9", "--pass")
+    assert refused.exit_code == 1 and "episode 9 does not exist" in refused.output
+    rows = {r["episode_index"]: r for r in map(json.loads, (raw / "meta/episodes.jsonl").open())}
+    assert "qc_verdict" not in rows[1]
+    assert _invoke("qc", str(raw), "3-1", "--pass").exit_code == 2
+    assert _invoke("qc", str(raw), "2", "--clear").exit_code == 0
+    listing = _invoke("qc", str(raw), "--list").output.splitlines()
+    assert listing[0].split()[:6] == ["ep", "frames", "quality", "verdict", "subset", "reason"]
+    assert "frozen_camera: camera front frozen from 19" in listing[2]
+    assert "note: bad light" in listing[4]
+    # aligned: every row's subset column starts where the header's does
+    column = listing[0].index("subset")
+    assert all(line[column:].split()[0] in ("accepted", "rejected") for line in listing[1:-1])

@@ -137,20 +137,64 @@ def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
         sys.exit(EXIT_INVALID)
 
 
-def _qc_list_line(entry: dict[str, Any]) -> str:
-    issues = ",".join(entry["issues"]) or "-"
-    note = entry["qc_note"] if entry["qc_note"] is not None else ""
-    return (
-        f"{entry['episode_index']:>6}  {entry['length'] if entry['length'] is not None else '?':>6}  "
-        f"{entry['quality'] or '-':<6} {entry['qc_verdict'] or '-':<5} {entry['subset']:<9} "
-        f"{entry['reason']:<26} {issues}  {note}"
-    ).rstrip()
+QC_COLUMNS = ("ep", "frames", "quality", "verdict", "subset", "reason")
+
+
+def _qc_table_lines(table: list[dict[str, Any]]) -> list[str]:
+    """``--list`` as aligned columns sized to their content; each episode's issues (code and
+    detail, e.g. "frozen_camera: camera observation.images.wrist frozen from frame 19") and the
+    note close its line."""
+    rows = [
+        (
+            str(e["episode_index"]),
+            str(e["length"]) if e["length"] is not None else "?",
+            str(e["quality"] or "-"),
+            str(e["qc_verdict"] or "-"),
+            str(e["subset"]),
+            str(e["reason"]),
+            "; ".join(e["issue_details"]) or "-",
+            f"note: {e['qc_note']}" if e["qc_note"] else "",
+        )
+        for e in table
+    ]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(QC_COLUMNS)]
+    numeric = (True, True, False, False, False, False)
+
+    def line(cells: tuple[str, ...], last: str) -> str:
+        parts = [
+            c.rjust(w) if right else c.ljust(w)
+            for c, w, right in zip(cells, widths, numeric, strict=True)
+        ]
+        return ("  ".join(parts) + "  " + last).rstrip()
+
+    out = [line(QC_COLUMNS, "issues, note")]
+    out += [line(r[:6], "  ".join(x for x in r[6:] if x)) for r in rows]
+    return out
+
+
+def parse_episode_list(spec: str) -> list[int]:
+    """``3``, ``3-7``, ``3-7,9,12-13`` -> the sorted episode indices (BadParameter otherwise)."""
+    indices: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        first, sep, last = part.partition("-")
+        try:
+            low = int(first)
+            high = int(last) if sep else low
+        except ValueError:
+            raise click.BadParameter(f"{spec!r}: use indices and ranges like 3-7,9") from None
+        if low < 0 or high < low:
+            raise click.BadParameter(f"{spec!r}: range {part!r} is empty or negative")
+        if high - low >= 1_000_000:
+            raise click.BadParameter(f"{spec!r}: range {part!r} is too long")
+        indices.update(range(low, high + 1))
+    return sorted(indices)
 
 
 @click.command("qc")
 @verbosity_options()
 @click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("episode", type=int, required=False)
+@click.argument("episodes", required=False)
 @click.option("--pass", "pass_", is_flag=True, help="Accept the episode (overrides red).")
 @click.option("--fail", "fail_", is_flag=True, help="Reject the episode.")
 @click.option("--clear", "clear_", is_flag=True, help="Remove the verdict (quality decides again).")
@@ -159,7 +203,7 @@ def _qc_list_line(entry: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def qc_command(
     dataset: Path,
-    episode: int | None,
+    episodes: str | None,
     pass_: bool,
     fail_: bool,
     clear_: bool,
@@ -169,6 +213,9 @@ def qc_command(
 ) -> None:
     """Review episodes: set a verdict and/or note, or --list the review and resulting split.
 
+    EPISODES is an index, a range or a list of both (3, 3-7, 3-7,9): every one is updated, or
+    none (an unknown episode refuses the whole update).
+
     \b
     Examples:
       eva qc data/pick/raw 3 --pass --note "red flag was a glitch"
@@ -177,7 +224,7 @@ def qc_command(
       eva qc data/pick/raw --list
     """
     from eva.dataset.errors import DatasetError
-    from eva.quality.verdicts import read_episode_rows, review_episode, review_table
+    from eva.quality.verdicts import read_episode_rows, review_episodes, review_table
 
     if pass_ + fail_ + clear_ > 1:
         fail("qc: --pass, --fail and --clear exclude each other", EXIT_USAGE)
@@ -189,47 +236,52 @@ def qc_command(
     verdict = "pass" if pass_ else "fail" if fail_ else None
     try:
         if list_:
-            if episode is not None or verdict or clear_ or note is not None:
+            if episodes is not None or verdict or clear_ or note is not None:
                 fail("qc --list takes no episode, verdict or note", EXIT_USAGE)
             table = review_table(read_episode_rows(dataset))
             if as_json:
                 for entry in table:
                     emit_json(entry)
                 return
-            click.echo(
-                f"{'ep':>6}  {'frames':>6}  quality verdict subset    reason{' ' * 21}issues  note"
-            )
-            for entry in table:
-                say(_qc_list_line(entry))
+            for text in _qc_table_lines(table):
+                say(text)
             accepted = sum(1 for e in table if e["subset"] == "accepted")
             click.echo(f"accepted {accepted}, rejected {len(table) - accepted}")
             return
-        if episode is None:
-            fail("qc needs an EPISODE index (or --list)", EXIT_USAGE)
+        if episodes is None:
+            fail("qc needs EPISODES (an index, a range or a list: 3, 3-7,9) or --list", EXIT_USAGE)
         if verdict is None and note is None and not clear_:
             fail("qc needs --pass, --fail, --clear or --note", EXIT_USAGE)
-        update = review_episode(dataset, episode, verdict=verdict, note=note, clear_verdict=clear_)
+        try:
+            indices = parse_episode_list(episodes)
+        except click.BadParameter as e:
+            fail(f"qc: EPISODES {e.message}", EXIT_USAGE)
+        updates = review_episodes(
+            dataset, indices, verdict=verdict, note=note, clear_verdict=clear_
+        )
     except DatasetError as e:
         fail(str(e))
     from eva.quality.verdicts import subset_of
 
-    row = update.row
-    stale = _stale_exports(dataset) if update.changed else []
-    if as_json:
-        emit_json(
-            {
-                **row,
-                "subset": subset_of(row),
-                "changed": update.changed,
-                "stale_exports": [s["format"] for s in stale],
-            }
-        )
-    else:
-        say(
-            f"episode {episode}: verdict {row.get('qc_verdict') or '-'}, "
-            f"note {row.get('qc_note')!r} -> {subset_of(row)}"
-            + ("" if update.changed else " (unchanged)")
-        )
+    changed = any(u.changed for u in updates)
+    stale = _stale_exports(dataset) if changed else []
+    for update in updates:
+        row = update.row
+        if as_json:
+            emit_json(
+                {
+                    **row,
+                    "subset": subset_of(row),
+                    "changed": update.changed,
+                    "stale_exports": [s["format"] for s in stale],
+                }
+            )
+        else:
+            say(
+                f"episode {row.get('episode_index')}: verdict {row.get('qc_verdict') or '-'}, "
+                f"note {row.get('qc_note')!r} -> {subset_of(row)}"
+                + ("" if update.changed else " (unchanged)")
+            )
     for entry in stale:
         say(
             f"eva: warning: the {entry['format']} export {entry['export_root']} is now stale "

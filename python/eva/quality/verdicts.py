@@ -118,6 +118,21 @@ def review_episode(
     ``clear_verdict=True`` removes the verdict, so the automatic quality decides again.
     Refused while the episode is being saved. The file is rewritten atomically.
     """
+    return review_episodes(
+        root, [episode_index], verdict=verdict, note=note, clear_verdict=clear_verdict
+    )[0]
+
+
+def review_episodes(
+    root: Path,
+    episode_indices: Sequence[int],
+    *,
+    verdict: str | None = None,
+    note: str | None = None,
+    clear_verdict: bool = False,
+) -> list[ReviewUpdate]:
+    """``review_episode`` for several episodes at once: all of them or none (an unknown or
+    still-saving episode refuses the whole update), in one atomic rewrite."""
     root = Path(root)
     if verdict is not None and clear_verdict:
         raise DatasetError("qc: a verdict and clearing the verdict exclude each other")
@@ -129,51 +144,65 @@ def review_episode(
             raise DatasetError(f"qc: verdict {verdict!r}: use pass or fail")
     if note is not None and any(ord(c) < 32 and c not in "\t" for c in note):
         raise DatasetError("qc: note: control characters (newlines) are not allowed")
+    if not episode_indices:
+        raise DatasetError("qc: no episode given")
     fsafe.check_dataset_tree(root)
     if not (root / layout.EPISODES).is_file():
         raise DatasetError(f"{root / layout.EPISODES}: missing (not a v2.1 dataset?)")
     try:
-        return _review_locked(root, episode_index, verdict, note, clear_verdict)
+        return _review_locked(root, episode_indices, verdict, note, clear_verdict)
     except OSError as e:  # read-only tree, full disk, unreadable file: one line naming the path
         raise fsafe.os_error(e) from None
 
 
 def _review_locked(
-    root: Path, episode_index: int, verdict: str | None, note: str | None, clear_verdict: bool
-) -> ReviewUpdate:
-    if is_being_saved(root, episode_index):
-        raise DatasetError(
-            f"{root / layout.EPISODES}: episode {episode_index} is still being saved; "
-            "review it after the save worker finishes"
-        )
+    root: Path,
+    episode_indices: Sequence[int],
+    verdict: str | None,
+    note: str | None,
+    clear_verdict: bool,
+) -> list[ReviewUpdate]:
+    for episode_index in episode_indices:
+        if is_being_saved(root, episode_index):
+            raise DatasetError(
+                f"{root / layout.EPISODES}: episode {episode_index} is still being saved; "
+                "review it after the save worker finishes"
+            )
     with meta_lock(root):
         # A killed qc's copies of episodes.jsonl; only rewrites under this lock make them.
         remove_stale_temporaries(root / layout.META_DIR, target=Path(layout.EPISODES).name)
         rows = read_episode_rows(root)
-        matches = [i for i, r in enumerate(rows) if r.get("episode_index") == episode_index]
-        if not matches:
-            if is_flocked(root / layout.WORK_DIR / WRITER_LOCK):
+        positions: dict[Any, list[int]] = {}
+        for i, r in enumerate(rows):
+            positions.setdefault(r.get("episode_index"), []).append(i)
+        updates: list[ReviewUpdate] = []
+        for episode_index in episode_indices:
+            matches = positions.get(episode_index, [])
+            if not matches:
+                if is_flocked(root / layout.WORK_DIR / WRITER_LOCK):
+                    raise DatasetError(
+                        f"{root / layout.EPISODES}: episode {episode_index} is not saved yet "
+                        "(a capture writer is still working on this dataset)"
+                    )
                 raise DatasetError(
-                    f"{root / layout.EPISODES}: episode {episode_index} is not saved yet "
-                    "(a capture writer is still working on this dataset)"
+                    f"{root / layout.EPISODES}: episode {episode_index} does not exist"
                 )
-            raise DatasetError(f"{root / layout.EPISODES}: episode {episode_index} does not exist")
-        if len(matches) > 1:
-            raise DatasetError(
-                f"{root / layout.EPISODES}: episode_index {episode_index} appears more than once"
-            )
-        row = rows[matches[0]]
-        before = dict(row)
-        if verdict is not None:
-            row["qc_verdict"] = verdict
-        elif clear_verdict:
-            row.pop("qc_verdict", None)
-        if note is not None:
-            row["qc_note"] = note
-        changed = row != before
-        if changed:
+            if len(matches) > 1:
+                raise DatasetError(
+                    f"{root / layout.EPISODES}: episode_index {episode_index} appears more than once"
+                )
+            row = rows[matches[0]]
+            before = dict(row)
+            if verdict is not None:
+                row["qc_verdict"] = verdict
+            elif clear_verdict:
+                row.pop("qc_verdict", None)
+            if note is not None:
+                row["qc_note"] = note
+            updates.append(ReviewUpdate(row=row, changed=row != before))
+        if any(u.changed for u in updates):
             atomic_write_jsonl(root / layout.EPISODES, rows)
-    return ReviewUpdate(row=row, changed=changed)
+    return updates
 
 
 def review_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -188,6 +217,12 @@ def review_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "quality": row.get("quality"),
                 "issues": [
                     str(i.get("code", "?")) if isinstance(i, Mapping) else str(i) for i in issues
+                ],
+                "issue_details": [
+                    f"{i.get('code', '?')}: {i.get('detail')}"
+                    if isinstance(i, Mapping) and i.get("detail")
+                    else str(i.get("code", "?") if isinstance(i, Mapping) else i)
+                    for i in issues
                 ],
                 "qc_verdict": row.get("qc_verdict"),
                 "qc_note": row.get("qc_note"),
