@@ -138,3 +138,22 @@ def test_qc_ranges_lists_all_or_none_and_details_in_the_listing(tmp_path: Path) 
     # aligned: every row's subset column starts where the header's does
     column = listing[0].index("subset")
     assert all(line[column:].split()[0] in ("accepted", "rejected") for line in listing[1:-1])
+
+
+@pytest.mark.parametrize("fmt", ["lerobot_v21", "lerobot_v3", "hdf5", "mcap"])
+def test_info_understands_exports(small_dataset: Path, fmt: str) -> None:
+    assert _invoke("export", str(small_dataset), "--format", fmt).exit_code == 0
+    accepted = small_dataset.parent / "export" / fmt / "accepted"
+    result = _invoke("info", str(accepted), "--episodes")
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert f"{fmt} export, accepted subset of {small_dataset.resolve()}" in text
+    assert ("(decoded frames embedded)" in text) == (fmt in ("hdf5", "mcap"))
+    assert "marker" in text and ": published (export " in text and "review    current" in text
+    assert "vectors   observation.state [14]" in text and "size " in text
+    summary = json.loads(_invoke("info", str(accepted), "--json").output)
+    assert summary["kind"] == "export" and summary["format"] == fmt
+    assert summary["episodes"] == 2 and summary["marker"]["matches"]
+    # a later verdict makes it stale
+    assert _invoke("qc", str(small_dataset), "0", "--fail").exit_code == 0
+    assert "review    STALE: " in _invoke("info", str(accepted)).output

@@ -49,7 +49,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "info": (
         "eva.cli.dataset_commands",
         "info_command",
-        "Summarise a LeRobot v2.1 DATASET: episodes, frames, cameras, fps, tasks, quality counts.",
+        "Summarise a dataset or an export: format, episodes, frames, cameras, size, review.",
     ),
     "validate": (
         "eva.cli.dataset_commands",

@@ -24,60 +24,110 @@ from eva.cli.output import (
 from eva.textsafe import printable
 
 
-def _dataset_summary(root: Path) -> dict[str, Any]:
-    from eva.dataset.reader import DatasetReader
+def _shape_text(shape: Any) -> str:
+    if isinstance(shape, list) and len(shape) == 3:
+        return f"{shape[1]}x{shape[0]}"
+    return "x".join(map(str, shape)) if isinstance(shape, list) else "?"
 
-    reader = DatasetReader(root)
-    info = reader.info
-    rows = reader.episodes
-    quality = [str(r.get("quality", "")).lower() for r in rows]
-    verdicts = [str(r.get("qc_verdict") or "").lower() for r in rows]
-    return {
-        "dataset": str(root),
-        "codebase_version": info.get("codebase_version"),
-        "robot_type": info.get("robot_type"),
-        "fps": reader.fps,
-        "episodes": len(rows),
-        "frames": reader.total_frames,
-        "cameras": {key: reader.features[key].get("shape") for key in reader.video_keys},
-        "vectors": {key: reader.features[key].get("shape") for key in reader.vector_keys},
-        "tasks": [reader.tasks[i] for i in sorted(reader.tasks)],
-        "quality": {"green": quality.count("green"), "red": quality.count("red")},
-        "qc_verdict": {"pass": verdicts.count("pass"), "fail": verdicts.count("fail")},
-        "stale_exports": _stale_exports(root),
-    }
+
+def _info_lines(s: dict[str, Any]) -> list[str]:
+    from eva.cli.output import human_bytes
+
+    duration = f"{s['duration_s']:.1f} s" if s["duration_s"] is not None else "?"
+    if s["kind"] == "export":
+        what = f"{s['format']} export, {s['subset']} subset of {s['source_dir']}"
+    else:
+        what = f"raw {s['format']} ({s['codebase_version']})"
+    cameras = ", ".join(f"{k} {_shape_text(v)}" for k, v in s["cameras"].items())
+    images = " (decoded frames embedded)" if s["embedded_images"] else ""
+    vectors = ", ".join(f"{k} [{_shape_text(v)}]" for k, v in s["vectors"].items())
+    q, v = s["quality"], s["qc_verdict"]
+    lines = [
+        f"dataset   {s['dataset']}",
+        f"kind      {what}",
+        f"episodes  {s['episodes']}, frames {s['frames']}, fps {s['fps']}, duration {duration}",
+        f"cameras   {cameras or '-'}{images}",
+        f"vectors   {vectors or '-'}",
+        f"tasks     {len(s['tasks'])}: " + "; ".join(map(printable, s["tasks"])),
+        f"quality   green {q['green']}, red {q['red']}; qc pass {v['pass']}, fail {v['fail']}",
+        f"size      {human_bytes(s['size_bytes'])} in {s['files']} files",
+    ]
+    if s["kind"] == "export":
+        marker = s["marker"]
+        state = "published" if marker["matches"] else "NOT the published run"
+        lines.append(f"marker    {marker['path']}: {state} (export {s['export_id']})")
+        staleness = s["staleness"]
+        if staleness is None:
+            lines.append("review    source not found: staleness unknown")
+        else:
+            lines.append(
+                f"review    {'STALE: ' if staleness['stale'] else ''}{staleness['detail']}"
+            )
+    for entry in s.get("stale_exports", []):
+        lines.append(
+            f"stale     {entry['format']} export {entry['export_root']}: {entry['detail']}"
+        )
+    return lines
+
+
+def _episode_lines(rows: list[dict[str, Any]]) -> list[str]:
+    header = ("ep", "frames", "seconds", "quality", "verdict", "subset", "issues")
+    cells = [
+        (
+            str(r["episode_index"]),
+            str(r["length"]),
+            f"{r['duration_s']:.2f}" if r["duration_s"] is not None else "?",
+            str(r["quality"] or "-"),
+            str(r["qc_verdict"] or "-"),
+            str(r["subset"]),
+            ",".join(r["issues"]) or "-",
+        )
+        for r in rows
+    ]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
+    right = (True, True, True, False, False, False, False)
+
+    def line(row: tuple[str, ...]) -> str:
+        return "  ".join(
+            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right, strict=True)
+        ).rstrip()
+
+    return [line(header)] + [line(c) for c in cells]
 
 
 @click.command("info")
 @verbosity_options()
 @click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--episodes", "per_episode", is_flag=True, help="Also one line per episode.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
-def info_command(dataset: Path, as_json: bool) -> None:
-    """Summarise a LeRobot v2.1 DATASET: episodes, frames, cameras, fps, tasks, quality counts.
+def info_command(dataset: Path, per_episode: bool, as_json: bool) -> None:
+    """Summarise a dataset or an export: format, episodes, frames, cameras, size, review.
+
+    DATASET is a raw v2.1 dataset or one subset of an export of any format (accepted or
+    rejected): for an export it also says whether the directory is the published run (the
+    marker) and whether the source's current review still gives it (stale or current).
 
     \b
-    Example:
-      eva info demo-data/pick/raw
-      eva info demo-data/pick/raw --json | jq .quality
+    Examples:
+      eva info demo-data/logs/pick_cube/raw
+      eva info demo-data/logs/pick_cube/export/hdf5/accepted --episodes
+      eva info demo-data/logs/pick_cube/raw --json
     """
     from eva.dataset.errors import DatasetError
+    from eva.export.describe import describe_directory
 
     try:
-        summary = _dataset_summary(dataset)
+        summary = describe_directory(dataset, episodes=per_episode or verbosity() > 0)
     except DatasetError as e:
         fail(str(e))
     if as_json:
         emit_json(summary)
         return
-    cameras = ", ".join(f"{k} {s[1]}x{s[0]}" for k, s in summary["cameras"].items() if s)
-    say(f"dataset   {summary['dataset']} ({summary['codebase_version']})")
-    say(f"episodes  {summary['episodes']}, frames {summary['frames']}, fps {summary['fps']}")
-    say(f"cameras   {cameras or '-'}")
-    say(f"tasks     {len(summary['tasks'])}: " + "; ".join(map(printable, summary["tasks"])))
-    q, v = summary["quality"], summary["qc_verdict"]
-    say(f"quality   green {q['green']}, red {q['red']}; qc pass {v['pass']}, fail {v['fail']}")
-    for entry in summary["stale_exports"]:
-        say(f"stale     {entry['format']} export {entry['export_root']}: {entry['detail']}")
+    for text in _info_lines(summary):
+        say(text)
+    if "episode_rows" in summary:
+        for text in _episode_lines(summary["episode_rows"]):
+            say(text)
 
 
 # The command that fixes a problem, where one does (the others need the data itself mended).

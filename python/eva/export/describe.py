@@ -1,0 +1,190 @@
+"""What a directory holds: a raw v2.1 dataset or one subset of an export, of any format.
+
+``describe_directory`` reads only metadata (info.json, episodes.jsonl, tasks.jsonl,
+quality_split.json and the export root's marker) and the files' sizes, so ``eva info`` answers
+in milliseconds for any format, including those (v3, HDF5, MCAP) whose data the v2.1 reader
+does not read. Symlinks are neither followed nor counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from eva.dataset import layout
+from eva.dataset.errors import DatasetError
+from eva.publish import COMPLETE_MARKER
+
+VIDEO_DTYPES = ("video", "image")
+# the bookkeeping columns every episode table has: not vector features
+BOOKKEEPING = ("timestamp", "frame_index", "episode_index", "index", "task_index", "capture_time")
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise DatasetError(f"{path}: unreadable JSON ({e})") from None
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a torn tail: eva validate reports it
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _tree_size(root: Path) -> tuple[int, int]:
+    """(files, bytes) of the regular files under ``root``, symlinks not followed."""
+    files = size = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            st = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISREG(st.st_mode):
+                files += 1
+                size += st.st_size
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return files, size
+
+
+def _episode_rows(rows: list[dict[str, Any]], fps: float | None) -> list[dict[str, Any]]:
+    from eva.quality.verdicts import subset_of
+
+    out = []
+    for row in sorted(rows, key=lambda r: r.get("episode_index", -1)):
+        length = row.get("length")
+        out.append(
+            {
+                "episode_index": row.get("episode_index"),
+                "length": length,
+                "duration_s": round(length / fps, 3) if isinstance(length, int) and fps else None,
+                "quality": row.get("quality"),
+                "qc_verdict": row.get("qc_verdict"),
+                "subset": subset_of(row),
+                "issues": [
+                    str(i.get("code", "?")) if isinstance(i, dict) else str(i)
+                    for i in row.get("quality_issues") or []
+                ],
+                "tasks": row.get("tasks") or [],
+                "started_at": row.get("started_at"),
+            }
+        )
+    return out
+
+
+def _marker_state(directory: Path, split: dict[str, Any]) -> dict[str, Any]:
+    """Whether the export root's completion marker names this subset's export run."""
+    marker = directory.parent / COMPLETE_MARKER
+    try:
+        published = marker.read_text(encoding="utf-8").strip()
+    except OSError:
+        published = None
+    return {
+        "path": str(marker),
+        "export_id": published,
+        "matches": published is not None and published == split.get("export_id"),
+    }
+
+
+def _staleness(split: dict[str, Any], fmt: str) -> dict[str, Any] | None:
+    """The export against its source's current review (None when the source is not found)."""
+    from eva.export.staleness import export_staleness
+
+    source = split.get("source_dir")
+    if not isinstance(source, str) or not Path(source).is_dir():
+        return None
+    try:
+        state = export_staleness(Path(source), fmt)
+    except DatasetError as e:
+        return {"stale": None, "detail": str(e)}
+    if state is None:
+        return None
+    return {"stale": state.stale, "detail": state.describe() if state.stale else "current"}
+
+
+def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str, Any]:
+    """A summary of ``root``: a raw dataset or an export subset (see the module docstring).
+    ``episodes``: also one row per episode. ``DatasetError`` when it is neither."""
+    root = Path(root)
+    split_path = root / layout.QUALITY_SPLIT
+    split = _json(split_path) if split_path.is_file() else None
+    if isinstance(split, dict):  # an export: v3, HDF5 and MCAP are no v2.1 the reader reads
+        info = _json(root / layout.INFO)
+        if not isinstance(info, dict):
+            raise DatasetError(f"{root / layout.INFO}: not a JSON object")
+        rows = _jsonl(root / layout.EPISODES)
+        tasks = [str(r.get("task")) for r in _jsonl(root / layout.TASKS)]
+    else:  # a raw dataset: the v2.1 reader checks its metadata and names what is wrong
+        from eva.dataset.reader import DatasetReader
+
+        reader = DatasetReader(root)
+        info, rows = reader.info, reader.episodes
+        tasks = [reader.tasks[i] for i in sorted(reader.tasks)]
+    fmt = str(info.get("dataset_format") or ("lerobot_v3" if info.get("codebase_version") == "v3.0"
+                                            else "lerobot_v21"))  # fmt: skip
+    raw_features = info.get("features")
+    features: dict[str, Any] = raw_features if isinstance(raw_features, dict) else {}
+    fps = info.get("fps") if isinstance(info.get("fps"), (int, float)) else None
+    frames = info.get("total_frames")
+    quality = [str(r.get("quality", "")).lower() for r in rows]
+    verdicts = [str(r.get("qc_verdict") or "").lower() for r in rows]
+    files, size = _tree_size(root)
+    summary: dict[str, Any] = {
+        "dataset": str(root),
+        "kind": "export" if isinstance(split, dict) else "raw",
+        "format": fmt,
+        "codebase_version": info.get("codebase_version"),
+        "robot_type": info.get("robot_type"),
+        "fps": fps,
+        "episodes": info.get("total_episodes", len(rows)),
+        "frames": frames,
+        "duration_s": round(frames / fps, 3) if isinstance(frames, int) and fps else None,
+        "embedded_images": bool(info.get("embedded_images")),
+        "cameras": {
+            k: f.get("shape")
+            for k, f in features.items()
+            if isinstance(f, dict) and f.get("dtype") in VIDEO_DTYPES
+        },
+        "vectors": {
+            k: f.get("shape")
+            for k, f in features.items()
+            if isinstance(f, dict) and f.get("dtype") not in VIDEO_DTYPES and k not in BOOKKEEPING
+        },
+        "tasks": tasks,
+        "quality": {"green": quality.count("green"), "red": quality.count("red")},
+        "qc_verdict": {"pass": verdicts.count("pass"), "fail": verdicts.count("fail")},
+        "files": files,
+        "size_bytes": size,
+    }
+    if not isinstance(split, dict):
+        from eva.export.staleness import stale_exports
+
+        try:
+            summary["stale_exports"] = [
+                {"format": s.format, "export_root": str(s.export_root), "detail": s.describe()}
+                for s in stale_exports(root)
+            ]
+        except DatasetError:
+            summary["stale_exports"] = []
+    if isinstance(split, dict):
+        summary["subset"] = split.get("subset")
+        summary["source_dir"] = split.get("source_dir")
+        summary["export_id"] = split.get("export_id")
+        summary["source_episode_indices"] = split.get("source_episode_indices")
+        summary["marker"] = _marker_state(root, split)
+        summary["staleness"] = _staleness(split, fmt)
+    if episodes:
+        summary["episode_rows"] = _episode_rows(rows, fps)
+    return summary
