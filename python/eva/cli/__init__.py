@@ -124,6 +124,6 @@ def main() -> None:
     """eva: record, review, split, export and upload robot-learning datasets.
 
     \b
-    Example:
-      eva info demo-data/pick/raw
+    Example (make demo records this dataset):
+      eva info demo-data/logs/pick_cube/raw
     """

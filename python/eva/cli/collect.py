@@ -262,12 +262,11 @@ def collect_command(
     quality issues (see docs/capture.md). The screen names each stream's source: the
     simulator unless the config gives a stream a source (or --source overrides them all).
     \b
-    Examples:
-      eva collect rig.toml --list
-      eva collect rig.toml --check
-      eva collect rig.toml
-      eva collect rig.toml --episodes 3 --seconds 20 --reset-seconds 5
-      eva collect rig.toml --episodes 1 --seconds 5 --source replay:/data/eva/old/raw
+    Examples (without --episodes, on a terminal, it runs the interactive screen):
+      eva collect demo-data/collect.toml --list
+      eva collect demo-data/collect.toml --check
+      eva collect demo-data/collect.toml --episodes 2 --seconds 1 --reset-seconds 0.5
+      eva collect demo-data/collect.toml --episodes 1 --seconds 1 --source replay:demo-data/logs/pick_cube/raw
     """
     import os
 

@@ -41,13 +41,14 @@ def console_command(
 ) -> None:
     """Serve the operator console: COLLECT, QUALITY CHECK, EXPORT and UPLOAD in a browser.
 
-    It prints a URL with a fresh access token; scripts send it as `Authorization: Bearer TOKEN`
-    (the token is also written to --token-file). The JSON API is the same control channel as the
-    page: see docs/console.md.
+    It prints a URL with a fresh access token and serves until Ctrl-C; scripts send the token
+    as `Authorization: Bearer TOKEN` (it is also written to --token-file), e.g. curl -H
+    "Authorization: Bearer $(cat TOKEN_FILE)" http://127.0.0.1:8750/api/status. The JSON API is
+    the same control channel as the page: see docs/console.md.
+
     \b
     Example:
-      eva console rig.toml
-      curl -H "Authorization: Bearer $(cat /data/eva.console-token)" http://127.0.0.1:8750/api/status
+      eva console demo-data/collect.toml
     """
     import os
 

@@ -146,9 +146,9 @@ def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
     """Check a LeRobot v2.1 DATASET; report every problem. Exit 0 valid, 1 invalid, 2 usage.
 
     \b
-    Example:
-      eva validate demo-data/pick/raw
-      eva validate demo-data/pick/raw --decode --json
+    Examples:
+      eva validate demo-data/logs/pick_cube/raw
+      eva validate demo-data/logs/pick_cube/raw --decode --json
     """
     from eva.dataset.validate import validate_dataset
 
@@ -268,10 +268,11 @@ def qc_command(
 
     \b
     Examples:
-      eva qc data/pick/raw 3 --pass --note "red flag was a glitch"
-      eva qc data/pick/raw 4 --note "check lighting"      (note only, verdict unchanged)
-      eva qc data/pick/raw 4 --clear                      (no verdict: quality decides)
-      eva qc data/pick/raw --list
+      eva qc demo-data/logs/pick_cube/raw 2 --pass --note "red flag was a glitch"
+      eva qc demo-data/logs/pick_cube/raw 0 --note "check lighting"  # note only, verdict unchanged
+      eva qc demo-data/logs/pick_cube/raw 0-2 --clear  # no verdict: quality decides
+      eva qc demo-data/logs/pick_cube/raw 1 --fail --note "gripper slipped"
+      eva qc demo-data/logs/pick_cube/raw --list
     """
     from eva.dataset.errors import DatasetError
     from eva.quality.verdicts import read_episode_rows, review_episodes, review_table
@@ -372,7 +373,7 @@ def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
 
     \b
     Example:
-      eva cleanup data/pick/raw --format hdf5
+      eva cleanup demo-data/logs/pick_cube/raw --format hdf5
     """
     from eva.dataset.errors import DatasetError
     from eva.export.pipeline import cleanup

@@ -118,8 +118,9 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
     \b
     Output: <parent>/export/<fmt>/{accepted,rejected} for a source named raw,
     else <parent>/<name>_export/<fmt>/{accepted,rejected}.
-    Example:
-      eva export data/pick/raw --format v3
+    Examples:
+      eva export demo-data/logs/pick_cube/raw --format v3
+      eva export demo-data/logs/pick_cube/raw --format mcap --mcap-compression zstd --json
     """
     import time
 
@@ -239,9 +240,9 @@ def verify_command(
     totals, a real read); --source also compares it with that dataset's current review.
 
     \b
-    Example:
-      eva verify data/pick/export/lerobot_v21/accepted
-      eva verify /archive/pick-2026-01 --source data/pick/raw
+    Examples:
+      eva verify demo-data/logs/pick_cube/export/lerobot_v3/accepted
+      eva verify demo-data/logs/pick_cube/export/lerobot_v3/rejected --full --source demo-data/logs/pick_cube/raw
     """
     from eva.dataset.errors import DatasetError
     from eva.export.pipeline import problem_line

@@ -95,8 +95,8 @@ def upload_command(
     published by one rename under <remote_dir>/<dataset-name>, or <...>.copy_<UTC time> if taken.
 
     \b
-    Example:
-      eva upload demo-data/pick/raw --format hdf5 --config eva.toml
+    Example (the config's [collection.storage.sftp] names the server; docs/config.md):
+      eva upload demo-data/logs/pick_cube/raw --format v3 --config demo-data/collect.toml
     """
     import dataclasses
     import time
