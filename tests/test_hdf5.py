@@ -1,5 +1,5 @@
 """HDF5 export: item kinds round trip, pixels equal a PyAV decode, errors leave nothing behind,
-the h5chunk kernel against its reference, and the files open in HDF5's own h5ls."""
+the native rgb kernel against its reference, and the files open in HDF5's own h5ls."""
 
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ from eva.formats import hdf5
 
 W, H = 64, 48
 
-native_h5chunk = load("h5chunk")
+native_rgb = load("rgb")
 KERNELS = [
     pytest.param(
-        native_h5chunk,
+        native_rgb,
         id="native",
-        marks=pytest.mark.skipif(native_h5chunk is None, reason="native core not in use"),
+        marks=pytest.mark.skipif(native_rgb is None, reason="native core not in use"),
     ),
     pytest.param(None, id="reference"),
 ]
@@ -253,7 +253,7 @@ def test_pixels_equal_pyav_decode(
                 assert dataset.id.get_storage_size() < dataset.nbytes
     loaded = hdf5.read_episode(path, load_images=True)
     assert loaded.file is None and isinstance(loaded.images["cam/odd.size"], np.ndarray)
-    uses_native = native_convert and native_h5chunk is not None
+    uses_native = native_convert and native_rgb is not None
     assert (writer.stats.native_frames > 0) == uses_native
     assert writer.stats.frames == 3 * 13
 
@@ -363,7 +363,7 @@ def test_batch_length_is_whole_chunks_and_bounded() -> None:
     assert hdf5.Hdf5Options(frames_per_chunk=300).batch_length(vga) == 300
 
 
-# ---- the h5chunk kernel (eva.dataset.rgb) -------------------------------------------------------
+# ---- the native rgb kernel (eva.dataset.rgb) -------------------------------------------------------
 
 
 def _kernel(native: object | None, name: str):  # noqa: ANN202 - picks native or reference

@@ -184,5 +184,5 @@ def test_lerobot_written_fixture_exports_with_identical_pixels(tmp_path: Path) -
         metadata={},
         label="fixture episode 0",
     )
-    if load("h5chunk") is not None:
+    if load("rgb") is not None:
         assert writer.stats.pyav_frames == 0 and writer.stats.native_frames == source.length(0)

@@ -2,7 +2,7 @@
 
 ``frame.to_ndarray(format="rgb24")`` allocates a fresh frame-sized array per frame (page faults
 on every frame, then a copy into the caller's buffer). When the native core is built, yuv420p
-frames are converted by the ``h5chunk`` kernel straight into the batch slot through lookup
+frames are converted by the native ``rgb`` kernel straight into the batch slot through lookup
 tables calibrated from PyAV's own conversion, so pixels are identical to ``to_ndarray``; a
 self-check on each video's first frame falls back to PyAV for that video if they ever differ.
 Used by the HDF5 exporter; any decoder that fills reused batches (``dataset/video.py``) can use
@@ -20,11 +20,11 @@ import numpy as np
 
 from eva._native import load
 
-_native = load("h5chunk")
+_native = load("rgb")
 
 
 def pack_frame_reference(frame: np.ndarray, batch: np.ndarray, slot: int) -> None:
-    """Reference of ``eva_fast.h5chunk.pack_frame``: copy an (H, W, 3) frame into batch[slot]."""
+    """Reference of ``eva_fast.rgb.pack_frame``: copy an (H, W, 3) frame into batch[slot]."""
     if frame.ndim != 3 or frame.shape[2] != 3:
         raise ValueError("frame must be (H, W, 3) with packed pixels")
     if batch.shape[1:] != frame.shape:
@@ -50,7 +50,7 @@ def yuv420p_to_rgb24_reference(
     batch: np.ndarray,
     slot: int,
 ) -> None:
-    """Reference of ``eva_fast.h5chunk.yuv420p_to_rgb24`` (nearest chroma, table lookups)."""
+    """Reference of ``eva_fast.rgb.yuv420p_to_rgb24`` (nearest chroma, table lookups)."""
     if g_rows.ndim != 2 or g_rows.shape[1] != 256 or len(g_rows) < 1:
         raise ValueError("g_rows must be shaped (n >= 1, 256)")
     y = y_plane[:height, :width].astype(np.intp)

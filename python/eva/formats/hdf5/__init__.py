@@ -20,7 +20,7 @@ Speed: the export should run at about the speed of decoding the source videos. E
 decoded with PyAV codec threading, in a decode thread, into one of two reused batch buffers while
 this thread writes the other one's chunk-sized slices with direct chunk writes (no per-frame resize
 or write, never a whole episode in memory: two batches of at most 32 MiB each). When the
-native core is built, yuv420p frames are converted to RGB by the ``h5chunk`` kernel straight into
+native core is built, yuv420p frames are converted to RGB by the native ``rgb`` kernel straight into
 that buffer through lookup tables calibrated from PyAV's own conversion, so pixels are identical
 to ``frame.to_ndarray(format="rgb24")``; a self-check on each video's first frame falls back to
 PyAV for that video if they ever differ.

@@ -1,9 +1,9 @@
-#include "h5chunk.hpp"
+#include "rgb.hpp"
 
 #include <cstring>
 
 namespace eva {
-namespace h5chunk {
+namespace rgb {
 
 void copy_rows(const std::uint8_t* src, std::ptrdiff_t src_stride, std::size_t height,
                std::size_t row_bytes, std::uint8_t* dst) {
@@ -54,5 +54,5 @@ void yuv420p_to_rgb24(const std::uint8_t* y_plane, std::ptrdiff_t y_stride,
   }
 }
 
-}  // namespace h5chunk
+}  // namespace rgb
 }  // namespace eva

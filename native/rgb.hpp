@@ -1,15 +1,16 @@
-// Frame packing for the HDF5 exporter: decoded video frames -> chunk-sized blocks.
+// Decoded video frames -> RGB in a reused batch buffer (every exporter and reader that decodes,
+// and the camera source workers).
 //
-// The exporter decodes a batch of frames into a preallocated (n, H, W, 3) buffer whose frames
-// [c*fpc, (c+1)*fpc) form HDF5 chunk c, then writes each block with one direct chunk write.
-// These loops fill that buffer without allocating and are called with the GIL released.
+// A batch is a preallocated (n, H, W, 3) buffer; the HDF5 exporter's frames [c*fpc, (c+1)*fpc)
+// form its chunk c, written with one direct chunk write. These loops fill that buffer without
+// allocating and are called with the GIL released.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 namespace eva {
-namespace h5chunk {
+namespace rgb {
 
 // Copy `height` rows of `row_bytes` bytes from a strided source (row stride `src_stride`, e.g. a
 // decoder plane with line padding) into the contiguous destination `dst`.
@@ -31,5 +32,5 @@ void yuv420p_to_rgb24(const std::uint8_t* y_plane, std::ptrdiff_t y_stride,
                       const std::uint8_t* g_rows, std::size_t g_row_count,
                       const std::uint16_t* g_index, std::uint8_t* dst);
 
-}  // namespace h5chunk
+}  // namespace rgb
 }  // namespace eva

@@ -1,18 +1,19 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Native frame packing for the HDF5 exporter (reference: ``eva.formats.hdf5``).
+"""Native conversion of decoded frames to RGB (reference: ``eva.dataset.rgb``).
 
 Both functions write one decoded frame into slot ``slot`` of a preallocated batch buffer shaped
-(n, H, W, 3) uint8, whose chunk-sized slices are then written with direct chunk writes. The loops
-run with the GIL released so decoder threads keep running.
+(n, H, W, 3) uint8: the HDF5 exporter's chunk-sized blocks, the MCAP exporter's and the decoding
+readers' batches, and the camera source workers' frames. The loops run with the GIL released so
+decoder threads keep running.
 """
 
 from libc.stdint cimport uint8_t, uint16_t
 
 
-cdef extern from "h5chunk.hpp" namespace "eva::h5chunk" nogil:
+cdef extern from "rgb.hpp" namespace "eva::rgb" nogil:
     void copy_rows(const uint8_t* src, Py_ssize_t src_stride, size_t height, size_t row_bytes,
                    uint8_t* dst)
-    void c_yuv420p_to_rgb24 "eva::h5chunk::yuv420p_to_rgb24"(
+    void c_yuv420p_to_rgb24 "eva::rgb::yuv420p_to_rgb24"(
         const uint8_t* y_plane, Py_ssize_t y_stride, const uint8_t* u_plane, Py_ssize_t u_stride,
         const uint8_t* v_plane, Py_ssize_t v_stride, size_t width, size_t height,
         const uint8_t* lut_r, const uint8_t* lut_b, const uint8_t* g_rows, size_t g_row_count,
