@@ -1,0 +1,112 @@
+"""The package's shape, checked from the source: module sizes, imports pointing down, and no
+module reaching into another eva module's private names."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "eva"
+MAX_LINES = 600
+# the one module allowed to use a library's private API (with a canary test of its own)
+PRIVATE_API_SHIMS = {"upload/paramiko_compat.py"}
+# which top-level parts of eva each layer may import (imports point down the dataflow)
+LOWER: dict[str, set[str]] = {
+    "dataset": {"dataset", "_native", "progress", "timestamps", "libc"},
+    "quality": {"dataset", "quality", "_native", "progress", "timestamps", "libc"},
+    "formats": {"dataset", "formats", "_native", "progress", "timestamps", "libc"},
+}
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _imported_eva_modules(tree: ast.Module) -> dict[str, str]:
+    """alias -> dotted eva module, for ``import eva.x as y`` and ``from eva.x import module``."""
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("eva"):
+                    aliases[a.asname or a.name.split(".")[0]] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("eva"):
+            for a in node.names:
+                if (PACKAGE.parent / node.module.replace(".", "/") / f"{a.name}.py").exists():
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    return aliases
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in _modules()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def test_no_module_reads_another_modules_private_names() -> None:
+    found = []
+    for path in _modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel in PRIVATE_API_SHIMS:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        modules = _imported_eva_modules(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("eva"):
+                source = PACKAGE.parent / node.module.replace(".", "/")
+                for a in node.names:
+                    private = a.name.startswith("_") and not a.name.startswith("__")
+                    # a package's private module (eva._native, formats._verify) is its own
+                    is_module = (source / f"{a.name}.py").exists() or (source / a.name).is_dir()
+                    if private and not is_module:
+                        found.append(f"{rel}:{node.lineno}: from {node.module} import {a.name}")
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+            ):
+                found.append(f"{rel}:{node.lineno}: {modules[node.value.id]}.{node.attr}")
+    assert not found, found
+
+
+def test_lower_layers_import_nothing_above_them() -> None:
+    found = []
+    for path in _modules():
+        rel = path.relative_to(PACKAGE)
+        layer = rel.parts[0] if len(rel.parts) > 1 else None
+        if layer not in LOWER:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("eva."):
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("eva.")]
+            for name in names:
+                top = name.split(".")[1]
+                if top not in LOWER[layer]:
+                    found.append(f"{rel}:{node.lineno}: imports {name}")
+    assert not found, found
+
+
+def test_formats_never_import_each_other() -> None:
+    formats = PACKAGE / "formats"
+    names = {
+        p.stem for p in formats.iterdir() if not p.name.startswith("_") and p.name != "base.py"
+    }
+    names -= {"options", "__pycache__"}
+    found = []
+    for path in formats.rglob("*.py"):
+        own = path.relative_to(formats).parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                parts = node.module.split(".")
+                other = parts[2] if parts[:2] == ["eva", "formats"] and len(parts) > 2 else own
+                if other in names and other != own:
+                    found.append(f"{path.relative_to(PACKAGE)}: imports {node.module}")
+    assert not found, found
