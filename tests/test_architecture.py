@@ -32,7 +32,8 @@ def _imported_eva_modules(tree: ast.Module) -> dict[str, str]:
                     aliases[a.asname or a.name.split(".")[0]] = a.name
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("eva"):
             for a in node.names:
-                if (PACKAGE.parent / node.module.replace(".", "/") / f"{a.name}.py").exists():
+                source = PACKAGE.parent / node.module.replace(".", "/")
+                if (source / f"{a.name}.py").exists() or (source / a.name).is_dir():
                     aliases[a.asname or a.name] = f"{node.module}.{a.name}"
     return aliases
 
