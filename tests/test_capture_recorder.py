@@ -462,7 +462,7 @@ def test_failed_save_is_reported(tmp_path: Path) -> None:
 
 
 def test_streaming_alignment_equals_batch_alignment_of_all_samples(rec: Recorder) -> None:
-    """Rows aligned incrementally while recording == contracts §1 applied to the whole episode."""
+    """Rows aligned incrementally while recording == the alignment rule (docs/capture.md) applied to the whole episode."""
     cfg = rec.config
     rig = SimulatedRig.from_config(cfg, vector_hz=97, duration_s=3.0, seed=11, jitter_s=0.01)
     samples = list(rig.samples())

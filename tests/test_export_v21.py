@@ -59,7 +59,7 @@ def source_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tasks=TASKS,
         extra_rows=[{"operator": f"op{i}"} for i in range(6)],
     )
-    # Upper-case values must be compared case-insensitively (contracts §2).
+    # Upper-case values must be compared case-insensitively (the split rule).
     rows = read_jsonl(root / layout.EPISODES)
     rows[5]["quality"] = "RED"
     rows[1]["qc_verdict"] = "Pass"

@@ -1,6 +1,6 @@
 """Publish an accepted/rejected pair so that a reader only ever sees a complete pair.
 
-Layout, for an export root ``R = <parent>/export/<fmt>`` (contracts §4):
+Layout, for an export root ``R = <parent>/export/<fmt>`` (docs/formats.md, "Where exports go"):
 
     <parent>/export/
       .eva-<fmt>.lock                    flock: one export of this source+format at a time

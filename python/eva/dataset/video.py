@@ -1,4 +1,4 @@
-"""MP4 encode / decode / probe with PyAV, shaped for LeRobot v2.1 episodes (contracts §1).
+"""MP4 encode / decode / probe with PyAV, shaped for LeRobot v2.1 episodes (docs/formats.md).
 
 Encoding: H.264 (libx264) yuv420p at the target fps with a fixed GOP, no scene-cut keyframes and
 no B-frames, so that episodes can later be concatenated packet by packet (v3.0 shards) without
@@ -160,7 +160,7 @@ class VideoEncoder:
             raise DatasetError(f"{self.path.name}: frame dtype {batch.dtype} != uint8")
         for image in batch:
             # Wrap the caller's pixels without copying: a fresh frame-sized buffer per frame costs
-            # a copy plus page faults (~1 ms at 640x480, perf-notes). Safe: the rgb24 frame is
+            # a copy plus page faults (~1 ms at 640x480). Safe: the rgb24 frame is
             # converted to yuv420p (a new frame) inside ``encode``, before this call returns.
             if image.strides[1:] == (3, 1):
                 frame = av.VideoFrame.from_numpy_buffer(image, format="rgb24")

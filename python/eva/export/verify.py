@@ -35,7 +35,8 @@ from eva.quality.verdicts import read_episode_rows
 
 
 def default_source_for(export_dir: Path) -> Path | None:
-    """The source dir an export dir was derived from (contracts §4), or None if not derivable."""
+    """The source dir an export dir was derived from (``<parent>/export/<fmt>/<subset>`` of a source named ``raw``, else
+    ``<parent>/<name>_export/...``), or None if not derivable."""
     root = Path(export_dir).resolve().parent  # .../<export>/<fmt>
     container = root.parent
     if container.name == "export":

@@ -9,7 +9,7 @@ stored as ``item_NNNNNN`` sub-groups, each holding a dataset ``value`` and the a
 - ``string``: UTF-8 variable-length string;
 - ``bytes``: 1-D uint8;
 - ``none``: an empty uint8 array standing for ``None``;
-- ``msgpack``: 1-D uint8 holding MessagePack (contracts §5) of a mapping, list, tuple, or an array
+- ``msgpack``: 1-D uint8 holding MessagePack (docs/formats.md, "MessagePack") of a mapping, list, tuple, or an array
   numpy/HDF5 cannot store natively (strings, objects, complex). Tuples read back as lists.
 
 ``columns`` holds every Parquet column (float32 stays float32, fixed-size lists become (n, dim)),
