@@ -19,6 +19,7 @@ into the chunk; the tests check these bytes against the package's own serializer
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -98,6 +99,8 @@ def frame_times_ns(start_ns: int, timestamps: np.ndarray) -> np.ndarray:
 
 
 def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _SMALL_VARINTS[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -106,8 +109,18 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+_SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]
+
+
+@functools.cache
 def _tag(number: int, wire_type: int) -> bytes:
     return _varint(number << 3 | wire_type)
+
+
+@functools.cache
+def _string_field(number: int, text: str) -> bytes:
+    """A string field (the per-camera constants: frame id, format, encoding), encoded once."""
+    return _bytes_field(number, text.encode())
 
 
 def _varint_field(number: int, value: int) -> bytes:
@@ -122,11 +135,14 @@ def _bytes_field(number: int, data: bytes) -> bytes:
     return _tag(number, 2) + _varint(len(data)) + data if data else b""
 
 
+@functools.lru_cache(maxsize=64)
+def _seconds_field(seconds: int) -> bytes:
+    return _varint_field(Timestamp.SECONDS_FIELD_NUMBER, seconds)
+
+
 def _timestamp_field(number: int, time_ns: int) -> bytes:
     seconds, nanos = divmod(time_ns, 1_000_000_000)
-    body = _varint_field(Timestamp.SECONDS_FIELD_NUMBER, seconds) + _varint_field(
-        Timestamp.NANOS_FIELD_NUMBER, nanos
-    )
+    body = _seconds_field(seconds) + _varint_field(Timestamp.NANOS_FIELD_NUMBER, nanos)
     return _bytes_field(number, body) if body else _tag(number, 2) + b"\x00"
 
 
@@ -157,11 +173,11 @@ def compressed_video_parts(time_ns: int, frame_id: str, unit: Sequence[Bytes]) -
         CompressedVideo.TIMESTAMP_FIELD_NUMBER: _timestamp_field(
             CompressedVideo.TIMESTAMP_FIELD_NUMBER, time_ns
         ),
-        CompressedVideo.FRAME_ID_FIELD_NUMBER: _bytes_field(
-            CompressedVideo.FRAME_ID_FIELD_NUMBER, frame_id.encode()
+        CompressedVideo.FRAME_ID_FIELD_NUMBER: _string_field(
+            CompressedVideo.FRAME_ID_FIELD_NUMBER, frame_id
         ),
-        CompressedVideo.FORMAT_FIELD_NUMBER: _bytes_field(
-            CompressedVideo.FORMAT_FIELD_NUMBER, VIDEO_FORMAT.encode()
+        CompressedVideo.FORMAT_FIELD_NUMBER: _string_field(
+            CompressedVideo.FORMAT_FIELD_NUMBER, VIDEO_FORMAT
         ),
     }
     return _message_parts(fields, CompressedVideo.DATA_FIELD_NUMBER, unit)
@@ -173,14 +189,12 @@ def raw_image_parts(time_ns: int, frame_id: str, frame: np.ndarray) -> list[Byte
     pixels = np.ascontiguousarray(frame).data.cast("B")
     fields = {
         RawImage.TIMESTAMP_FIELD_NUMBER: _timestamp_field(RawImage.TIMESTAMP_FIELD_NUMBER, time_ns),
-        RawImage.FRAME_ID_FIELD_NUMBER: _bytes_field(
-            RawImage.FRAME_ID_FIELD_NUMBER, frame_id.encode()
-        ),
+        RawImage.FRAME_ID_FIELD_NUMBER: _string_field(RawImage.FRAME_ID_FIELD_NUMBER, frame_id),
         # width, height and step are fixed32 in Foxglove's schema
         RawImage.WIDTH_FIELD_NUMBER: _fixed32_field(RawImage.WIDTH_FIELD_NUMBER, width),
         RawImage.HEIGHT_FIELD_NUMBER: _fixed32_field(RawImage.HEIGHT_FIELD_NUMBER, height),
-        RawImage.ENCODING_FIELD_NUMBER: _bytes_field(
-            RawImage.ENCODING_FIELD_NUMBER, RAW_IMAGE_ENCODING.encode()
+        RawImage.ENCODING_FIELD_NUMBER: _string_field(
+            RawImage.ENCODING_FIELD_NUMBER, RAW_IMAGE_ENCODING
         ),
         RawImage.STEP_FIELD_NUMBER: _fixed32_field(RawImage.STEP_FIELD_NUMBER, width * 3),
     }

@@ -126,7 +126,10 @@ def access_units(path: Path, samples: VideoSamples, label: str) -> Iterator[list
     config = parse_avcc(samples.entry.config)
     offsets, sizes, keyframes = samples.offsets, samples.sizes, samples.keyframes
     count = len(sizes)
-    window = bytearray(max(WINDOW, int(sizes.max()) if count else 0))
+    # A window of at most WINDOW bytes (a short video gets a buffer of its own size), and never
+    # smaller than the largest sample.
+    largest = int(sizes.max()) if count else 0
+    window = bytearray(max(largest, min(WINDOW, int(sizes.sum()))))
     view = memoryview(window)
     fd = os.open(path, os.O_RDONLY)
     try:
