@@ -30,6 +30,7 @@ from video_helpers import encode_video, pyav_decode
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.cli import main
 from eva.dataset import layout
+from eva.dataset.errors import DatasetError
 from eva.export.pipeline import ExportResult, export_dataset
 from eva.formats import mcap as mcap_format
 from eva.formats.base import ExportOptions, OptionError
@@ -256,8 +257,8 @@ def test_verify_passes_and_catches_damage(exported: ExportResult, tmp_path: Path
     info = json.loads((damaged / layout.INFO).read_text())
     del info["mcap_profile"]
     (damaged / layout.INFO).write_text(json.dumps(info))
-    codes = {p.code for p in mcap_format.verify(damaged)}
-    assert {"mcap_header", "episode_topic"} <= codes
+    problems = [p for p in mcap_format.verify(damaged) if p.code == "unreadable_mcap"]
+    assert len(problems) == 2 and all("foxglove-profile file" in p.message for p in problems)
     # Frames that do not decode.
     shutil.rmtree(damaged)
     shutil.copytree(exported.accepted_dir, damaged)
@@ -337,3 +338,23 @@ def test_missing_extra_is_one_line_naming_it(
     (line,) = [line for line in result.output.splitlines() if "foxglove extra" in line]
     assert "pip install 'eva[foxglove]'" in line
     assert not layout.export_root(raw, "mcap").parent.exists()  # refused before any job
+
+
+def test_chunk_compression_and_size_options_apply(tmp_path: Path) -> None:
+    raw = write_synthetic_dataset(tmp_path / "raw", episodes=1, frames=20, cameras=CAMERAS)
+    options = McapOptions(profile="foxglove", compression="zstd", chunk_size=4096)
+    result = export_dataset(raw, "mcap", options=ExportOptions(format=options))
+    path = _episode_file(result.accepted_dir, 0)
+    with open(path, "rb") as stream:
+        reader = make_reader(stream, validate_crcs=True)
+        summary = reader.get_summary()
+        assert len(summary.chunk_indexes) > 1
+        assert {c.compression for c in summary.chunk_indexes} == {"zstd"}
+        assert sum(1 for _ in reader.iter_messages()) == summary.statistics.message_count
+    frames = _decode_units(v.data for _, v in _messages(path, foxglove.image_topic(CAMERAS[0])))
+    source = pyav_decode(_source_video(raw, 0, CAMERAS[0]))
+    assert all(np.array_equal(a, b) for a, b in zip(frames, source, strict=True))
+    assert mcap_format.verify(result.accepted_dir) == []
+    # eva's own MessagePack reader says what the file is instead of failing on a missing topic
+    with pytest.raises(DatasetError, match="foxglove-profile file"):
+        mcap_format.read_episode(path)
