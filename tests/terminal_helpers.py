@@ -32,3 +32,25 @@ def drain_terminal(controller: int) -> tuple[threading.Thread, list[bytes]]:
 def plain_text(shown: bytes) -> str:
     """What a terminal showed, without colour and cursor codes."""
     return ANSI.sub("", shown.decode(errors="replace"))
+
+
+def run_on_a_terminal(command: list[str], columns: int = 200) -> tuple[int, str]:
+    """Run ``command`` with stdout and stderr on a pseudo-terminal ``columns`` wide; returns
+    (exit status, what the terminal showed without colour/cursor codes)."""
+    import pty
+    import subprocess
+
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+        env={**os.environ, "COLUMNS": str(columns)},
+    )
+    os.close(terminal)
+    reader, chunks = drain_terminal(controller)
+    status = process.wait(timeout=120)
+    reader.join(30)
+    os.close(controller)
+    return status, plain_text(b"".join(chunks))

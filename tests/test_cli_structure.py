@@ -8,7 +8,7 @@ import sys
 
 import click
 from click.testing import CliRunner
-from terminal_helpers import drain_terminal, plain_text
+from terminal_helpers import run_on_a_terminal
 
 from eva.cli import COMMANDS, main
 
@@ -48,23 +48,7 @@ def test_help_imports_no_command_module() -> None:
 def _on_a_terminal(command: list[str]) -> tuple[int, str, str]:
     """Run ``command`` with stdout and stderr on a pseudo-terminal 200 columns wide; returns
     (exit status, what the terminal showed without colour/cursor codes, last frame)."""
-    import os
-    import pty
-
-    controller, terminal = pty.openpty()
-    process = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=terminal,
-        stderr=terminal,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    os.close(terminal)
-    reader, chunks = drain_terminal(controller)
-    status = process.wait(timeout=120)
-    reader.join(30)
-    os.close(controller)
-    shown = plain_text(b"".join(chunks))
+    status, shown = run_on_a_terminal(command)
     frames = [f for f in shown.replace("\r\n", "\n").split("\r") if "export" in f]
     return status, shown, frames[-1] if frames else ""
 

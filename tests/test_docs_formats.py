@@ -1,6 +1,8 @@
 """docs/formats.md's read examples, run as written against a dataset laid out as `make demo`'s
 (3 episodes, 3 cameras, episode 1 judged "fail", exported in every format), so that the page
-cannot drift from the files eva writes. The block fenced as ```python lerobot runs in LeRobot's
+cannot drift from the files eva writes. A block that reads the foxglove MCAP profile (it imports
+``mcap_protobuf``) runs against the same dataset exported with ``--mcap-profile foxglove``, at the
+path ``eva export`` gives it (the default profile's example reads that path too). The block fenced as ```python lerobot runs in LeRobot's
 own environment, which ``make compat`` sets up and points to (EVA_ORACLE_DIR: the oracle's
 directory, whose torchvision shim the CPU-only venv needs; LEROBOT_V3_PYTHON)."""
 
@@ -15,6 +17,8 @@ import pytest
 
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.export.pipeline import export_dataset
+from eva.formats.base import ExportOptions
+from eva.formats.options import McapOptions
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
 BLOCK = re.compile(r"^```(python[^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -27,10 +31,8 @@ def _blocks(kind: str) -> list[str]:
     return [code for info, code in BLOCK.findall(DOC.read_text()) if info.strip() == kind]
 
 
-@pytest.fixture(scope="module")
-def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("docs")
-    raw = write_synthetic_dataset(
+def _demo_dataset(root: Path) -> Path:
+    return write_synthetic_dataset(
         root / "demo-data/logs/pick_cube/raw",
         episodes=3,
         frames=[24, 20, 22],
@@ -39,24 +41,47 @@ def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tasks=["pick up the red cube and place it in the bin"],
         action_dim=14,
     )
+
+
+@pytest.fixture(scope="module")
+def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("docs")
+    raw = _demo_dataset(root)
     for fmt in FORMATS:
         export_dataset(raw, fmt)
     return root
 
 
+@pytest.fixture(scope="module")
+def foxglove_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("docs-foxglove")
+    options = ExportOptions(format=McapOptions(profile="foxglove"))
+    export_dataset(_demo_dataset(root), "mcap", options=options)
+    return root
+
+
 def test_the_page_has_an_example_per_format() -> None:
     code = "\n".join(_blocks("python"))
-    for needle in ("raw = Path(", "lerobot_v3", "h5py", "make_reader", "quality_split.json"):
+    needles = (
+        "raw = Path(",
+        "lerobot_v3",
+        "h5py",
+        "make_reader",
+        "quality_split.json",
+        "mcap_protobuf",
+    )
+    for needle in needles:
         assert needle in code
     assert _blocks("python lerobot")
 
 
 @pytest.mark.parametrize("index", range(len(_blocks("python"))))
-def test_example_runs_as_written(demo_root: Path, index: int) -> None:
+def test_example_runs_as_written(request: pytest.FixtureRequest, index: int) -> None:
     code = _blocks("python")[index]
+    root = request.getfixturevalue("foxglove_root" if "mcap_protobuf" in code else "demo_root")
     # The examples' relative paths are make demo's: run them from the directory holding demo-data.
     cwd = os.getcwd()
-    os.chdir(demo_root)
+    os.chdir(root)
     try:
         exec(compile(code, f"{DOC.name} block {index}", "exec"), {"__name__": "docs_example"})
     finally:

@@ -24,6 +24,7 @@ EXPECTED_OPTIONS = {
     "--copy-videos": ("copy_videos", "boolean", False),
     "--mcap-compression": ("mcap_compression", "choice", "none"),
     "--mcap-chunk-size": ("mcap_chunk_size", "integer range", 4 * 1024 * 1024),
+    "--mcap-profile": ("mcap_profile", "choice", "eva-client"),
     "--hdf5-compression": ("hdf5_compression", "text", "none"),
     "--hdf5-frames-per-chunk": ("hdf5_frames_per_chunk", "integer range", 1),
     "--verify-decode": ("verify_decode", "boolean", False),

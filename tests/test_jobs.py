@@ -17,6 +17,7 @@ FIELDS = {
     "accepted_dir",
     "rejected_dir",
     "progress",
+    "warnings",
     "error",
     "created_at",
     "started_at",

@@ -8,16 +8,23 @@ from pathlib import Path
 import av
 import numpy as np
 
+NO_BFRAMES = {"g": "30", "bf": "0", "sc_threshold": "0", "preset": "ultrafast"}
+
 
 def encode_video(
-    path: Path, frames: np.ndarray, fmt: str | None = None, codec: str = "libx264"
+    path: Path,
+    frames: np.ndarray,
+    fmt: str | None = None,
+    codec: str = "libx264",
+    options: dict[str, str] | None = None,
 ) -> Path:
-    """(n, H, W, 3) uint8 frames -> a yuv420p file at 30 fps (no B-frames, fixed GOP)."""
+    """(n, H, W, 3) uint8 frames -> a yuv420p file at 30 fps (by default no B-frames, fixed GOP;
+    ``options``: the encoder's options instead)."""
     container = av.open(str(path), "w", format=fmt)
     stream = container.add_stream(codec, rate=30)
     stream.width, stream.height = frames.shape[2], frames.shape[1]
     stream.pix_fmt = "yuv420p"
-    stream.options = {"g": "30", "bf": "0", "sc_threshold": "0", "preset": "ultrafast"}
+    stream.options = dict(NO_BFRAMES if options is None else options)
     for image in frames:
         for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
             container.mux(packet)

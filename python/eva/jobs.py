@@ -7,7 +7,9 @@ the field names below are an interface (docs/design.md, "Jobs"):
 ``job_id``, ``kind`` ("export" | "upload"), ``state`` (queued | running | completed | failed),
 ``source_dir`` (resolved), ``format``, ``accepted_dir``, ``rejected_dir``, ``progress``
 {episodes, files, bytes, current, totals {episodes, files, bytes}}, ``error``, ``created_at``,
-``started_at``, ``finished_at`` (UTC ISO-8601), ``pid``; upload jobs add ``remote_path``.
+``started_at``, ``finished_at`` (UTC ISO-8601), ``pid``, ``warnings`` (lines about what the work
+did differently from what was asked, e.g. an MCAP camera written decoded); upload jobs add
+``remote_path``.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Job:
     finished_at: str | None = None
     pid: int = field(default_factory=os.getpid)
     remote_path: str | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -80,6 +83,7 @@ class Job:
 
     def set_progress(self, progress: Progress) -> None:
         self.progress = progress_record(progress)
+        self.warnings = list(progress.warnings)
 
     def start(self) -> None:
         self.state = "running"

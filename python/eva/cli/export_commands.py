@@ -185,12 +185,15 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
         "rejected_episodes": result.metas["rejected"].total_episodes,
         "rejected_frames": result.metas["rejected"].total_frames,
         "recovered": result.recovered,
+        "warnings": result.job.warnings,
     }
     if json_lines:
         emit_json(summary)
         return
     for line in result.recovered:
         note(f"recovered: {line}", err=False)
+    for line in result.job.warnings:
+        say(f"warning: {line}", err=True)
     say(
         f"accepted: {summary['accepted_dir']} ({summary['accepted_episodes']} episodes, "
         f"{summary['accepted_frames']} frames)"

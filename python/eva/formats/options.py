@@ -146,6 +146,7 @@ class McapOptions(Options):
     """The MCAP knobs; ``eva.formats.mcap.writer`` takes its defaults and limits from here."""
 
     COMPRESSIONS: ClassVar[tuple[str, ...]] = ("none", "zstd", "lz4")
+    PROFILES: ClassVar[tuple[str, ...]] = ("eva-client", "foxglove")
     MIN_CHUNK_SIZE: ClassVar[int] = 1024
 
     compression: str = option(
@@ -161,11 +162,45 @@ class McapOptions(Options):
         help="uncompressed chunk size in bytes.",
     )
     batch_size: int = 32  # frames decoded per camera per batch
+    profile: str = option(
+        "eva-client",
+        name="mcap_profile",
+        choices=PROFILES,
+        help="eva-client: MessagePack frames for eva/openpi clients; foxglove: the MP4s' H.264 "
+        "as foxglove.CompressedVideo plus JSON vectors, viewable in Foxglove (needs the "
+        "foxglove extra).",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.batch_size < 1:
             raise OptionError("batch_size", f"{self.batch_size!r} must be >= 1")
+        if self.profile == "foxglove" and missing_foxglove_modules():
+            raise OptionError("mcap_profile", FOXGLOVE_EXTRA_MISSING)
+
+
+# What the foxglove MCAP profile imports (the ``foxglove`` extra): checked when the option is
+# given, so that a missing extra is refused before an export job starts.
+FOXGLOVE_MODULES = ("foxglove_schemas_protobuf", "mcap_protobuf")
+FOXGLOVE_EXTRA_MISSING = (
+    "foxglove needs the foxglove extra (pip install 'eva[foxglove]': "
+    "foxglove-schemas-protobuf, mcap-protobuf-support)"
+)
+
+
+def missing_foxglove_modules() -> list[str]:
+    """The modules of ``FOXGLOVE_MODULES`` that cannot be imported (found, not imported)."""
+    import importlib.util
+
+    missing = []
+    for name in FOXGLOVE_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package missing; a None entry in sys.modules
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
 
 
 # Format name (eva.dataset.layout.FORMATS) -> its options dataclass.

@@ -8,6 +8,12 @@ Description "MCAP: EVA messages and embedded images". The package, one module pe
   its options are ``McapOptions`` (``eva.formats.options``: compression, chunk size, batch size);
 - ``reader``: ``read_episode`` -> ``McapEpisode``, streaming reads through the official reader;
 - ``verify``: ``verify``, the export's checks with the official ``mcap`` reader as the oracle.
+
+The ``foxglove`` profile (``McapOptions(profile="foxglove")``, docs/formats.md) needs the
+``foxglove`` extra, so its modules are imported only when used, and not re-exported here:
+``foxglove`` (its layout: topics, schemas, protobuf payloads, times), ``h264`` (an MP4's samples
+as Annex B access units), ``foxglove_export`` (``write_foxglove_episode``, the subset writer) and
+``foxglove_verify``.
 """
 
 from __future__ import annotations

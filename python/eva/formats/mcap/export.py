@@ -11,6 +11,7 @@ import os
 import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ import pyarrow as pa
 
 from eva.dataset import layout as dataset_layout
 from eva.dataset.columns import column_values
-from eva.dataset.errors import DatasetError, naming_write_errors
+from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import encoded_ndarray_size, packb
 from eva.dataset.video import FrameSizeError
 from eva.formats.mcap.layout import (
@@ -27,14 +28,21 @@ from eva.formats.mcap.layout import (
     EPISODE_SCHEMA_ENCODING,
     EPISODE_SCHEMA_NAME,
     EPISODE_TOPIC,
+    FOXGLOVE_PROFILE,
     MESSAGE_ENCODING,
     episode_path,
     export_info,
     frame_period_ns,
     image_topic,
 )
-from eva.formats.mcap.writer import DEFAULT_CHUNK_SIZE, DEFAULT_COMPRESSION, McapEpisodeWriter
-from eva.formats.options import McapOptions
+from eva.formats.mcap.writer import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_COMPRESSION,
+    McapEpisodeWriter,
+    episode_file,
+)
+from eva.formats.options import FOXGLOVE_EXTRA_MISSING, McapOptions
+from eva.formats.options import FOXGLOVE_MODULES as FOXGLOVE_IMPORTS
 from eva.progress import ProgressSink
 
 if TYPE_CHECKING:
@@ -96,28 +104,16 @@ def write_episode_file(
     if rows == 0:
         raise DatasetError(f"{label}: empty episode (0 rows)")
     keys = list(frame_batches)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with naming_write_errors(path), open(path, "wb") as stream:
-            writer = McapEpisodeWriter(stream, compression=compression, chunk_size=chunk_size)
-            try:
-                writer.register_schema(
-                    1, EPISODE_SCHEMA_NAME, EPISODE_SCHEMA_ENCODING, EPISODE_SCHEMA_DATA
-                )
-                writer.register_channel(1, EPISODE_TOPIC, MESSAGE_ENCODING, schema_id=1)
-                channel_ids = {key: 2 + i for i, key in enumerate(keys)}
-                for key in keys:
-                    writer.register_channel(channel_ids[key], image_topic(key), MESSAGE_ENCODING)
-                payload = episode_payload(table, metadata, fps, image_features)
-                writer.add_message(1, 0, 0, 0, payload)
-                _write_frames(writer, frame_batches, channel_ids, rows, fps, label)
-                writer.finish()
-            finally:
-                writer.close()
-        return os.stat(path).st_size
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
+    with episode_file(path, compression=compression, chunk_size=chunk_size) as writer:
+        writer.register_schema(1, EPISODE_SCHEMA_NAME, EPISODE_SCHEMA_ENCODING, EPISODE_SCHEMA_DATA)
+        writer.register_channel(1, EPISODE_TOPIC, MESSAGE_ENCODING, schema_id=1)
+        channel_ids = {key: 2 + i for i, key in enumerate(keys)}
+        for key in keys:
+            writer.register_channel(channel_ids[key], image_topic(key), MESSAGE_ENCODING)
+        payload = episode_payload(table, metadata, fps, image_features)
+        writer.add_message(1, 0, 0, 0, payload)
+        _write_frames(writer, frame_batches, channel_ids, rows, fps, label)
+    return os.stat(path).st_size
 
 
 class CameraFeed:
@@ -264,6 +260,48 @@ def _write_frames_from(
             frame_index += 1
 
 
+@dataclass(frozen=True)
+class SubsetEpisode:
+    """One output episode of a subset: its index, its source episode, its renumbered table and
+    its file (relative to the subset directory)."""
+
+    index: int
+    source_index: int
+    label: str
+    table: pa.Table
+    path: str
+
+
+def subset_episodes(reader: DatasetReader, meta: SubsetMeta) -> Iterator[SubsetEpisode]:
+    """The subset's episodes in output order, each table read (and renumbered) when reached."""
+    from eva.dataset.subset import rewrite_index_columns
+
+    chunks_size = int(meta.info.get("chunks_size", dataset_layout.DEFAULT_CHUNKS_SIZE))
+    for new_index, source_index in enumerate(meta.source_episode_indices):
+        table = rewrite_index_columns(
+            reader.read_table(source_index),
+            new_index,
+            meta.index_offsets[new_index],
+            meta.task_remap,
+        )
+        label = f"episode {new_index} (source episode {source_index})"
+        rel = episode_path(new_index, chunks_size)
+        yield SubsetEpisode(new_index, source_index, label, table, rel)
+
+
+def decode_buffers(
+    reader: DatasetReader, video_keys: Sequence[str], batch_size: int
+) -> dict[str, np.ndarray]:
+    """One decode buffer per (h, w, 3) camera, reused for every episode (no per-episode page
+    faults); ``camera_batches`` decodes into it."""
+    buffers: dict[str, np.ndarray] = {}
+    for key in video_keys:
+        shape = reader.features[key].get("shape") or []
+        if len(shape) == 3 and int(shape[2]) == 3:
+            buffers[key] = np.empty((batch_size, int(shape[0]), int(shape[1]), 3), np.uint8)
+    return buffers
+
+
 def write_subset(
     reader: DatasetReader,
     meta: SubsetMeta,
@@ -272,44 +310,41 @@ def write_subset(
     options: ExportOptions,
 ) -> None:
     """Write one quality subset (``SubsetMeta``) of the source ``reader`` as MCAP episode files
-    plus the common metadata into ``staging_dir``, with the chunk compression, chunk size and
-    decode batch size of ``McapOptions``."""
-    from eva.dataset.subset import rewrite_index_columns, write_common_meta
+    plus the common metadata into ``staging_dir``, with the profile, chunk compression, chunk
+    size and decode batch size of ``McapOptions`` (the foxglove profile:
+    ``eva.formats.mcap.foxglove_export``)."""
+    from eva.dataset.subset import write_common_meta
 
     opts = options.format_options(McapOptions)
+    if opts.profile == FOXGLOVE_PROFILE:
+        try:
+            from eva.formats.mcap.foxglove_export import write_foxglove_subset
+        except ImportError as e:
+            if e.name is not None and e.name.split(".")[0] in (*FOXGLOVE_IMPORTS, "google"):
+                raise DatasetError(f"mcap profile {FOXGLOVE_EXTRA_MISSING}") from None
+            raise
+        write_foxglove_subset(reader, meta, Path(staging_dir), progress, opts)
+        return
     batch_size = opts.batch_size
     staging_dir = Path(staging_dir)
-    fps = reader.fps
     video_keys = list(meta.video_keys)
     image_features = [k for k, f in reader.features.items() if f.get("dtype") == "image"]
-    chunks_size = int(meta.info.get("chunks_size", dataset_layout.DEFAULT_CHUNKS_SIZE))
-    # One decode buffer per camera, reused for every episode (no per-episode page faults).
-    buffers: dict[str, np.ndarray] = {}
-    for key in video_keys:
-        shape = reader.features[key].get("shape") or []
-        if len(shape) == 3 and int(shape[2]) == 3:
-            buffers[key] = np.empty((batch_size, int(shape[0]), int(shape[1]), 3), np.uint8)
-    for new_index, source_index in enumerate(meta.source_episode_indices):
-        label = f"episode {new_index} (source episode {source_index})"
-        table = rewrite_index_columns(
-            reader.read_table(source_index),
-            new_index,
-            meta.index_offsets[new_index],
-            meta.task_remap,
-        )
+    buffers = decode_buffers(reader, video_keys, batch_size)
+    for episode in subset_episodes(reader, meta):
         batches: dict[str, Iterator[np.ndarray]] = {}
         for key in video_keys:
-            batches[key] = camera_batches(reader, source_index, key, batch_size, buffers, label)
-        rel = episode_path(new_index, chunks_size)
-        progress(current=f"{meta.subset}: {rel}")
+            batches[key] = camera_batches(
+                reader, episode.source_index, key, batch_size, buffers, episode.label
+            )
+        progress(current=f"{meta.subset}: {episode.path}")
         size = write_episode_file(
-            staging_dir / rel,
-            table=table,
-            metadata=meta.episodes[new_index],
-            fps=fps,
+            staging_dir / episode.path,
+            table=episode.table,
+            metadata=meta.episodes[episode.index],
+            fps=reader.fps,
             frame_batches=batches,
             image_features=image_features,
-            episode_label=label,
+            episode_label=episode.label,
             compression=opts.compression,
             chunk_size=opts.chunk_size,
         )

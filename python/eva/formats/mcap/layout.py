@@ -26,6 +26,10 @@ from eva.dataset import layout as dataset_layout
 
 FORMAT = "mcap"
 PROFILE = "eva-client"
+# The second profile (``--mcap-profile foxglove``; eva.formats.mcap.foxglove): info.json names it
+# under INFO_PROFILE_KEY; without the key an export is of the default profile.
+FOXGLOVE_PROFILE = "foxglove"
+INFO_PROFILE_KEY = "mcap_profile"
 LIBRARY = "eva-client"
 EPISODE_TOPIC = "episode"
 IMAGE_TOPIC_PREFIX = "episode/image/"
@@ -56,6 +60,16 @@ def episode_path(episode_index: int, chunks_size: int = dataset_layout.DEFAULT_C
     return DATA_PATH.format(episode_chunk=chunk, episode_index=episode_index)
 
 
-def export_info(source_info: Mapping[str, Any]) -> dict[str, Any]:
-    """The subset's info.json adapted to embedded images (``eva.dataset.embedded``)."""
-    return embedded.embedded_images_info(source_info, dataset_format=FORMAT, data_path=DATA_PATH)
+def export_info(source_info: Mapping[str, Any], profile: str = PROFILE) -> dict[str, Any]:
+    """The subset's info.json adapted to embedded images (``eva.dataset.embedded``); a profile
+    other than the default is named under ``INFO_PROFILE_KEY``."""
+    info = embedded.embedded_images_info(source_info, dataset_format=FORMAT, data_path=DATA_PATH)
+    if profile != PROFILE:
+        info[INFO_PROFILE_KEY] = profile
+    return info
+
+
+def info_profile(info: Mapping[str, Any]) -> str:
+    """The profile an export's info.json names (the default when it names none)."""
+    profile = info.get(INFO_PROFILE_KEY, PROFILE)
+    return profile if isinstance(profile, str) else repr(profile)

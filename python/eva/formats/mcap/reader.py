@@ -11,7 +11,13 @@ from mcap.records import Channel, Message
 
 from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import decode_ndarray, unpackb
-from eva.formats.mcap.layout import EPISODE_TOPIC, IMAGE_TOPIC_PREFIX, frame_time_ns, image_topic
+from eva.formats.mcap.layout import (
+    EPISODE_TOPIC,
+    FOXGLOVE_PROFILE,
+    IMAGE_TOPIC_PREFIX,
+    frame_time_ns,
+    image_topic,
+)
 
 
 class McapEpisode:
@@ -42,6 +48,12 @@ class McapEpisode:
         if summary is None:
             self._stream.close()
             raise DatasetError(f"{self.path}: MCAP file has no summary section")
+        if self.header.profile == FOXGLOVE_PROFILE:
+            self._stream.close()
+            raise DatasetError(
+                f"{self.path}: a foxglove-profile file (protobuf and JSON messages): read it with "
+                "the mcap reader and mcap_protobuf's decoder (docs/formats.md)"
+            )
         self.summary = summary
         self._episode: dict[str, Any] | None = None
 

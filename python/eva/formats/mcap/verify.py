@@ -1,6 +1,8 @@
 """Checking an MCAP export: the embedded-images checks every such format shares, then each
 episode file's header, channels, schema, message counts, frame order and timestamps, and a real
-read of one state, one action and one image with the official ``mcap`` reader."""
+read of one state, one action and one image with the official ``mcap`` reader. info.json's
+``mcap_profile`` says which profile's layout to check (the foxglove one:
+``eva.formats.mcap.foxglove_verify``)."""
 
 from __future__ import annotations
 
@@ -18,14 +20,18 @@ from eva.formats.mcap.layout import (
     EPISODE_SCHEMA_ENCODING,
     EPISODE_SCHEMA_NAME,
     EPISODE_TOPIC,
+    FOXGLOVE_PROFILE,
+    INFO_PROFILE_KEY,
     LIBRARY,
     MESSAGE_ENCODING,
     PROFILE,
     episode_path,
     frame_time_ns,
     image_topic,
+    info_profile,
 )
 from eva.formats.mcap.reader import McapEpisode, read_episode
+from eva.formats.options import FOXGLOVE_EXTRA_MISSING, McapOptions, missing_foxglove_modules
 
 
 def verify(export_dir: Path) -> list[Problem]:
@@ -35,7 +41,18 @@ def verify(export_dir: Path) -> list[Problem]:
 
     def verify_file(path: Path, ep: int, row: Mapping[str, Any], info: Mapping[str, Any]) -> int:
         features, image_keys = info.get("features", {}), embedded.image_keys(info)
+        profile = info_profile(info)
+        if profile not in McapOptions.PROFILES:
+            add(
+                "mcap_profile",
+                f"info.json {INFO_PROFILE_KEY} {profile!r} is not a profile",
+                path,
+                ep,
+            )
+            return 0
         try:
+            if profile == FOXGLOVE_PROFILE:
+                return _verify_foxglove(path, ep, row, info, add)
             with read_episode(path) as episode:
                 return _verify_episode(episode, ep, row, features, image_keys, add)
         except DatasetError as e:
@@ -52,6 +69,27 @@ def verify(export_dir: Path) -> list[Problem]:
         missing_code="missing_mcap",
     )
     return add.problems
+
+
+def _verify_foxglove(
+    path: Path, ep: int, row: Mapping[str, Any], info: Mapping[str, Any], add: ProblemCollector
+) -> int:
+    if missing_foxglove_modules():
+        add(
+            "foxglove_extra",
+            f"cannot check the foxglove profile: {FOXGLOVE_EXTRA_MISSING}",
+            path,
+            ep,
+        )
+        return int(row.get("length", 0) or 0)
+    from eva.formats.mcap.foxglove_verify import verify_foxglove_file
+
+    try:
+        stream = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot open ({e.strerror})") from None
+    with stream:
+        return verify_foxglove_file(stream, path, ep, row, info, add)
 
 
 def _verify_episode(

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import zlib
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -52,9 +54,16 @@ from mcap.records import (
 )
 from mcap.writer import MCAP0_MAGIC
 
+from eva.dataset.errors import naming_write_errors
 from eva.dataset.msgpack_codec import encode_ndarray_into, encoded_ndarray_size
 from eva.formats.mcap.layout import LIBRARY, PROFILE
-from eva.formats.mcap.records import MESSAGE_OVERHEAD, ChunkBuffer, StreamRecords, serialized
+from eva.formats.mcap.records import (
+    MESSAGE_OVERHEAD,
+    Bytes,
+    ChunkBuffer,
+    StreamRecords,
+    serialized,
+)
 from eva.formats.options import McapOptions
 
 # Stated once, in the export's options (the writer also serves callers that pass no options).
@@ -98,6 +107,8 @@ class McapEpisodeWriter:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         crc: bool = True,
         background: bool = True,
+        profile: str = PROFILE,
+        library: str = LIBRARY,
     ) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"mcap compression {compression!r}: choose one of {COMPRESSIONS}")
@@ -136,7 +147,7 @@ class McapEpisodeWriter:
         self._finished = False
         self._stream.write(MCAP0_MAGIC)
         self._pos += len(MCAP0_MAGIC)
-        self._emit(Header(profile=PROFILE, library=LIBRARY))
+        self._emit(Header(profile=profile, library=library))
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -218,6 +229,26 @@ class McapEpisodeWriter:
         ).write(self._records)
         self._account(channel_id, log_time, offset)
 
+    def add_message_parts(
+        self,
+        channel_id: int,
+        sequence: int,
+        log_time: int,
+        publish_time: int,
+        parts: Sequence[Bytes],
+    ) -> None:
+        """Append a message whose payload is the concatenation of ``parts`` (byte-like, each
+        copied once, straight into the chunk buffer: no joined payload is made)."""
+        size = sum(len(part) for part in parts)
+        offset = self._reserve(MESSAGE_OVERHEAD + size)
+        start = offset + MESSAGE_OVERHEAD
+        buffer = self._records.buffer
+        for part in parts:
+            end = start + len(part)
+            buffer[start:end] = part
+            start = end
+        self._add_in_place(channel_id, sequence, log_time, publish_time, offset, size)
+
     def add_ndarray_message(
         self,
         channel_id: int,
@@ -238,7 +269,19 @@ class McapEpisodeWriter:
         written = encode_ndarray_into(array, self._records.buffer, offset + MESSAGE_OVERHEAD)
         if written != encoded_size:
             raise ValueError(f"ndarray map is {written} bytes, expected {encoded_size}")
-        with self._records.payload_view(encoded_size) as payload:
+        self._add_in_place(channel_id, sequence, log_time, publish_time, offset, encoded_size)
+
+    def _add_in_place(
+        self,
+        channel_id: int,
+        sequence: int,
+        log_time: int,
+        publish_time: int,
+        offset: int,
+        size: int,
+    ) -> None:
+        """The message record at ``offset`` whose ``size``-byte payload is already in place."""
+        with self._records.payload_view(size) as payload:
             Message(
                 channel_id=channel_id,
                 log_time=log_time,
@@ -383,6 +426,38 @@ class McapEpisodeWriter:
                     pending.result()
             self._executor.shutdown(wait=True)
             self._executor = None
+
+
+@contextlib.contextmanager
+def episode_file(
+    path: Path,
+    *,
+    compression: str = DEFAULT_COMPRESSION,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    profile: str = PROFILE,
+    library: str = LIBRARY,
+) -> Iterator[McapEpisodeWriter]:
+    """A writer on a new file at ``path`` (its directory made), finished when the block ends;
+    when the block (or the finish) fails, the partial file is removed and the error raised,
+    a write error naming the file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with naming_write_errors(path), open(path, "wb") as stream:
+            writer = McapEpisodeWriter(
+                stream,
+                compression=compression,
+                chunk_size=chunk_size,
+                profile=profile,
+                library=library,
+            )
+            try:
+                yield writer
+                writer.finish()
+            finally:
+                writer.close()
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def _make_compressor(compression: str) -> Any:

@@ -1,0 +1,370 @@
+"""Writing one episode in the ``foxglove`` MCAP profile (layout: ``eva.formats.mcap.foxglove``).
+
+A camera whose MP4 can be carried (H.264 without B-frames, ``eva.formats.mcap.h264``) goes in as
+its own access units, read in large windows and copied once into the chunk: no decode, so the
+episode is written at about the speed its videos are copied. Any other camera is decoded by the
+export's per-camera decode feeds (``CameraFeed``) and written as ``foxglove.RawImage`` rgb8.
+Messages are in log-time order: the metadata and quality log at the episode's start, then per
+frame index its columns and every camera's frame.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
+from foxglove_schemas_protobuf.Log_pb2 import Log
+from foxglove_schemas_protobuf.RawImage_pb2 import RawImage
+
+from eva.dataset.columns import column_values
+from eva.dataset.errors import DatasetError
+from eva.dataset.mp4box import Mp4Error, VideoSamples, read_video_samples
+from eva.formats.mcap import foxglove
+from eva.formats.mcap.export import CameraFeed, camera_batches, decode_buffers, subset_episodes
+from eva.formats.mcap.h264 import access_units, carry_problem
+from eva.formats.mcap.layout import FOXGLOVE_PROFILE, export_info
+from eva.formats.mcap.records import Bytes
+from eva.formats.mcap.writer import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_COMPRESSION,
+    McapEpisodeWriter,
+    episode_file,
+)
+from eva.formats.options import McapOptions
+from eva.progress import ProgressSink
+
+if TYPE_CHECKING:
+    from eva.dataset.reader import DatasetReader
+    from eva.dataset.subset import SubsetMeta
+
+
+@dataclass(frozen=True)
+class CarriedVideo:
+    """A camera written from its MP4's samples (``carry_problem`` found nothing against it)."""
+
+    path: Path
+    samples: VideoSamples
+
+
+# A camera's input: its carried MP4, or an iterator of (n, H, W, 3) uint8 decoded batches.
+CameraInput = CarriedVideo | Iterator[np.ndarray]
+
+
+@dataclass(frozen=True)
+class EpisodeContent:
+    """What one episode file holds besides its cameras."""
+
+    table: pa.Table  # the episode's rows
+    metadata: Mapping[str, Any]  # its episodes.jsonl row
+    fps: float
+    features: Mapping[str, Any]  # info.json's features (the series names)
+    image_features: Sequence[str] = ()  # inline image columns (not carried)
+    label: str = ""  # names the episode in errors and warnings
+
+
+class _Channels:
+    """Schema and channel ids handed out in registration order (schemas shared by name)."""
+
+    def __init__(self, writer: McapEpisodeWriter) -> None:
+        self.writer = writer
+        self.schemas: dict[str, int] = {}
+        self.count = 0
+
+    def add(self, topic: str, schema: str, schema_encoding: str, data: bytes, encoding: str) -> int:
+        schema_id = self.schemas.get(schema)
+        if schema_id is None:
+            schema_id = self.schemas[schema] = len(self.schemas) + 1
+            self.writer.register_schema(schema_id, schema, schema_encoding, data)
+        self.count += 1
+        self.writer.register_channel(self.count, topic, encoding, schema_id=schema_id)
+        return self.count
+
+    def add_json(self, topic: str, title: str, example: Mapping[str, object]) -> int:
+        schema = foxglove.object_schema(title, example)
+        return self.add(topic, title, foxglove.JSON_SCHEMA_ENCODING, schema, foxglove.JSON_ENCODING)
+
+    def add_protobuf(self, topic: str, message_class: Any) -> int:
+        name, data = foxglove.protobuf_schema(message_class)
+        return self.add(
+            topic, name, foxglove.PROTOBUF_SCHEMA_ENCODING, data, foxglove.PROTOBUF_ENCODING
+        )
+
+
+@dataclass(frozen=True)
+class _JsonSeries:
+    """One JSON topic's per-frame messages: the schema title, row 0 (which types the schema)
+    and one payload per row."""
+
+    title: str
+    first: dict[str, object]
+    payloads: list[bytes]
+
+
+def _column_payloads(
+    table: pa.Table, features: Mapping[str, Any], image_features: Sequence[str]
+) -> tuple[dict[str, _JsonSeries], list[str]]:
+    """Per-frame JSON messages by topic, and the columns that are not numbers or fixed-size
+    lists of numbers (not carried by this profile)."""
+    rows = table.num_rows
+    topics: dict[str, _JsonSeries] = {}
+    scalars: dict[str, list[Any]] = {}
+    skipped: list[str] = []
+    for name in table.column_names:
+        if name in image_features:
+            skipped.append(name)
+            continue
+        values = column_values(table.column(name))
+        if not isinstance(values, np.ndarray):
+            skipped.append(name)
+        elif values.ndim == 1:
+            scalars[name] = values.tolist()
+        else:
+            flat = values.reshape(rows, -1)
+            names = foxglove.dimension_names(features.get(name), name, flat.shape[1])
+            objects = [dict(zip(names, row, strict=True)) for row in flat.tolist()]
+            topics[foxglove.column_topic(name)] = _series(name, objects)
+    if scalars:
+        objects = [{n: v[i] for n, v in scalars.items()} for i in range(rows)]
+        topics[foxglove.FRAME_TOPIC] = _series("eva.frame", objects)
+    return topics, skipped
+
+
+def _series(title: str, objects: list[dict[str, object]]) -> _JsonSeries:
+    return _JsonSeries(title, objects[0], [foxglove.json_payload(o) for o in objects])
+
+
+def _frame_times(table: pa.Table, start_ns: int, fps: float) -> np.ndarray:
+    rows = table.num_rows
+    if "timestamp" in table.column_names:
+        values = column_values(table.column("timestamp"))
+        if isinstance(values, np.ndarray) and values.size == rows:
+            return foxglove.frame_times_ns(start_ns, values.reshape(rows))
+    return foxglove.frame_times_ns(start_ns, np.arange(rows) / fps)
+
+
+def write_foxglove_episode(
+    path: Path,
+    content: EpisodeContent,
+    cameras: Mapping[str, CameraInput],
+    *,
+    compression: str = DEFAULT_COMPRESSION,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    warn: Callable[[str], None] | None = None,
+) -> int:
+    """Write one episode's MCAP in the foxglove profile at ``path``; return its size in bytes.
+
+    ``cameras`` maps each video key (in channel order) to its input (``CameraInput``). A camera
+    with fewer or more frames than the table has rows raises ``DatasetError`` and the partial
+    file is removed. ``warn`` gets a line for what could not be written as asked (no
+    ``started_at``: times from 0; columns this profile does not carry).
+    """
+    path = Path(path)
+    table, metadata, fps = content.table, content.metadata, content.fps
+    label = content.label or path.name
+    rows = table.num_rows
+    if rows == 0:
+        raise DatasetError(f"{label}: empty episode (0 rows)")
+    start_ns = foxglove.started_at_ns(metadata)
+    if start_ns is None:
+        start_ns = 0
+        if warn is not None:
+            warn(f"{label}: no started_at in episodes.jsonl: times start at 0")
+    times = _frame_times(table, start_ns, fps)
+    columns, skipped = _column_payloads(table, content.features, content.image_features)
+    if skipped and warn is not None:
+        warn(f"{label}: columns not carried by the foxglove profile: {', '.join(skipped)}")
+    info = {**metadata, "fps": fps}
+    with episode_file(
+        path,
+        compression=compression,
+        chunk_size=chunk_size,
+        profile=foxglove.PROFILE,
+        library=foxglove.LIBRARY,
+    ) as writer:
+        channels = _Channels(writer)
+        metadata_id = channels.add_json(foxglove.METADATA_TOPIC, "eva.episode", info)
+        quality_id = channels.add_protobuf(foxglove.QUALITY_TOPIC, Log)
+        camera_ids = {
+            key: channels.add_protobuf(
+                foxglove.image_topic(key),
+                CompressedVideo if isinstance(source, CarriedVideo) else RawImage,
+            )
+            for key, source in cameras.items()
+        }
+        column_payloads = {
+            channels.add_json(topic, series.title, series.first): series.payloads
+            for topic, series in columns.items()
+        }
+        writer.add_message(metadata_id, 0, start_ns, start_ns, foxglove.json_payload(info))
+        for i, log in enumerate(foxglove.quality_logs(metadata, start_ns)):
+            writer.add_message(quality_id, i, start_ns, start_ns, log)
+        _FrameWriter(writer, times, label).write(cameras, camera_ids, column_payloads)
+    return os.stat(path).st_size
+
+
+class _FrameWriter:
+    """Frame index by frame index: the columns' messages, then each camera's frame; decoded
+    cameras advance one batch at a time, all of them requested before any is awaited."""
+
+    def __init__(self, writer: McapEpisodeWriter, times: np.ndarray, label: str) -> None:
+        self.writer = writer
+        self.times = times.tolist()
+        self.rows = len(times)
+        self.label = label
+
+    def write(
+        self,
+        cameras: Mapping[str, CameraInput],
+        camera_ids: Mapping[str, int],
+        columns: Mapping[int, list[bytes]],
+    ) -> None:
+        units: dict[str, Iterator[list[Bytes]]] = {}
+        feeds: dict[str, CameraFeed] = {}
+        try:
+            for key, source in cameras.items():
+                if isinstance(source, CarriedVideo):
+                    count = len(source.samples.sizes)
+                    if count != self.rows:
+                        raise DatasetError(
+                            f"{self.label}: camera {key}: {count} video frames but the table "
+                            f"has {self.rows} rows"
+                        )
+                    units[key] = access_units(source.path, source.samples, self.label)
+                else:
+                    feeds[key] = CameraFeed(iter(source), f"eva-mcap-decode-{key}")
+            self._write_from(list(cameras), camera_ids, columns, units, feeds)
+        finally:
+            for feed in feeds.values():
+                feed.close()
+            for iterator in units.values():
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
+
+    def _write_from(
+        self,
+        keys: list[str],
+        camera_ids: Mapping[str, int],
+        columns: Mapping[int, list[bytes]],
+        units: Mapping[str, Iterator[list[Bytes]]],
+        feeds: Mapping[str, CameraFeed],
+    ) -> None:
+        writer, times, rows = self.writer, self.times, self.rows
+        batches: dict[str, np.ndarray] = {}
+        positions: dict[str, int] = {key: 0 for key in feeds}
+        frame_index = 0
+        while frame_index < rows:
+            needed = [k for k in feeds if k not in batches or positions[k] >= len(batches[k])]
+            for key in needed:
+                feeds[key].request()
+            for key in needed:
+                batch = self._next_batch(feeds[key])
+                if batch is None:
+                    raise DatasetError(
+                        f"{self.label}: camera {key} ended early after {frame_index} frames "
+                        f"(table has {rows} rows)"
+                    )
+                batches[key], positions[key] = batch, 0
+            count = min([len(batches[k]) - positions[k] for k in feeds] + [rows - frame_index])
+            for _ in range(count):
+                t = times[frame_index]
+                for channel_id, payloads in columns.items():
+                    writer.add_message(channel_id, frame_index, t, t, payloads[frame_index])
+                for key in keys:
+                    if key in units:
+                        unit = next(units[key])
+                        parts = foxglove.compressed_video_parts(t, key, unit)
+                    else:
+                        parts = foxglove.raw_image_parts(t, key, batches[key][positions[key]])
+                        positions[key] += 1
+                    writer.add_message_parts(camera_ids[key], frame_index, t, t, parts)
+                frame_index += 1
+        for key, feed in feeds.items():
+            if positions[key] < len(batches[key]):
+                trailing = True
+            else:
+                feed.request()
+                trailing = self._next_batch(feed) is not None
+            if trailing:
+                raise DatasetError(
+                    f"{self.label}: camera {key} has trailing frames beyond the {rows} table rows"
+                )
+
+    @staticmethod
+    def _next_batch(feed: CameraFeed) -> np.ndarray | None:
+        batch = feed.result()
+        while batch is not None and len(batch) == 0:
+            feed.request()
+            batch = feed.result()
+        return batch
+
+
+def write_foxglove_subset(
+    reader: DatasetReader,
+    meta: SubsetMeta,
+    staging_dir: Path,
+    progress: ProgressSink,
+    opts: McapOptions,
+) -> None:
+    """``write_subset`` of the foxglove profile: each camera carried from its MP4 where it can
+    be, else decoded; one warning per (camera, reason) of the decoded ones, and the other
+    episode-level warnings, go to ``progress``."""
+    from eva.dataset.subset import write_common_meta
+
+    video_keys = list(meta.video_keys)
+    image_features = [k for k, f in reader.features.items() if f.get("dtype") == "image"]
+    buffers: dict[str, np.ndarray] | None = None
+    decoded: dict[tuple[str, str], int] = {}  # (camera, why) -> episodes written decoded
+
+    def warn(line: str) -> None:
+        progress(warning=f"{meta.subset}: {line}")
+
+    for episode in subset_episodes(reader, meta):
+        cameras: dict[str, CameraInput] = {}
+        for key in video_keys:
+            path = reader.video_path(episode.source_index, key)
+            try:
+                samples = read_video_samples(path)
+                why = carry_problem(samples)
+            except Mp4Error:
+                why = "its MP4 sample table needs FFmpeg to read"
+            if why is None:
+                cameras[key] = CarriedVideo(path, samples)
+                continue
+            decoded[(key, why)] = decoded.get((key, why), 0) + 1
+            if buffers is None:
+                buffers = decode_buffers(reader, video_keys, opts.batch_size)
+            cameras[key] = camera_batches(
+                reader, episode.source_index, key, opts.batch_size, buffers, episode.label
+            )
+        progress(current=f"{meta.subset}: {episode.path}")
+        content = EpisodeContent(
+            episode.table,
+            meta.episodes[episode.index],
+            reader.fps,
+            reader.features,
+            image_features,
+            episode.label,
+        )
+        size = write_foxglove_episode(
+            staging_dir / episode.path,
+            content,
+            cameras,
+            compression=opts.compression,
+            chunk_size=opts.chunk_size,
+            warn=warn,
+        )
+        progress(episodes=1, files=1, bytes=size)
+    total = len(meta.source_episode_indices)
+    for (key, why), count in decoded.items():
+        warn(
+            f"camera {key}: {why}: written decoded as foxglove.RawImage rgb8 in {count} of "
+            f"{total} episodes"
+        )
+    write_common_meta(staging_dir, meta, export_info(meta.info, FOXGLOVE_PROFILE))
