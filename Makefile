@@ -20,7 +20,7 @@ $(PY):
 $(VENV)/.eva-deps: pyproject.toml | $(PY)
 	$(PIP) install -q numpy pyarrow av h5py mcap zstandard lz4 msgpack paramiko click rich starlette uvicorn httptools uvloop pyzmq \
 	    foxglove-schemas-protobuf mcap-protobuf-support \
-	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff mypy httpx selenium
+	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff mypy types-paramiko httpx selenium
 	touch $@
 
 NATIVE_SOURCES := $(wildcard native/*.cpp native/*.hpp src/eva_fast/*.pyx src/eva_fast/*.pxd) CMakeLists.txt pyproject.toml

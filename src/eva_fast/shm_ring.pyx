@@ -211,7 +211,9 @@ cdef class ShmRing:
             raise ValueError(f"heartbeat now_ns must be a u64 (>= 0), not {now_ns}")
         r.heartbeat(<uint64_t>now_ns)
 
-    def _claim_producer(self, pid) -> None:
+    def claim_producer(self, pid) -> None:
+        """PRODUCER side: record ``pid`` as the producer's and stamp the heartbeat (what
+        :func:`eva.capture.shm_ring.attach_shm_ring` does on attach)."""
         cdef CShmRing* r = self._r()
         r.set_producer_pid(<uint64_t>pid)
         r.heartbeat(monotonic_ns())

@@ -127,7 +127,7 @@ class StreamCheck:
             np.concatenate([[self.last_time], np.where(finite_t, times, -np.inf)])
         )[:-1]
         ordered = finite_t & (times > prior)
-        ok = ordered.copy()
+        ok: np.ndarray = ordered.copy()
         base = self.samples_seen
         bad_order = np.flatnonzero(finite_t & ~ordered)
         if bad_order.size:

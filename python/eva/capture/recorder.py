@@ -41,6 +41,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +59,12 @@ from eva.capture.save_worker import (
     SaveJob,
     leftover_work,
     remove_stale_markers,
-    utc_now,
 )
 from eva.config import CollectionConfig
 from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.video import VideoOptions
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
+from eva.timestamps import utc_now
 
 log = logging.getLogger("eva.capture")
 
@@ -123,7 +124,7 @@ class Recorder:
         durable: bool = True,
         consumer_throttle_s: float = 0.0,
         native: bool | None = None,
-        rings: dict[str, Ring] | None = None,
+        rings: Mapping[str, Ring] | None = None,
     ) -> None:
         self.config = config
         self.external_rings = dict(rings or {})

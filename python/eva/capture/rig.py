@@ -33,11 +33,14 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from eva.config import CollectionConfig, SourceConfig
+
+if TYPE_CHECKING:
+    from eva.capture.shm_ring import ShmRing
 
 log = logging.getLogger("eva.capture")
 
@@ -110,7 +113,7 @@ class SourceRig:
         self.config = config
         self.python = python
         self.prefix = f"eva-{os.getpid()}-{secrets.token_hex(4)}"
-        self.rings: dict[str, Any] = {}
+        self.rings: dict[str, ShmRing] = {}
         self._groups: dict[tuple[Any, ...], _Group] = {}
         self._recorder: Any = None
         self._stop = threading.Event()

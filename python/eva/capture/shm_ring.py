@@ -55,7 +55,8 @@ import mmap
 import os
 import stat
 import time
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -95,6 +96,7 @@ class ShmRing(Ring, Protocol):
     release_gil: bool
 
     def heartbeat(self, now_ns: int | None = None) -> None: ...
+    def claim_producer(self, pid: int) -> None: ...
     @property
     def heartbeat_ns(self) -> int: ...
     @property
@@ -204,7 +206,9 @@ class ReferenceShmRing:
             raise ValueError(f"heartbeat now_ns must be a u64 (>= 0), not {now_ns}")
         self._h()[_HEARTBEAT] = stamp
 
-    def _claim_producer(self, pid: int) -> None:
+    def claim_producer(self, pid: int) -> None:
+        """PRODUCER side: record ``pid`` as the producer's and stamp the heartbeat (what
+        :func:`eva.capture.shm_ring.attach_shm_ring` does on attach)."""
         h = self._h()
         h[_PRODUCER_PID] = int(pid)
         h[_HEARTBEAT] = time.monotonic_ns()
@@ -212,7 +216,7 @@ class ReferenceShmRing:
     # -- consumer --
 
     def pop_batch(
-        self, out: npt.NDArray, out_times: npt.NDArray[np.float64], max_n: int = -1
+        self, out: npt.NDArray[Any], out_times: npt.NDArray[np.float64], max_n: int = -1
     ) -> int:
         h = self._h()
         if out.dtype != self.dtype or not out.flags.c_contiguous or not out.flags.writeable:
@@ -228,7 +232,7 @@ class ReferenceShmRing:
             raise ValueError(
                 "pop_batch: out_times must be a writable C-contiguous 1-D float64 array"
             )
-        limit = min(out.nbytes // self.item_bytes, out_times.shape[0])
+        limit: int = min(out.nbytes // self.item_bytes, out_times.shape[0])
         if max_n >= 0:
             limit = min(limit, max_n)
         tail = h[_TAIL]
@@ -360,11 +364,14 @@ def _unlink_owned(path: str, owner: bool, file_id: tuple[int, int] | None) -> No
         os.unlink(path)
 
 
-def _implementation(native: bool | None) -> Any:
+def _implementation(native: bool | None) -> Callable[..., ShmRing]:
+    """The ring class: both take ReferenceShmRing's constructor arguments."""
     mod = load("shm_ring") if native is not False else None
     if native is True and mod is None:
         raise ImportError("the native shm ring (eva_fast.shm_ring) is not available")
-    return mod.ShmRing if mod is not None else ReferenceShmRing
+    if mod is None:
+        return ReferenceShmRing
+    return cast(Callable[..., ShmRing], mod.ShmRing)
 
 
 def _map(fd: int, nbytes: int) -> mmap.mmap:
@@ -479,5 +486,5 @@ def attach_shm_ring(
     except BaseException:
         mm.close()
         raise
-    ring._claim_producer(os.getpid())
+    ring.claim_producer(os.getpid())
     return ring

@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -52,6 +52,7 @@ from eva.dataset.reader import DatasetReader
 
 if TYPE_CHECKING:
     from eva.capture.rig import SourceRig
+    from eva.capture.ring import Ring
 
 
 @dataclass(frozen=True)
@@ -427,8 +428,8 @@ class RecordingSource:
         self.finished = threading.Event()
 
     @property
-    def rings(self) -> dict[str, object] | None:
-        return getattr(self.rig, "rings", None)
+    def rings(self) -> Mapping[str, Ring] | None:
+        return self.rig.rings if self.rig is not None else None
 
     @property
     def streams(self) -> dict[str, str]:

@@ -43,7 +43,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eva.console.session import ConsoleError, ConsoleSession
+from eva.console.errors import ConsoleError
+from eva.console.session import ConsoleSession
 from eva.dataset.errors import error_line
 
 log = logging.getLogger("eva.console")
@@ -112,7 +113,9 @@ class TokenGuard:
         self.same_host = same_host
 
     def _valid(self, candidate: str | None) -> bool:
-        return bool(candidate) and hmac.compare_digest(candidate.encode(), self.token)
+        if not candidate:
+            return False
+        return hmac.compare_digest(candidate.encode(), self.token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -131,7 +134,7 @@ class TokenGuard:
                 await PlainTextResponse("invalid token", status_code=401)(scope, receive, send)
                 return
             # The token leaves the address bar (and the history) for an HttpOnly cookie.
-            response = RedirectResponse("/", status_code=303)
+            response: Response = RedirectResponse("/", status_code=303)
             response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
             await response(scope, receive, send)
             return
@@ -141,7 +144,7 @@ class TokenGuard:
         by_cookie = self._valid(request.cookies.get(COOKIE))
         if not (by_header or by_cookie):
             if path.startswith("/api/"):
-                response: Response = _error(401, "unauthorized", "missing or invalid token")
+                response = _error(401, "unauthorized", "missing or invalid token")
             else:
                 response = PlainTextResponse(
                     "eva console: open the URL with ?token=... that `eva console` printed "

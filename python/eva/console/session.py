@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from eva.capture.recorder import Recorder, RecorderError
+from eva.capture.save_worker import SaveJob
 from eva.capture.sources import open_source
 from eva.config import CollectionConfig, ConfigError, load_config
 from eva.console.datasets import DatasetDirs
@@ -234,7 +235,7 @@ class ConsoleSession:
             "version": version,
         }
 
-    def _save_job(self, job: Any) -> dict[str, Any]:
+    def _save_job(self, job: SaveJob) -> dict[str, Any]:
         data = job.as_dict()
         data["dataset"] = self._name_for(job.dataset_dir)
         return data

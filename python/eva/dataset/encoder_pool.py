@@ -159,6 +159,11 @@ class CameraEncoder:
         else:
             self.encoder.abort()
 
+    def _worker_failed(self) -> bool:
+        # A call, not an inline test: the worker thread sets ``error`` while ``submit`` waits,
+        # which a type checker cannot see (it would keep the earlier test's answer).
+        return self.error is not None
+
     def submit(self, frames: np.ndarray) -> None:
         """Encode ``frames`` (n, H, W, 3) uint8; the caller may reuse them once this returns."""
         if self.error is not None:
@@ -172,7 +177,7 @@ class CameraEncoder:
         for start in range(0, len(frames), ENCODE_BATCH_FRAMES):
             part = frames[start : start + ENCODE_BATCH_FRAMES]
             buf = self._free.get()  # waits while ENCODE_BUFFERS batches are in flight
-            if self.error is not None:
+            if self._worker_failed():
                 self._free.put(buf)
                 return
             np.copyto(buf[: len(part)], part)

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -102,7 +102,7 @@ class DatasetReader:
 
     @property
     def features(self) -> dict[str, dict[str, Any]]:
-        return self.info["features"]
+        return cast(dict[str, dict[str, Any]], self.info["features"])
 
     @property
     def chunks_size(self) -> int:
@@ -319,7 +319,7 @@ class DatasetReader:
                     f"{self.data_path(episode_index)}: episode {episode_index}: column {column} "
                     "has null rows"
                 )
-            return flat.reshape(len(arr), arr.type.list_size)
+            return cast(np.ndarray, flat.reshape(len(arr), arr.type.list_size))
         if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
             rows = _uniform_float_rows(arr)
             if rows is not None:
@@ -331,7 +331,7 @@ class DatasetReader:
                     f"{self.data_path(episode_index)}: episode {episode_index}: column {column} "
                     "has rows of different lengths"
                 ) from None
-        return arr.to_numpy(zero_copy_only=False)
+        return cast(np.ndarray, arr.to_numpy(zero_copy_only=False))
 
     def iter_frames(
         self, episode_index: int, key: str, batch_size: int = 32, *, out: np.ndarray | None = None
@@ -359,7 +359,7 @@ class DatasetReader:
         if not path.exists():
             raise DatasetError(f"{path}: episode {episode_index} parquet missing")
         try:
-            return pq.ParquetFile(path).metadata.num_rows
+            return cast(int, pq.ParquetFile(path).metadata.num_rows)
         except (pa.ArrowInvalid, OSError) as e:
             raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
 
@@ -421,7 +421,9 @@ def _uniform_float_rows(arr: pa.Array) -> np.ndarray | None:
     dim = int(lengths[0])
     if dim == 0 or np.any(lengths != dim):
         return None
-    return values.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(arr), dim)
+    return cast(
+        np.ndarray, values.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(arr), dim)
+    )
 
 
 def _histogram_array(value: Any, where: str) -> np.ndarray:

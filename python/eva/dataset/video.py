@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import av
 import numpy as np
@@ -129,8 +129,12 @@ class VideoEncoder:
         self.frames_written = 0
         self._container = av.open(str(self.path), mode="w", format="mp4")
         try:
-            stream = self._container.add_stream(
-                self.options.codec, rate=self.fps, options=_codec_options(self.options)
+            # Every SUPPORTED_CODECS entry is a video encoder (VideoOptions checks the name).
+            stream = cast(
+                av.VideoStream,
+                self._container.add_stream(
+                    self.options.codec, rate=self.fps, options=_codec_options(self.options)
+                ),
             )
             stream.width = self.width
             stream.height = self.height
@@ -275,13 +279,14 @@ def count_frames(path: Path) -> int:
 _CONCEALING_DECODERS = ("h264", "hevc")
 
 
-def _strict_decoder(stream: av.video.stream.VideoStream) -> av.CodecContext | None:
+def _strict_decoder(stream: av.video.stream.VideoStream) -> av.VideoCodecContext | None:
     """A decoder for ``stream`` that fails on bitstream errors (``err_detect=explode``) instead
     of concealing them; None for codecs that do not conceal (their stream decodes as is)."""
     source = stream.codec_context
     if source.name not in _CONCEALING_DECODERS:
         return None
-    ctx = av.CodecContext.create(source.name, "r")
+    # A decoder named after a video stream's codec is a video decoder.
+    ctx = cast(av.VideoCodecContext, av.CodecContext.create(source.name, "r"))
     if source.extradata:
         ctx.extradata = source.extradata
     ctx.thread_type = "AUTO"

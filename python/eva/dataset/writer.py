@@ -97,6 +97,10 @@ def _size_mark(path: Path) -> tuple[Path, int]:
 class DatasetWriter:
     """Appends episodes to one raw v2.1 dataset. Use ``create_or_open``."""
 
+    # Set by create_or_open (the constructor refuses direct calls).
+    parallel_encode: bool
+    buffer_pool: BufferPool
+
     def __init__(self) -> None:  # pragma: no cover - guarded: use create_or_open
         raise TypeError("use DatasetWriter.create_or_open(root, ...)")
 

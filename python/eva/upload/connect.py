@@ -81,8 +81,8 @@ class Connector:
             elif marker is None:
                 for name in entry.hostnames:
                     host_keys.add(name, entry.key.get_name(), entry.key)
-        entry = host_keys.lookup(self.host_name)
-        return dict(entry) if entry else {}
+        keys_by_type = host_keys.lookup(self.host_name)
+        return dict(keys_by_type) if keys_by_type else {}
 
     def _check_host_key(self, key: paramiko.PKey, known: dict[str, paramiko.PKey]) -> None:
         if self.pinned_key is not None:

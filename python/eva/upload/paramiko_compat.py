@@ -13,6 +13,7 @@ with (:class:`WriteAcks`). These names are private to paramiko and may change in
 from __future__ import annotations
 
 import inspect
+from typing import Protocol, cast
 
 import paramiko
 from paramiko.sftp import CMD_STATUS, CMD_WRITE, SFTP_OK, int64
@@ -24,6 +25,15 @@ PRIVATE_APIS = (
 )
 # What _read_response calls on the object a request was sent with (WriteAcks below).
 RESPONSE_HOOK = "_async_response"
+
+
+class SFTPClientInternals(Protocol):
+    """The signatures of the private ``SFTPClient`` methods above (as in paramiko 5.x), which
+    paramiko's type stubs leave out."""
+
+    def _async_request(self, fileobj: object, t: int, *args: object) -> int: ...
+
+    def _read_response(self, waitfor: int | None = None) -> object: ...
 
 
 class WriteAcks:
@@ -53,13 +63,13 @@ def send_write(
     """Send one WRITE of ``data`` at ``offset`` without waiting for its reply (counted in
     ``acks.pending``). ``Message.add_string`` copies ``data`` into the packet, so the caller may
     reuse its buffer at once."""
-    sftp._async_request(acks, CMD_WRITE, handle, int64(offset), data)
+    cast(SFTPClientInternals, sftp)._async_request(acks, CMD_WRITE, handle, int64(offset), data)
     acks.pending += 1
 
 
 def read_response(sftp: paramiko.SFTPClient) -> None:
     """Wait for the next reply on ``sftp`` and hand it to the ``WriteAcks`` it belongs to."""
-    sftp._read_response()
+    cast(SFTPClientInternals, sftp)._read_response()
 
 
 def missing_private_apis() -> list[str]:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import paramiko
 
@@ -308,6 +309,9 @@ def _send_file(
         raise UploadError(f"{local.path}: cannot read ({e.strerror})") from None
     # "r+b" keeps the verified prefix (no O_TRUNC); "wb" creates or truncates.
     with local_file, sftp.open(remote, "r+b" if start else "wb") as remote_file:
+        # SFTPFile.handle is the server's handle string; paramiko's stubs type it as SFTPHandle
+        # (the server-side class).
+        handle = cast(bytes, remote_file.handle)
         while True:
             if shared.stopping():
                 return
@@ -318,7 +322,7 @@ def _send_file(
             if not n:
                 break
             # send_write copies the view into the packet, so the buffer is reusable at once.
-            paramiko_compat.send_write(sftp, acks, remote_file.handle, sent, view[:n])
+            paramiko_compat.send_write(sftp, acks, handle, sent, view[:n])
             sent += n
             shared.report(nbytes=n)
             while acks.pending >= options.max_inflight:
@@ -553,13 +557,13 @@ def _remove_staging(
     connector: Connector, transports: list[paramiko.Transport], staging: str
 ) -> str | None:
     """Remove the staging tree; reconnect once if the old connections are gone. Returns an error."""
-    live = [t for t in transports if t.is_active()]
-    attempts: list[Callable[[], paramiko.Transport]] = [lambda t=t: t for t in live]
-    attempts.append(connector.open_transport)
+    # Each live connection, then (None) one fresh connection.
+    attempts: list[paramiko.Transport | None] = [t for t in transports if t.is_active()]
+    attempts.append(None)
     error: str | None = None
-    for get_transport in attempts:
+    for reused in attempts:
         try:
-            transport = get_transport()
+            transport = reused if reused is not None else connector.open_transport()
             if transport not in transports:
                 transports.append(transport)
             sftp = paramiko.SFTPClient.from_transport(transport)

@@ -119,6 +119,7 @@ def _check_descriptions(reader: BoxReader, stsd: Box, dinf: Box) -> int:
     must be a self-contained 'url ' entry (flag 1), what every muxer writes. Samples in another
     file would not be read (FFmpeg does not follow external references by default)."""
     full_box_version(reader, stsd, (0,))
+    description_count: int
     (description_count,) = U32.unpack(payload(reader, stsd, 8)[4:8])
     descriptions = child_boxes(reader, Box(b"stsd", stsd.start, stsd.body + 8, stsd.end))
     if description_count == 0 or len(descriptions) != description_count:
@@ -166,6 +167,7 @@ def _sample_sizes(reader: BoxReader, box: Box, sample_count: int) -> tuple[int, 
         raise Mp4Unsupported(f"{reader.path}: {sample_count} samples")
     head = payload(reader, box, 12)
     if box.type == b"stsz":
+        uniform: int
         (uniform,) = U32.unpack(head[4:8])
         if uniform:
             return uniform
@@ -237,6 +239,7 @@ def _check_edit_list(
     count, entries = entry_table(reader, elst, entry.size)
     if count != 1:
         raise Mp4Unsupported(f"{reader.path}: edit list of {count} entries")
+    media_time: int  # the other fields' types follow from their arithmetic with it
     segment_duration, media_time, rate_integer, rate_fraction = entry.unpack(entries)
     # av_rescale: round to nearest, halves away from zero (the values are >= 0 here)
     end = (
@@ -333,6 +336,7 @@ def _first_sample_is_keyframe(reader: BoxReader, stbl_boxes: list[Box]) -> bool:
     if stss is None:
         return True  # no sync sample table: every sample is a keyframe
     full_box_version(reader, stss, (0,))
+    count: int
     (count,) = U32.unpack(payload(reader, stss, 8)[4:8])
     return count > 0 and U32.unpack(payload(reader, stss, 12)[8:12])[0] == 1
 

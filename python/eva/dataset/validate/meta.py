@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -196,7 +196,9 @@ def safe_video_keys(reader: DatasetReader, out: ProblemCollector) -> list[str]:
     """Video feature keys usable as path components; the others are reported, not followed."""
     keys = []
     info_path = reader.root / layout.INFO
-    for key, feature in reader.features.items():
+    # Not validated yet: info.json may hold any JSON value where a feature object belongs.
+    features: Mapping[str, object] = reader.features
+    for key, feature in features.items():
         if not isinstance(feature, dict):
             out.add("invalid_info", f"{info_path}: feature {key!r} is not an object", info_path)
             continue

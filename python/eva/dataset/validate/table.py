@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -77,7 +77,7 @@ def check_table(
                 data_path,
                 ep,
             )
-    wanted = []
+    wanted: list[str] = []
     schema = parquet.schema_arrow  # built anew on every access: ~0.2 ms
     for c in ("episode_index", "task_index", "index", "frame_index", "timestamp"):
         if c not in columns:
@@ -158,10 +158,11 @@ def _type_problem(name: str, feature: dict[str, Any], type_: pa.DataType) -> str
 
 
 def _is_list(type_: pa.DataType) -> bool:
-    return (
+    return cast(
+        bool,
         pa.types.is_list(type_)
         or pa.types.is_large_list(type_)
-        or pa.types.is_fixed_size_list(type_)
+        or pa.types.is_fixed_size_list(type_),
     )
 
 
@@ -225,9 +226,9 @@ def _check_feature_columns(
         out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
         return None
     for name, feature in to_read:
-        problem = _value_problem(table.column(name).combine_chunks(), feature, name)
-        if problem is not None:
-            code, message = problem
+        value_problem = _value_problem(table.column(name).combine_chunks(), feature, name)
+        if value_problem is not None:
+            code, message = value_problem
             out.add(code, f"{data_path}: episode {ep}: column {name}: {message}", data_path, ep)
     return table
 
@@ -283,7 +284,7 @@ def _numeric(table: pa.Table, name: str) -> np.ndarray | None:
         pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
     ):
         return None
-    return column.to_numpy()
+    return cast(np.ndarray, column.to_numpy())
 
 
 def _check_row_numbering(
