@@ -19,8 +19,9 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 _KNOWN_KEYS = frozenset({"host", "port", "user", "identity_file", "remote_dir", "known_hosts"})
 
 
-class UploadConfigError(ValueError):
-    """The upload backend configuration is missing a key or holds an invalid value."""
+class UploadConfigError(ConfigError):
+    """The upload backend configuration is missing a key or holds an invalid value (a
+    ``ConfigError``: one type to catch for every config problem)."""
 
 
 @dataclass(frozen=True)

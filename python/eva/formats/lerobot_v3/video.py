@@ -36,9 +36,9 @@ packets are muxed straight from the file's bytes. FFmpeg is still opened:
   that cache (``ParamsCache``). That is sound because for ``avc1``/``hvc1``/``av01`` entries the
   configuration box carries the parameter sets (SPS/PPS, the AV1 sequence header) that fix the
   decoder's size and pixel format; other entry types (``avc3``: in-band parameter sets, or an
-  ``av1C`` without its sequence header) are opened with FFmpeg every time, as before;
+  ``av1C`` without its sequence header) are opened with FFmpeg every time;
 * for every file the box parser does not vouch for (edit lists that hide frames, B-frames
-  without an edit list, fragmented files...): the demux path, as before. B-frame files as
+  without an edit list, fragmented files...): the demux path. B-frame files as
   FFmpeg's muxer writes them (composition offsets under one edit whose ``media_time`` is the
   first presentation time) are read from the tables too: the parser gives FFmpeg's shifted pts
   and dts, compared with its demuxer packet by packet in the tests.
