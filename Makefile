@@ -106,8 +106,10 @@ lint: venv
 	$(VENV)/bin/ruff check python tests bench
 	$(VENV)/bin/ruff format --check python tests bench
 
-# The .pyi stubs of the compiled modules must match what Cython built (signatures, attributes).
+# mypy --strict over python/eva (configuration in pyproject.toml), and the .pyi stubs of the
+# compiled modules against what Cython built (signatures, attributes).
 typecheck: build
+	$(VENV)/bin/mypy
 	$(PY) -m mypy.stubtest eva_fast --allowlist src/eva_fast/stubtest-allowlist.txt
 
 clean:

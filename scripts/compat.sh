@@ -93,13 +93,14 @@ import sys
 from pathlib import Path
 
 from eva.export.pipeline import export_dataset
-from eva.export.registry import ExportOptions
+from eva.formats.base import ExportOptions
+from eva.formats.options import LeRobotV3Options
 
 work = Path(sys.argv[1])
 src = work / "shards_chunks" / "raw"
 shutil.copytree(work / "shards" / "raw", src)
-extra = {"chunks_size": 2, "data_files_size_in_mb": 1e-6, "video_files_size_in_mb": 1e-6}
-export_dataset(src, "lerobot_v3", options=ExportOptions(extra=extra))
+v3 = LeRobotV3Options(chunks_size=2, data_files_size_in_mb=1e-6, video_files_size_in_mb=1e-6)
+export_dataset(src, "lerobot_v3", options=ExportOptions(format=v3))
 EOF
 
 # A v2.1 dataset written by LeRobot 0.3.3 itself (AV1 video, committed fixture) through eva to v3.
