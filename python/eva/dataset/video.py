@@ -206,6 +206,17 @@ class VideoEncoder:
             self.abort()
 
 
+def open_video(path: Path) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
+    """The opened container of ``path`` and its first video stream (close the container);
+    ``DatasetError`` naming the file when it does not open or holds no decodable video."""
+    container = _open_input(path)
+    try:
+        return container, _video_stream(container, path)
+    except DatasetError:
+        container.close()
+        raise
+
+
 def _open_input(path: Path) -> av.container.InputContainer:
     try:
         # Tags in a broken text encoding must not make a playable video unreadable.

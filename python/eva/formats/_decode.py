@@ -16,21 +16,21 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
+from eva.dataset import video
+from eva.dataset.errors import DatasetError
+
 
 class VideoOpenError(ValueError):
     """An MP4 that does not open, or holds no video stream; the message names the file."""
 
 
 def open_video(path: Path) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
-    """The opened container of ``path`` and its first video stream (close the container)."""
+    """The opened container of ``path`` and its first video stream (close the container): the
+    dataset layer's ``open_video``, its error as a ``VideoOpenError``."""
     try:
-        container = av.open(str(path))
-    except (OSError, av.FFmpegError) as e:
-        raise VideoOpenError(f"{path}: cannot open video ({e})") from None
-    if not container.streams.video:
-        container.close()
-        raise VideoOpenError(f"{path}: no video stream")
-    return container, container.streams.video[0]
+        return video.open_video(Path(path))
+    except DatasetError as e:
+        raise VideoOpenError(str(e)) from None
 
 
 def rgb_arrays(frames: Iterable[av.VideoFrame]) -> Iterator[np.ndarray]:
