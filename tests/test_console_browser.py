@@ -219,6 +219,13 @@ def by_id(driver: WebDriver, element_id: str):
 
 
 def text(driver: WebDriver, element_id: str) -> str:
+    # The page re-renders panels as events arrive: an element found an instant before it was
+    # replaced is stale; look it up again.
+    for _ in range(20):
+        try:
+            return by_id(driver, element_id).text
+        except StaleElementReferenceException:
+            time.sleep(0.05)
     return by_id(driver, element_id).text
 
 

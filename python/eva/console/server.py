@@ -399,7 +399,11 @@ def serve(
     token: str,
     on_ready: Callable[[str], None],
 ) -> None:
-    """Serve until SIGINT/SIGTERM; ``on_ready(url)`` is called once the socket listens."""
+    """Serve until SIGINT/SIGTERM; ``on_ready(url)`` is called once the server runs (its signal
+    handlers are in place: a Ctrl-C right after the URL appears shuts it down like any other)."""
+    import threading
+    import time
+
     import uvicorn
 
     sock = bind(host, port)
@@ -411,5 +415,13 @@ def serve(
         app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
     )
     server = uvicorn.Server(config)
-    on_ready(f"http://{url_host}:{actual_port}/?token={token}")
+    url = f"http://{url_host}:{actual_port}/?token={token}"
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.01)
+        if server.started:
+            on_ready(url)
+
+    threading.Thread(target=announce, name="eva-console-ready", daemon=True).start()
     server.run(sockets=[sock])
