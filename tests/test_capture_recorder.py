@@ -441,6 +441,26 @@ def test_missing_camera_and_frame_count_mismatch_from_late_streams(rec: Recorder
     assert "frame_count_mismatch" in found
 
 
+def test_a_camera_lagging_behind_the_grid_start_still_aligns(tmp_path: Path, caplog) -> None:
+    """A camera whose first frames are stamped before the grid start (its decoder still worked
+    through frames received before START) arrives after the grid is fixed: those frames are
+    freed, never left to fill the camera's pending buffer and block alignment for good."""
+    config = make_config(tmp_path, stream_start_timeout_s=30.0)
+    with Recorder(config, durable=False) as recorder, caplog.at_level(logging.WARNING):
+        root = recorder.start()
+        # WRIST and STATE from t=1.0; FRONT from t=0.0 (ten frames older than the grid start).
+        push_timeline(recorder, timeline(1.0, 3.0, cameras={WRIST: 1}))
+        push_timeline(recorder, timeline(0.0, 3.0, cameras={FRONT: 0}, vectors=False))
+        job = recorder.stop()
+        assert job.wait(60) and job.state == SAVED, job.error
+    assert "made no progress" not in caplog.text
+    assert job.frames == 20 and job.episode_index == 0  # grid 1.003 .. 3.0 s at 10 fps
+    row = DatasetReader(root).episode(0)
+    assert row["quality"] == "green", row["quality_issues"]
+    capture = DatasetReader(root).read_table(0).column("capture_time").to_numpy()
+    assert np.allclose(capture, 1.0 + np.arange(20) / FPS, atol=1e-9)  # FRONT's own frames
+
+
 def test_backend_reference_rings_work_too(tmp_path: Path) -> None:
     with Recorder(make_config(tmp_path), durable=False, native=False) as ref:
         result = record(ref)

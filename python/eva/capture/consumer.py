@@ -227,8 +227,9 @@ class EpisodeConsumer:
                     # a safety net: an episode after STOP must end, never hang close()
                     log.warning(
                         "capture: the episode's drain made no progress for %.0f s after STOP; "
-                        "saving what was aligned",
+                        "saving what was aligned (%s)",
                         DRAIN_STALL_S,
+                        self.describe_state(),
                     )
                     for name in self.streams:
                         left = self.remaining(name)
@@ -261,6 +262,17 @@ class EpisodeConsumer:
                     s.job.finish(FAILED, message)
                 return
             raise
+
+    def describe_state(self) -> str:
+        """The alignment state in one line, for a warning that says why an episode stalled."""
+        parts = [f"grid start {self.grid_start!r}, row {self.next_row}"]
+        for name, p in self.pending.items():
+            span = f"t {p.times[0]:.3f}..{p.times[p.n - 1]:.3f}" if p.n else "empty"
+            parts.append(
+                f"{name}: {p.n}/{p.capacity} pending ({span}), {len(self.streams[name].ring)} in ring, "
+                f"{self.remaining(name)} owed"
+            )
+        return "; ".join(parts)
 
     def past_the_end(self) -> bool:
         """After STOP: a fully drained stream ends before the next grid row (grid end reached)."""
@@ -348,6 +360,11 @@ class EpisodeConsumer:
                 self.last_t[name] = float(p.times[p.n - 1])
             if self.grid_start is None:
                 self.prune_before_start()
+        if moved and self.grid_start is not None:
+            # A stream that lags the others (a camera whose decoder still works through frames
+            # received before START) delivers samples older than the grid: freed here, or a
+            # pending buffer full of them would block alignment for good.
+            self.drop_used()
         return moved
 
     def prune_before_start(self) -> None:
@@ -505,7 +522,12 @@ class EpisodeConsumer:
             capture_time = grid
         self.episode.add_frames(images=images, vectors=vectors, capture_time=capture_time)
         self.next_row = k0 + m
-        # Keep, per stream, the latest sample at or before the next grid instant and later ones.
+        self.drop_used()
+
+    def drop_used(self) -> None:
+        """Keep, per stream, the latest sample at or before the next grid instant and later ones
+        (no row to come can use an earlier one)."""
+        assert self.grid_start is not None
         g_next = self.grid_start + self.next_row / self.fps
         for p in self.pending.values():
             if p.n > 1:
