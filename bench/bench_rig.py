@@ -53,8 +53,10 @@ before START to the save), ``ffmpeg`` against ``inproc`` (also run with the same
   Goal: push p99 <= 3x the copy's p99.
 * receipt timestamp jitter p99 (goal <= 1 ms): p99 of |x - median(x)| over the samples that
   arrived between START and STOP, where x is
-  - FFmpeg cameras: the recorded stamp (``.stamps``: ``time.time()`` when the demuxer returned
-    the packet that completes the frame) minus the publisher's logged send time of the frame paired with it. Frames are
+  - FFmpeg cameras: the recorded stamp (``.stamps``: the kernel's receive time of the frame's
+    first datagram, eva's UDP reader; with ``BENCH_KERNEL_TIMESTAMPS=0``, FFmpeg's reader:
+    ``time.time()`` when the demuxer returned the packet that completes the frame) minus the
+    publisher's logged send time (just before the frame is written) of the frame paired with it. Frames are
     paired by order (``align_latency``): received frame k with sent frame k + o, o the largest
     offset whose median latency over the first 30 frames is still >= 0 (causality; the next
     offset is a frame period, 33 ms, earlier), moved on by one at a lost frame (the offset
@@ -103,6 +105,8 @@ BUSY_THREADS = 2
 IDLE_S = 3.0  # the recorder idle before START in the plain FFmpeg session (an idle jitter)
 SWITCH_S = 0.0005
 PRIORITY = os.environ.get("BENCH_RIG_PRIORITY", "realtime")
+# BENCH_KERNEL_TIMESTAMPS=0: the cameras read by FFmpeg's UDP reader, stamped at demux
+KERNEL_TIMESTAMPS = os.environ.get("BENCH_KERNEL_TIMESTAMPS", "1") != "0"
 # A push into a full shared ring returns at once (no copy): below this it was refused. Copying a
 # 640x480x3 frame takes >= 30 us even at 30 GB/s.
 REFUSED_MAX_NS = 10_000  # the GIL switch interval of the last session (CPython's default: 5 ms)
@@ -139,6 +143,7 @@ def make_config(design: str, log_dir: str, ports: dict[str, int] | None = None) 
                     "options": dict(UDP_OPTIONS),
                     "open_timeout_s": 15,
                     "priority": PRIORITY,
+                    "kernel_timestamps": KERNEL_TIMESTAMPS,
                 }
             }
         return {

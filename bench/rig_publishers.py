@@ -10,7 +10,7 @@ simulated rig's (``SyntheticScene(HEIGHT, WIDTH, seed=SEED)``, 16 frames cycled,
 and the simulated sessions. A camera encodes on its own hardware: the 16 frames are encoded once
 at start (libx264 ultrafast, zerolatency, no B-frames, a keyframe every 16 frames) and the packets
 sent in a loop with increasing timestamps, so the publisher itself costs almost no CPU on the
-host it shares with the recorder. After the packet of frame ``i`` is written to the socket,
+host it shares with the recorder. Just before the packet of frame ``i`` is written to the socket,
 ``time.time()`` is appended to SENDLOG as one float64 (flushed each frame: the record survives a
 kill), the sender-side send times a receiver's stamps are compared with.
 
@@ -100,8 +100,9 @@ def publish_udp(
             packet.time_base = tb
             packet.pts = packet.dts = i * 90000 // FPS
             packet.is_keyframe = key
-            out.mux(packet)
+            # logged as the frame starts to leave: the moment its first datagram is sent
             log.write(struct.pack("<d", time.time()))
+            out.mux(packet)
             i += 1
             delay = start + i / FPS - time.monotonic()
             if delay > 0:

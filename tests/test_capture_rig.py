@@ -100,12 +100,13 @@ def camera(
     key: str = "observation.images.front",
     stall: float = 1.0,
     priority: str = "high",
+    kernel_timestamps: bool = True,
 ) -> str:
     return (
         f'[[collection.cameras]]\nkey = "{key}"\nwidth = 160\nheight = 120\n'
         f'source = {{ kind = "ffmpeg", url = "udp://127.0.0.1:{port}", format = "mpegts", '
         f"options = {UDP_OPTIONS}, stall_timeout_s = {stall}, open_timeout_s = 8, "
-        f'priority = "{priority}" }}\n'
+        f'priority = "{priority}", kernel_timestamps = {str(kernel_timestamps).lower()} }}\n'
     )
 
 
@@ -141,7 +142,8 @@ def record(recorder: Recorder, seconds: float) -> dict:
     return job.as_dict()
 
 
-def test_ffmpeg_udp_camera_and_zmq_state(tmp_path: Path) -> None:
+def test_ffmpeg_udp_camera_and_zmq_state(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "eva.capture")
     udp, zport = free_port(), free_port(socket.SOCK_STREAM)
     config = load_config(
         write_config(tmp_path / "rig.toml", camera(udp, priority="realtime"), zmq_state(zport))
@@ -155,6 +157,8 @@ def test_ffmpeg_udp_camera_and_zmq_state(tmp_path: Path) -> None:
             rig.attach(recorder)
             rig.start()
             assert rig.check() == []
+            # eva reads the UDP socket itself: frames carry the kernel's arrival times
+            assert "h264 160x120, kernel receive timestamps" in caplog.text
             if os.geteuid() == 0:  # permitted: the receiving threads are real-time, decoding not
                 (cam,) = [g for g in rig.groups if "observation.images.front" in g.names]
                 policies = thread_policies(cam.process.pid)
@@ -370,7 +374,11 @@ def test_stale_ring_files_are_removed(tmp_path: Path) -> None:
     assert mine.exists() and not stale.exists()
 
 
-def test_ffmpeg_frames_are_scaled_to_the_configured_size(tmp_path: Path) -> None:
+def test_ffmpeg_frames_are_scaled_to_the_configured_size(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Also FFmpeg's own UDP reader (``kernel_timestamps = false``): frames stamped at demux."""
+    caplog.set_level(logging.INFO, "eva.capture")
     udp = free_port()
     # This test is about the scaling. Loopback UDP receipt on the shared 2-core VM jitters by
     # up to ~22 ms (measured: 1-3 frames of a run at 18.5-22.2 ms, against the default 17.2 ms
@@ -378,7 +386,9 @@ def test_ffmpeg_frames_are_scaled_to_the_configured_size(tmp_path: Path) -> None
     # frame period, so a lost or doubled frame is still red. The default tolerance is exercised
     # by test_ffmpeg_udp_camera_and_zmq_state.
     config = load_config(
-        write_config(tmp_path / "rig.toml", camera(udp), skew_tolerance_s=0.030)
+        write_config(
+            tmp_path / "rig.toml", camera(udp, kernel_timestamps=False), skew_tolerance_s=0.030
+        )
     ).collection
     cam_pub = publisher("udp", udp, 30, 320, 240)  # twice the configured 160x120
     rig = SourceRig(config)
@@ -387,6 +397,7 @@ def test_ffmpeg_frames_are_scaled_to_the_configured_size(tmp_path: Path) -> None
             rig.attach(recorder)
             rig.start()
             assert rig.check() == []
+            assert "h264 320x240" in caplog.text and "kernel receive" not in caplog.text
             job = record(recorder, 1.5)
     finally:
         rig.close()

@@ -76,7 +76,8 @@ class SourceConfig:
 
     - ``ffmpeg`` (cameras): ``url`` opened by FFmpeg through PyAV (a V4L2/UVC device, RTSP, UDP or
       RTP, HTTP MJPEG, a file), with ``format`` and ``options`` passed to ``av.open``;
-      ``realtime`` plays a file at its own pace; ``latency_s`` is subtracted from the receipt time.
+      ``realtime`` plays a file at its own pace; ``latency_s`` is subtracted from the receipt time;
+      ``kernel_timestamps`` (unicast ``udp://``): eva reads the socket, the kernel stamps arrivals.
     - ``zmq`` (vectors): a SUB socket on ``endpoint``, messages ``[topic, msgpack({"t", "value"})]``
       with ``topic`` (default: the stream name).
     - ``python``: ``object = "package.module:Factory"`` called with ``args`` gives a source
@@ -95,6 +96,7 @@ class SourceConfig:
     options: dict[str, str] = field(default_factory=dict)
     realtime: bool = False
     latency_s: float = 0.0
+    kernel_timestamps: bool = True
     endpoint: str | None = None
     topic: str | None = None
     object: str | None = None
@@ -482,7 +484,7 @@ def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
 
 
 _SOURCE_KEYS = {
-    "ffmpeg": {"url", "format", "options", "realtime", "latency_s"},
+    "ffmpeg": {"url", "format", "options", "realtime", "latency_s", "kernel_timestamps"},
     "zmq": {"endpoint", "topic"},
     "python": {"object", "args"},
     "sim": set(),
@@ -531,6 +533,7 @@ def _parse_source(r: _Reader, item: Mapping[str, Any], stream: str) -> SourceCon
             options={k: str(v) for k, v in options.items()},
             realtime=s.get("realtime", bool, False),
             latency_s=s.number("latency_s", 0.0, minimum=0.0),
+            kernel_timestamps=s.get("kernel_timestamps", bool, True),
             **common,
         )
     if kind == "zmq":

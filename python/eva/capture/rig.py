@@ -214,6 +214,7 @@ class SourceRig:
             detail = str(event.get("detail", ""))
             if kind == "opened":
                 group.opened = True
+                log.info("source %s opened: %s", group.describe(), detail)
             elif kind == "error":
                 group.last_error = detail
                 log.warning("source %s failed: %s", group.describe(), detail)

@@ -12,8 +12,9 @@ recorder's Python threads (HTTP, encoding, alignment): the time a sample is stam
 taken when it arrives here.
 
 Clock (one for the whole rig): Unix wall-clock seconds.
-- ``ffmpeg``: the host's wall clock when the packet that completes the frame is demuxed (before
-  it is decoded), minus ``latency_s``.
+- ``ffmpeg``: for a unicast ``udp://`` input, the kernel's receive time of the frame's first
+  datagram (``eva.capture.udp_input``); for any other input, the host's wall clock when the
+  packet that completes the frame is demuxed (before it is decoded); minus ``latency_s``.
 - ``zmq``: the sender's ``t`` (it must use the same clock).
 - ``python``: whatever the plugin's samples carry (document yours: the same wall clock).
 - ``sim``: the simulated rig's clock, which starts at the wall clock.
@@ -143,17 +144,30 @@ def _camera_frames(
     cameras' decodes to finish)."""
     import av
 
+    from eva.capture.udp_input import TimestampedUdpInput, demuxer_options, parse_udp_url
     from eva.dataset.rgb import FrameConverter
 
     height, width = stream.shape[0], stream.shape[1]
     open_timeout = float(source.get("open_timeout_s", 10.0))
     read_timeout = float(source.get("stall_timeout_s", 2.0))
-    container = av.open(
-        source["url"],
-        format=source.get("format"),
-        options=dict(source.get("options") or {}),
-        timeout=(open_timeout, read_timeout),
-    )
+    options = dict(source.get("options") or {})
+    target = parse_udp_url(source["url"], options) if source.get("kernel_timestamps") else None
+    udp: TimestampedUdpInput | None = None
+    if target is None:
+        container = av.open(
+            source["url"],
+            format=source.get("format"),
+            options=options,
+            timeout=(open_timeout, read_timeout),
+        )
+    else:  # eva reads the socket: every datagram's arrival stamped by the kernel
+        udp = TimestampedUdpInput(target, open_timeout)
+        try:
+            container = av.open(udp, format=source.get("format"), options=demuxer_options(options))
+        except BaseException:
+            udp.close()
+            raise
+        udp.read_timeout = read_timeout
     packets: queue.Queue[tuple[float, Any]] = queue.Queue(maxsize=PACKET_QUEUE)
     receiving = threading.Event()
     receiving.set()
@@ -164,8 +178,10 @@ def _camera_frames(
         try:
             for packet in container.demux(video):
                 # the receipt time, taken before anything else: decode time varies from frame
-                # to frame (a keyframe costs several P-frames), the arrival does not
-                item = (time.time(), packet)
+                # to frame (a keyframe costs several P-frames), the arrival does not. From
+                # eva's UDP reader: the kernel's arrival time of the frame's first datagram.
+                arrival = udp.arrival_at(packet.pos) if udp is not None else None
+                item = (time.time() if arrival is None else arrival, packet)
                 while receiving.is_set():
                     try:
                         packets.put(item, timeout=0.1)  # the decoder far behind: wait for it
@@ -188,8 +204,11 @@ def _camera_frames(
         video = container.streams.video[0]
         # slice threads only: frame threads would hold frames back and release them in bursts
         video.thread_type = "SLICE"
+        stamped = ", kernel receive timestamps" if udp is not None else ""
         events.send(
-            "opened", stream.name, f"{video.codec_context.name} {video.width}x{video.height}"
+            "opened",
+            stream.name,
+            f"{video.codec_context.name} {video.width}x{video.height}{stamped}",
         )
         receiver.start()  # inherits this thread's priority (real-time, if granted) ...
         _demoted_from_realtime()  # ... which the decoding thread then gives up
@@ -234,6 +253,8 @@ def _camera_frames(
             receiver.join(read_timeout + 1.0)
         if not receiver.is_alive():
             container.close()
+            if udp is not None:
+                udp.close()
 
 
 def _run_ffmpeg(
