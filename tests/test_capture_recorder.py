@@ -14,6 +14,7 @@ import pytest
 from eva.capture import align
 from eva.capture.quality_checks import IssueLog, StreamCheck
 from eva.capture.recorder import Recorder, RecorderError
+from eva.capture.ring import make_ring
 from eva.capture.save_worker import FAILED, SAVED, remove_stale_markers
 from eva.capture.sources import SimulatedRig
 from eva.config import CollectionConfig, config_from_dict
@@ -459,6 +460,49 @@ def test_a_camera_lagging_behind_the_grid_start_still_aligns(tmp_path: Path, cap
     assert row["quality"] == "green", row["quality_issues"]
     capture = DatasetReader(root).read_table(0).column("capture_time").to_numpy()
     assert np.allclose(capture, 1.0 + np.arange(20) / FPS, atol=1e-9)  # FRONT's own frames
+
+
+def test_source_process_samples_captured_before_start_are_not_the_episodes(
+    tmp_path: Path,
+) -> None:
+    """Rings fed by source processes carry wall-clock times: a frame captured just before START
+    but pushed after it (a demuxer releases a frame when the next one arrives) is left out, so
+    the grid starts at the episode's own first samples. A stream on another clock is kept."""
+    # all pushed at once, not in real time: the grid must wait for every stream's first sample
+    config = make_config(tmp_path, stream_start_timeout_s=30.0)
+    shapes = {FRONT: (H, W, 3), WRIST: (H, W, 3), STATE: (3,)}
+    rings = {
+        name: make_ring(shape, np.uint8 if len(shape) == 3 else np.float64)
+        for name, shape in shapes.items()
+    }
+    with Recorder(config, durable=False, rings=rings) as recorder:
+        root = recorder.start()
+        t0 = time.time()
+        # every stream from 0.25 s before START: those samples were captured before it
+        for i in range(-5, 20):
+            t = t0 + i / FPS
+            rings[FRONT].push(t, frame(i + 5, 0))
+            rings[WRIST].push(t + 0.003, frame(i + 5, 1))
+            for j in range(5):
+                rings[STATE].push(t + j / (5 * FPS), np.array([0.0, t, 0.0]))
+        job = recorder.stop()
+        assert job.wait(60) and job.state == SAVED, job.error
+        row = DatasetReader(root).episode(job.episode_index)
+        assert row["alignment"]["grid_start"] >= t0 - 1 / FPS  # not the frames before START
+        assert row["alignment"]["grid_start"] == pytest.approx(t0 + 0.003, abs=0.021)
+        assert row["quality"] == "green", row["quality_issues"]
+        # a stream 100 s behind the wall clock (another clock) keeps its samples: reported
+        root = recorder.start()
+        t0 = time.time()
+        for i in range(20):
+            t = t0 + i / FPS
+            rings[FRONT].push(t - 100.0, frame(i, 0))
+            rings[WRIST].push(t + 0.003, frame(i, 1))
+            rings[STATE].push(t, np.array([0.0, t, 0.0]))
+        job = recorder.stop()
+        assert job.wait(60)
+        found = {i["code"]: i["detail"] for i in job.quality_issues}
+        assert job.frames == 0 and FRONT in found["source_clock_discontinuity"], found
 
 
 def test_backend_reference_rings_work_too(tmp_path: Path) -> None:

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -26,11 +23,11 @@ import numpy as np
 from eva.capture import align
 from eva.capture.preview import PreviewTap
 from eva.capture.quality_checks import EpisodeTally, IssueLog, StreamCheck, validate_episode
-from eva.capture.ring import Ring
-from eva.capture.save_worker import FAILED, SaveJob, commit_episode
+from eva.capture.save_worker import FAILED, commit_episode
+from eva.capture.streams import EpisodeSession, PendingSamples, Stream, discard_before
 from eva.config import CollectionConfig
 from eva.dataset.errors import DatasetError, error_line
-from eva.dataset.writer import DatasetWriter, EpisodeWriter
+from eva.dataset.writer import EpisodeWriter
 
 log = logging.getLogger("eva.capture")
 
@@ -39,75 +36,10 @@ IDLE_SLEEP_S = 0.002
 # After STOP every sample of the episode is already in its ring, so draining only waits for the
 # consumer itself; this long without popping or emitting anything means it cannot progress.
 DRAIN_STALL_S = 3.0
+# A source process's sample stamped this little before START was captured just before it; one
+# stamped earlier still is on another clock (kept: the quality checks report such streams).
+PRE_START_WINDOW_S = 10.0
 VECTOR_PENDING = 4096
-
-
-@dataclass
-class Stream:
-    """A configured stream: its ring and the producer-side gate."""
-
-    name: str
-    kind: str  # "camera" | "vector"
-    shape: tuple[int, ...]
-    ring: Ring
-    discrete: tuple[int, ...] = ()
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    open: bool = False  # accepting samples (an episode is recording)
-    last_pushed_t: float = math.nan
-    bad_shape: int = 0
-    bad_shape_detail: str = ""
-    external: bool = False  # fed by a source process through a shared-memory ring
-
-
-@dataclass
-class EpisodeSession:
-    """One START..STOP/CANCEL episode as the consumer sees it."""
-
-    dataset_dir: Path
-    task: str
-    writer: DatasetWriter
-    started_at: str
-    started_mono: float
-    base: dict[str, int]  # ring.pushed at START, per stream
-    overflow_base: dict[str, int]
-    overflow_end: dict[str, int] = field(default_factory=dict)  # overflow_count at STOP/CANCEL
-    limit: dict[str, int] | None = None  # ring.pushed at STOP/CANCEL
-    cancelled: bool = False
-    job: SaveJob | None = None
-    ended_at: str | None = None
-    ended_mono: float | None = None
-    unexpected: dict[str, int] = field(default_factory=dict)
-    bad_shapes: dict[str, tuple[int, str]] = field(default_factory=dict)
-    stalls: dict[str, str] = field(default_factory=dict)  # stream -> what the supervisor saw
-
-
-class PendingSamples:
-    """Samples of one stream popped from its ring and still needed for alignment."""
-
-    def __init__(self, stream: Stream, capacity: int) -> None:
-        dtype = np.uint8 if stream.kind == "camera" else np.float64
-        self.stream = stream
-        # Filled, not np.zeros: calloc'd pages would be touched (and counted in RSS) only as the
-        # buffer is first used deeper, page faults in the middle of an episode.
-        self.values = np.empty((capacity, *stream.shape), dtype=dtype)
-        self.values.fill(0)
-        self.times = np.zeros(capacity, dtype=np.float64)
-        self.n = 0
-        self.capacity = capacity
-
-    def drop_front(self, k: int) -> None:
-        if k <= 0:
-            return
-        keep = max(self.n - k, 0)
-        # Move the kept samples to the front in steps of k: a step's source and destination never
-        # overlap, so numpy copies directly and allocates nothing (an overlapping assignment goes
-        # through a temporary, frame-sized for cameras), and a vector backlog of thousands of
-        # samples moves in a few slices rather than one Python step per sample.
-        for start in range(0, keep, k):
-            stop = min(start + k, keep)
-            self.values[start:stop] = self.values[start + k : stop + k]
-            self.times[start:stop] = self.times[start + k : stop + k]
-        self.n = keep
 
 
 class RecorderView(Protocol):
@@ -121,12 +53,6 @@ class RecorderView(Protocol):
     streams: dict[str, Stream]
     cameras: dict[str, Stream]
     vectors: dict[str, Stream]
-
-
-def discard_before(stream: Stream, base: int) -> int:
-    """Free the samples of an external ring pushed before ``base`` (they belong to no episode)."""
-    excess = base - stream.ring.popped
-    return stream.ring.discard(excess) if excess > 0 else 0
 
 
 class EpisodeConsumer:
@@ -343,6 +269,10 @@ class EpisodeConsumer:
                 tap.offer(name, float(p.times[n0 + k - 1]), p.values[n0 + k - 1])
             moved = True
             self.popped[name] += k
+            if st.external and name not in self.first_t:
+                k = self.drop_before_start(p, n0, k)
+                if k == 0:
+                    continue
             times = p.times[n0 : n0 + k]
             values = p.values[n0 : n0 + k]
             ok = self.checks[name].filter(times, values, self.issues, self.frame_at)
@@ -366,6 +296,20 @@ class EpisodeConsumer:
             # pending buffer full of them would block alignment for good.
             self.drop_used()
         return moved
+
+    def drop_before_start(self, p: PendingSamples, n0: int, k: int) -> int:
+        """Leading samples of a source process captured before START (pushed after it: a camera
+        demuxes a frame only once the next one arrives) are not the episode's: freed here. Only
+        times within PRE_START_WINDOW_S before START count, so a source on another clock (which
+        the quality checks report) keeps its samples. The number of samples left."""
+        times = p.times[n0 : n0 + k]
+        start = self.session.started_wall
+        before = (times < start) & (times > start - PRE_START_WINDOW_S)
+        skip = k if before.all() else int(np.argmin(before))
+        if skip:
+            p.times[n0 : n0 + k - skip] = p.times[n0 + skip : n0 + k]
+            p.values[n0 : n0 + k - skip] = p.values[n0 + skip : n0 + k]
+        return k - skip
 
     def prune_before_start(self) -> None:
         """Before the grid is fixed, drop samples no grid instant can use (start only rises)."""

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from eva import libc
-from eva.capture.consumer import EpisodeConsumer, EpisodeSession, Stream, discard_before
+from eva.capture.consumer import EpisodeConsumer
 from eva.capture.preview import PreviewTap
 from eva.capture.ring import Ring, make_ring
 from eva.capture.save_worker import (
@@ -60,6 +60,7 @@ from eva.capture.save_worker import (
     leftover_work,
     remove_stale_markers,
 )
+from eva.capture.streams import EpisodeSession, Stream, discard_before
 from eva.config import CollectionConfig
 from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.video import VideoOptions
@@ -333,6 +334,7 @@ class Recorder:
                 writer=writer,
                 started_at=utc_now(),
                 started_mono=time.monotonic(),
+                started_wall=time.time(),
                 base={},
                 overflow_base={},
             )
