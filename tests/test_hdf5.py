@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import av
@@ -478,3 +479,56 @@ def test_calibrated_conversion_equals_pyav(native: object | None, width: int, he
     assert tables is not None and len(tables.g_rows) < 4096  # compact green table
     _kernel(native, "yuv420p_to_rgb24")(*planes, width, height, *tables, batch, 0)
     np.testing.assert_array_equal(batch[0], frame.to_ndarray(format="rgb24"))
+
+
+def test_distinct_rows_are_numbered_by_first_appearance() -> None:
+    """The calibration's vectorised dedupe of green rows equals a plain first-seen numbering."""
+    rng = np.random.default_rng(5)
+    pool = rng.integers(0, 256, (40, 256), dtype=np.uint8)
+    rows = pool[rng.integers(0, 40, 3000)]
+    ids, first = rgb._distinct_rows(rows)
+    seen: dict[bytes, int] = {}
+    want = np.array([seen.setdefault(r.tobytes(), len(seen)) for r in rows], np.uint16)
+    np.testing.assert_array_equal(ids, want)
+    assert ids.dtype == np.uint16
+    np.testing.assert_array_equal(
+        rows[first], rows[[list(want).index(i) for i in range(len(seen))]]
+    )
+
+
+def test_calibrated_tables_are_kept_between_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tables are cached in the user's cache directory: a later process loads them instead
+    of calibrating; a damaged file is ignored and replaced; an unwritable one costs nothing."""
+    monkeypatch.setenv("EVA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(rgb, "_yuv_tables", {})
+    fresh = rgb.calibrate_yuv420p_luts(1, 0)
+    path = rgb.tables_cache_path(1, 0)
+    assert fresh is not None and path is not None and path.is_file()
+    assert path.parent == tmp_path / "cache" and av.__version__ in path.name
+    code = (
+        "import sys, numpy as np\n"
+        "from eva.dataset import rgb\n"
+        "rgb.calibrate_yuv420p_luts = None  # a load must not calibrate\n"
+        "from eva.dataset.rgb import _load_tables, tables_cache_path\n"
+        "t = _load_tables(tables_cache_path(1, 0))\n"
+        "np.savez(sys.argv[1], *t)\n"
+    )
+    out = tmp_path / "loaded.npz"
+    subprocess.run([sys.executable, "-c", code, str(out)], check=True)
+    with np.load(out) as loaded:
+        for i, array in enumerate(fresh):
+            np.testing.assert_array_equal(loaded[f"arr_{i}"], array)
+    # damaged: one byte changed in the middle of the file
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert rgb._load_tables(path) is None
+    monkeypatch.setattr(rgb, "_yuv_tables", {})
+    again = rgb.calibrate_yuv420p_luts(1, 0)
+    assert again is not None and rgb._load_tables(path) is not None  # replaced
+    # unwritable: a file where the directory should be
+    monkeypatch.setenv("EVA_CACHE_DIR", str(tmp_path / "loaded.npz"))
+    monkeypatch.setattr(rgb, "_yuv_tables", {})
+    assert rgb.calibrate_yuv420p_luts(1, 0) is not None

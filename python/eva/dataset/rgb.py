@@ -12,7 +12,12 @@ kernels are tested against.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import av
@@ -90,60 +95,141 @@ _yuv_tables: dict[tuple[int, int], YuvTables | None] = {}
 def calibrate_yuv420p_luts(colorspace: int = 2, color_range: int = 0) -> YuvTables | None:
     """Tabulate PyAV's yuv420p -> rgb24 conversion for frames with this colour description.
 
-    One 128x512 frame per U value covers every (V, Y) pair: chroma sample (row V, column k)
-    covers the 2x2 luma block holding Y = 4k .. 4k+3. Red must depend on (V, Y) only and blue on
-    (U, Y) only (checked here); green keeps all three but has only a few hundred distinct rows
-    over Y, stored once each. Per-pixel (nearest chroma) behaviour at other frame sizes is checked
-    by the tests and by a first-frame comparison on every exported video.
+    One frame of 16 x 16 tiles, a tile of 128x512 luma per U value, covers every (U, V, Y): in a
+    tile, chroma sample (row V, column k) covers the 2x2 luma block holding Y = 4k .. 4k+3. One
+    conversion of the whole frame (not 256 small ones: each new frame size costs FFmpeg a scaler
+    set-up of milliseconds). Red must depend on (V, Y) only and blue on (U, Y) only (checked
+    here); green keeps all three but has only a few hundred distinct rows over Y, stored once
+    each. Per-pixel (nearest chroma) behaviour at other frame sizes is checked by the tests and by
+    a first-frame comparison on every exported video.
     """
     key = (colorspace, color_range)
     if key in _yuv_tables:
         return _yuv_tables[key]
+    cache = tables_cache_path(colorspace, color_range)
+    cached = _load_tables(cache) if cache is not None else None
+    if cached is not None:
+        _yuv_tables[key] = cached
+        return cached
     k = np.arange(64, dtype=np.uint8)
-    luma = np.empty((512, 128), dtype=np.uint8)
+    tile = np.empty((512, 128), dtype=np.uint8)
     for dy in (0, 1):
         for dx in (0, 1):
-            luma[dy::2, dx::2] = (4 * k + 2 * dy + dx)[None, :]
-    v_plane = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 64, axis=1)
-    green = np.empty((256, 256, 256), dtype=np.uint8)
-    lut_r = np.empty((256, 256), dtype=np.uint8)
-    lut_b = np.empty((256, 256), dtype=np.uint8)
-    separable = True
-    for u in range(256):
-        u_plane = np.full((256, 64), u, dtype=np.uint8)
-        frame = av.VideoFrame.from_ndarray(
-            np.concatenate([luma.ravel(), u_plane.ravel(), v_plane.ravel()]).reshape(-1, 128),
-            format="yuv420p",
-        )
-        frame.colorspace = colorspace
-        frame.color_range = color_range
-        rgb = frame.to_ndarray(format="rgb24")
-        # [2V+dy, 2k+dx, c] -> [V, k, dy, dx, c] -> [V, Y=4k+2dy+dx, c]
-        by_vy = rgb.reshape(256, 2, 64, 2, 3).transpose(0, 2, 1, 3, 4).reshape(256, 256, 3)
-        green[u] = by_vy[:, :, 1]
-        lut_b[u] = by_vy[0, :, 2]
-        if u == 0:
-            lut_r[:] = by_vy[:, :, 0]
-        separable = (
-            separable
-            and np.array_equal(by_vy[:, :, 0], lut_r)
-            and bool((by_vy[:, :, 2] == lut_b[u][None, :]).all())
-        )
+            tile[dy::2, dx::2] = (4 * k + 2 * dy + dx)[None, :]
+    # tiles: row-major over U = 16 * tile_row + tile_col; chroma planes (256 x 64 per tile)
+    luma = np.tile(tile, (16, 16))
+    u_plane = np.repeat(np.repeat(np.arange(256, dtype=np.uint8).reshape(16, 16), 256, 0), 64, 1)
+    v_plane = np.tile(np.repeat(np.arange(256, dtype=np.uint8)[:, None], 64, axis=1), (16, 16))
+    frame = av.VideoFrame.from_ndarray(
+        np.concatenate([luma.ravel(), u_plane.ravel(), v_plane.ravel()]).reshape(-1, 2048),
+        format="yuv420p",
+    )
+    frame.colorspace = colorspace
+    frame.color_range = color_range
+    rgb = frame.to_ndarray(format="rgb24")
+    # a view [tile_row, V, dy, tile_col, k, dx, channel]: U = 16 tile_row + tile_col and
+    # Y = 4k + 2dy + dx; compared and gathered without copying the whole 50 MB
+    view = rgb.reshape(16, 256, 2, 16, 64, 2, 3)
+    red, blue = view[..., 0], view[..., 2]
+    red_of_u0 = red[0, :, :, 0]  # [V, dy, k, dx]
+    blue_of_v0 = blue[:, 0]  # [tile_row, dy, tile_col, k, dx]
+    separable = bool(
+        (red == red_of_u0[None, :, :, None]).all() and (blue == blue_of_v0[:, None]).all()
+    )
     tables: YuvTables | None = None
     if separable:
-        # Deduplicate the green rows by their bytes (a dict is ~30x faster than np.unique here).
-        flat = green.reshape(65536, 256)
-        g_index = np.empty(65536, dtype=np.uint16)
-        first_of_row: dict[bytes, int] = {}
-        distinct: list[int] = []
-        for uv in range(65536):
-            row_id = first_of_row.setdefault(flat[uv].tobytes(), len(distinct))
-            if row_id == len(distinct):
-                distinct.append(uv)
-            g_index[uv] = row_id
-        tables = YuvTables(lut_r.reshape(-1), lut_b.reshape(-1), flat[distinct].copy(), g_index)
+        lut_r = red_of_u0.transpose(0, 2, 1, 3).reshape(65536)  # [V*256 + Y]
+        lut_b = blue_of_v0.transpose(0, 2, 3, 1, 4).reshape(65536)  # [U*256 + Y]
+        # green [U*256 + V, Y]
+        green = view[..., 1].transpose(0, 3, 1, 4, 2, 5).reshape(65536, 256)
+        g_index, distinct = _distinct_rows(green)
+        tables = YuvTables(lut_r, lut_b, green[distinct], g_index)
+        if cache is not None:
+            _save_tables(cache, tables)
     _yuv_tables[key] = tables
     return tables
+
+
+def tables_cache_path(colorspace: int, color_range: int) -> Path | None:
+    """Where the tables of this colour description are kept between processes: the user's
+    cache directory (``EVA_CACHE_DIR``, else ``$XDG_CACHE_HOME/eva``, else ``~/.cache/eva``),
+    one file per PyAV and libswscale version (another version may convert differently)."""
+    root = os.environ.get("EVA_CACHE_DIR")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = Path(xdg) if xdg else Path.home() / ".cache"
+        root = str(base / "eva")
+    swscale = ".".join(map(str, av.library_versions.get("libswscale", ())))
+    name = f"yuv420p-rgb24-av{av.__version__}-sws{swscale}-cs{colorspace}-cr{color_range}.npz"
+    return Path(root) / name
+
+
+def _load_tables(path: Path) -> YuvTables | None:
+    """The cached tables, or None if absent or not exactly what a calibration gives (a damaged
+    or foreign file is ignored, then replaced)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            tables = YuvTables(*(data[name] for name in YuvTables._fields))
+            digest = str(data["sha256"])
+    except Exception:  # any unreadable file (a bad zip, a missing array): calibrate instead
+        return None
+    shapes_ok = (
+        tables.lut_r.shape == tables.lut_b.shape == (65536,)
+        and tables.lut_r.dtype == tables.lut_b.dtype == tables.g_rows.dtype == np.uint8
+        and tables.g_rows.ndim == 2
+        and tables.g_rows.shape[1] == 256
+        and 0 < tables.g_rows.shape[0] <= 65536
+        and tables.g_index.shape == (65536,)
+        and tables.g_index.dtype == np.uint16
+        and int(tables.g_index.max()) < tables.g_rows.shape[0]
+    )
+    if not shapes_ok or digest != _digest(tables):
+        return None
+    return tables
+
+
+def _save_tables(path: Path, tables: YuvTables) -> None:
+    """Written to a temporary file then renamed, so a reader never sees half a file; a cache
+    that cannot be written (read-only home, full disk) only costs the next process a
+    calibration."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tables-", suffix=".npz", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **tables._asdict(), sha256=np.array(_digest(tables)))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError:
+        pass
+
+
+def _digest(tables: YuvTables) -> str:
+    h = hashlib.sha256()
+    for array in tables:
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()
+
+
+def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's id among the distinct rows (numbered by first appearance, uint16) and the
+    index of each distinct row's first appearance. Rows (a multiple of 8 bytes long) are
+    compared through a 64-bit hash of their bytes, then checked whole: a collision (never seen)
+    falls back to exact keys."""
+    words = np.ascontiguousarray(rows).view(np.uint64)  # 8 bytes a word, no conversion
+    odd = np.random.default_rng(0).integers(0, 2**63, words.shape[1], dtype=np.uint64) * 2 + 1
+    hashes = (words * odd).sum(axis=1, dtype=np.uint64)  # wraps modulo 2**64
+    _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    if not np.array_equal(rows, rows[first[inverse]]):
+        keys = rows.view(np.dtype((np.void, rows.shape[1]))).ravel()
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # ids by first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return rank[inverse.ravel()].astype(np.uint16), first[order]
 
 
 def _plane_array(plane: Any) -> np.ndarray:
