@@ -44,16 +44,9 @@ FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
 
 
 @pytest.fixture
-def raw(synthetic_dataset: Callable[..., Path]) -> Path:
+def raw(qc_failed_dataset: Path) -> Path:
     """P: 3 episodes, episode 1 QC-failed."""
-    return synthetic_dataset(
-        episodes=3,
-        frames=[12, 16, 14],
-        state_dim=4,
-        quality=["green", "green", "red"],
-        qc_verdicts=[None, "fail", "pass"],
-        tasks=["a", "b"],
-    )
+    return qc_failed_dataset
 
 
 def _codes(root: Path) -> list[str]:

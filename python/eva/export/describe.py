@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.errors import DatasetError
 from eva.publish import COMPLETE_MARKER
 
@@ -25,18 +25,20 @@ BOOKKEEPING = ("timestamp", "frame_index", "episode_index", "index", "task_index
 
 def _json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(fsafe.read_text(path))
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing") from None
+    except DatasetError:
+        raise  # a link or a FIFO, named by fsafe
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise DatasetError(f"{path}: unreadable JSON ({e})") from None
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in fsafe.read_bytes(path).decode("utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -88,8 +90,8 @@ def _marker_state(directory: Path, split: dict[str, Any]) -> dict[str, Any]:
     """Whether the export root's completion marker names this subset's export run."""
     marker = directory.parent / COMPLETE_MARKER
     try:
-        published = marker.read_text(encoding="utf-8").strip()
-    except OSError:
+        published = fsafe.read_text(marker).strip()
+    except (OSError, ValueError):
         published = None
     return {
         "path": str(marker),
@@ -119,7 +121,9 @@ def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str,
     ``episodes``: also one row per episode. ``DatasetError`` when it is neither."""
     root = Path(root)
     split_path = root / layout.QUALITY_SPLIT
-    split = _json(split_path) if split_path.is_file() else None
+    # lexists, not is_file: a marker that is a link or a FIFO is refused (by fsafe), not taken
+    # for "no marker, so a raw dataset".
+    split = _json(split_path) if os.path.lexists(split_path) else None
     if isinstance(split, dict):  # an export: v3, HDF5 and MCAP are no v2.1 the reader reads
         info = _json(root / layout.INFO)
         if not isinstance(info, dict):

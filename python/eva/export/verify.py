@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.decode_check import verify_videos
 from eva.dataset.errors import DatasetError
 from eva.dataset.validate import Problem
@@ -89,7 +89,7 @@ def _check_marker_totals(export_dir: Path, marker: dict[str, Any], problem: Any)
             f"{len(indices)} source_episode_indices",
         )
     try:
-        info = json.loads((export_dir / layout.INFO).read_text("utf-8"))
+        info = json.loads(fsafe.read_text(export_dir / layout.INFO))
     except (OSError, ValueError):
         return  # the format's own verify names a missing or unreadable info.json
     if not isinstance(info, dict):
@@ -104,7 +104,7 @@ def _check_marker_totals(export_dir: Path, marker: dict[str, Any], problem: Any)
 
 def _read_marker(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(fsafe.read_text(path))
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -148,6 +148,15 @@ def verify_export_report(
 
     if not export_dir.is_dir():
         problem("missing_export", "export directory does not exist", export_dir)
+        return report
+    # An export someone hands over is hostile input like a dataset: pyarrow, PyAV, h5py and the
+    # mcap reader open paths themselves, so a link (another episode's file, or one outside) or
+    # a FIFO (an open that never returns) anywhere in it is refused before any file is read.
+    try:
+        fsafe.check_subtree(export_dir)
+    except DatasetError as e:
+        path = str(e).split(": ", 1)[0]
+        problems.append(Problem("unsafe_path", str(e), path, None))
         return report
     try:
         marker = _read_marker(marker_path)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from eva.dataset import atomic, layout
+from eva.dataset import atomic, fsafe, layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate.problems import ProblemCollector
@@ -70,7 +70,7 @@ def more_info_problems(reader: DatasetReader, path: Path, out: ProblemCollector)
     from eva.dataset.reader import info_field_problems
 
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = json.loads(fsafe.read_text(path))
     except (OSError, UnicodeDecodeError, ValueError):
         return
     if isinstance(info, dict):
@@ -294,7 +294,7 @@ def settled_info(path: Path, expected: dict[str, int], info: dict[str, Any]) -> 
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while True:
         try:
-            fresh = json.loads(path.read_text(encoding="utf-8"))
+            fresh = json.loads(fsafe.read_text(path))
         except (OSError, UnicodeDecodeError, ValueError):
             return info
         if not isinstance(fresh, dict):

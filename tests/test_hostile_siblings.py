@@ -1,0 +1,178 @@
+"""Siblings of the hostile-dataset cases (issue 13), found by the audit that closed it.
+
+The issue's cases are examples of classes; these are further members of the same classes:
+an exported subset handed over is hostile input too (links and FIFOs in it hang or mislead
+``eva verify`` and ``eva info``), the console's status reads episodes.jsonl without following
+links or blocking on a FIFO, the upload takes the export lock the same way export and cleanup
+do, and metadata fields the first pass did not validate (NaN/inf in episodes_stats.jsonl, the
+review fields of episodes.jsonl) are named problems before anything is written. Every case runs
+the real CLI (a subprocess with a timeout where a hang is the failure) on a real dataset.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from eva.cli import main
+from eva.dataset import layout
+from eva.export.pipeline import export_dataset
+
+EVA = [sys.executable, "-m", "eva.cli"]
+FRONT = "observation.images.front"
+STATE = "observation.state"
+
+
+@pytest.fixture
+def raw(qc_failed_dataset: Path) -> Path:
+    return qc_failed_dataset
+
+
+def _cli(*args: object, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess: a hang is a TimeoutExpired, not a stuck test run."""
+    return subprocess.run(
+        [*EVA, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _run(*args: object) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert "Traceback" not in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.output
+
+
+def _one_error_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith("eva: error:")]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+# ---- C10/A3 for exports: eva verify and eva info on a handed-over subset ---------------------
+
+
+@pytest.fixture
+def moved(raw: Path, tmp_path: Path) -> Path:
+    """The accepted v2.1 subset, copied somewhere else (as someone would hand it over)."""
+    result = export_dataset(raw, "lerobot_v21")
+    copy = tmp_path / "handed-over"
+    shutil.copytree(result.accepted_dir, copy)
+    assert _cli("verify", copy).returncode == 0
+    return copy
+
+
+def _first_video(export: Path) -> Path:
+    return sorted((export / "videos").rglob("*.mp4"))[0]
+
+
+@pytest.mark.parametrize("rel", [layout.INFO, layout.QUALITY_SPLIT, layout.EPISODES, "mp4"])
+def test_fifo_in_an_export_fails_verify_and_info_at_once(moved: Path, rel: str) -> None:
+    target = _first_video(moved) if rel == "mp4" else moved / rel
+    target.unlink()
+    os.mkfifo(target)
+    for args in (["verify", moved], ["verify", moved, "--full"]):
+        done = _cli(*args)  # before the fix: blocked forever in open()
+        assert done.returncode == 1, done
+        assert "Traceback" not in done.stderr
+        assert f"unsafe_path: {target}: not a regular file (a FIFO)" in done.stdout + done.stderr
+    done = _cli("info", moved)
+    if rel == "mp4":  # info reads metadata only
+        assert done.returncode == 0, done
+    else:
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done
+        assert done.stderr.strip() == (
+            f"eva: error: {target}: not a regular file (a FIFO); eva reads only regular files"
+        )
+
+
+def test_verify_refuses_a_link_to_another_file_of_the_export(moved: Path) -> None:
+    """A relative link inside the export (episode 0's MP4 -> episode 1's) resolved inside it,
+    so verify read episode 1's frames as episode 0's and said ok."""
+    videos = sorted((moved / "videos").rglob("*.mp4"))
+    assert len(videos) == 2
+    videos[0].unlink()
+    videos[0].symlink_to(videos[1].name)
+    done = _cli("verify", moved)
+    assert done.returncode == 1, done
+    assert f"unsafe_path: {videos[0]}: is a symlink" in done.stdout + done.stderr
+
+
+def test_info_refuses_a_linked_export_marker(moved: Path, tmp_path: Path) -> None:
+    marker = moved / layout.QUALITY_SPLIT
+    outside = tmp_path / "outside.json"
+    marker.rename(outside)
+    marker.symlink_to(outside)
+    code, output = _run("info", moved)
+    assert code == 1
+    assert _one_error_line(output) == (
+        f"eva: error: {marker}: is a symlink; eva follows no links inside a dataset or an "
+        "export tree"
+    )
+
+
+# ---- A2/C10 for the console: the status counts episodes without following or blocking -------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_console_status_neither_blocks_on_nor_follows_episodes_jsonl(
+    raw: Path, tmp_path: Path, kind: str
+) -> None:
+    from eva.config import config_from_dict
+    from eva.console.datasets import DatasetDirs
+
+    log_dir = raw.parent.parent
+    config = config_from_dict(
+        {"collection": {"log_dir": str(log_dir), "tasks": {raw.parent.name: ["a"]}}}
+    )
+    dirs = DatasetDirs(config.collection)
+    assert dirs.root(raw.parent.name) == raw
+    episodes = raw / layout.EPISODES
+    episodes.unlink()
+    if kind == "fifo":
+        os.mkfifo(episodes)
+    else:
+        outside = tmp_path / "outside.jsonl"
+        outside.write_text("{}\n" * 7)
+        episodes.symlink_to(outside)
+    listed: list[dict[str, object]] = []
+    # The status is built on a server thread: before the fix a FIFO's open blocked it forever.
+    worker = threading.Thread(target=lambda: listed.extend(dirs.listing()), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive(), "the dataset listing blocked on episodes.jsonl"
+    assert [d["episodes"] for d in listed] == [0]  # not the 7 lines of the outside file
+    assert dirs.episode_count(raw) is None
+
+
+# ---- A1 for upload: the same export lock, never followed -------------------------------------
+
+
+def test_upload_refuses_a_linked_export_lock(raw: Path, tmp_path: Path) -> None:
+    export_dataset(raw, "lerobot_v21")
+    lock = raw.parent / "export" / ".eva-lerobot_v21.lock"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    lock.unlink()
+    lock.symlink_to(victim)
+    config = tmp_path / "eva.toml"
+    config.write_text(
+        "[collection]\n"
+        f'log_dir = "{tmp_path}"\n'
+        "[collection.storage.sftp]\n"
+        'host = "127.0.0.1"\n'
+        "port = 1\n"
+        'user = "nobody"\n'
+        f'remote_dir = "{tmp_path / "remote"}"\n'
+    )
+    code, output = _run("upload", raw, "--format", "v21", "--config", config)
+    assert code == 1
+    line = _one_error_line(output)
+    assert str(lock) in line and "is a symlink" in line
+    assert victim.read_text() == "precious\n"
