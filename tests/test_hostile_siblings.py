@@ -11,6 +11,7 @@ the real CLI (a subprocess with a timeout where a hang is the failure) on a real
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,7 +23,8 @@ import pytest
 from click.testing import CliRunner
 
 from eva.cli import main
-from eva.dataset import layout
+from eva.dataset import atomic, layout
+from eva.dataset.validate import validate_dataset
 from eva.export.pipeline import export_dataset
 
 EVA = [sys.executable, "-m", "eva.cli"]
@@ -176,3 +178,65 @@ def test_upload_refuses_a_linked_export_lock(raw: Path, tmp_path: Path) -> None:
     line = _one_error_line(output)
     assert str(lock) in line and "is a symlink" in line
     assert victim.read_text() == "precious\n"
+
+
+# ---- B8: NaN/inf in episodes_stats.jsonl -------------------------------------------------------
+
+
+def test_non_finite_episode_stats_are_named_and_export_writes_nothing(raw: Path) -> None:
+    path = raw / layout.EPISODES_STATS
+    rows = atomic.read_jsonl(path)
+    rows[0]["stats"][STATE]["mean"] = [float("nan")] * 4  # Python's json writes NaN, reads it
+    rows[2]["stats"]["action"]["max"] = [float("inf")] * 4
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert sorted(p.message for p in validate_dataset(raw)) == [
+        f"{path}: episode 0: field '{STATE}': mean holds NaN/inf (not JSON numbers)",
+        f"{path}: episode 2: field 'action': max holds NaN/inf (not JSON numbers)",
+    ]
+    for fmt in ("v21", "v3", "hdf5", "mcap"):
+        # before the fix: "export failed: ValueError: Out of range float values are not JSON
+        # compliant: nan", naming no file, after the export root was made
+        code, output = _run("export", raw, "--format", fmt)
+        assert code == 1
+        assert _one_error_line(output).startswith(f"eva: error: {path}: episode 0: field")
+    assert not (raw.parent / "export").exists()
+
+
+# ---- B5/B8: the review fields of episodes.jsonl ------------------------------------------------
+
+
+def _edit_row(raw: Path, ep: int, **fields: object) -> Path:
+    path = raw / layout.EPISODES
+    rows = atomic.read_jsonl(path)
+    rows[ep].update(fields)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"qc_verdict": "failed"}, "field qc_verdict 'failed' is not one of pass, fail"),
+        ({"qc_verdict": 0}, "field qc_verdict 0 is not one of pass, fail"),
+        ({"quality": "RED!"}, "field quality 'RED!' is not one of green, red"),
+        ({"tasks": "a"}, "field tasks 'a' is not a list of strings"),
+        ({"qc_note": 5}, "field qc_note 5 is not a string"),
+        ({"quality_issues": "x"}, "field quality_issues 'x' is not a list of objects"),
+    ],
+)
+def test_review_fields_are_validated(raw: Path, fields: dict[str, object], needle: str) -> None:
+    """A hand-edited verdict the rule does not know read as no verdict: episode 1, failed by the
+    operator, was published as accepted."""
+    path = _edit_row(raw, 1, **fields)
+    [problem] = validate_dataset(raw)
+    assert problem.code == "invalid_episode_row" and problem.episode == 1
+    assert problem.message.startswith(f"{path}: episode 1: {needle}")
+    code, output = _run("export", raw, "--format", "v21")
+    assert code == 1 and needle in _one_error_line(output)
+    assert not (raw.parent / "export").exists()
+
+
+def test_review_fields_in_every_case_the_rule_reads_stay_valid(raw: Path) -> None:
+    _edit_row(raw, 0, qc_verdict=" PASS ", quality="Green", qc_note=None, quality_issues=[])
+    _edit_row(raw, 1, qc_verdict=None)
+    assert validate_dataset(raw) == []

@@ -35,7 +35,7 @@ from eva.dataset.locks import is_flocked, meta_lock
 
 ACCEPTED = "accepted"
 REJECTED = "rejected"
-VERDICTS = ("pass", "fail")
+VERDICTS = layout.QC_VERDICTS
 RULE = (
     "qc_verdict pass -> accepted; qc_verdict fail -> rejected; otherwise quality red -> rejected; "
     "otherwise accepted (case-insensitive; a note never changes the outcome)"
