@@ -240,3 +240,28 @@ def test_review_fields_in_every_case_the_rule_reads_stay_valid(raw: Path) -> Non
     _edit_row(raw, 0, qc_verdict=" PASS ", quality="Green", qc_note=None, quality_issues=[])
     _edit_row(raw, 1, qc_verdict=None)
     assert validate_dataset(raw) == []
+
+
+# ---- C11: what shows a review never iterates a field that is not a list ------------------------
+
+
+def test_qc_list_info_and_console_show_rows_with_odd_fields(raw: Path) -> None:
+    """``quality_issues: true`` was a TypeError traceback in qc --list and info -v (and a 500 in
+    the console); ``tasks: "a"`` reached the console page, whose ``tasks.join`` then failed."""
+    from eva.config import config_from_dict
+    from eva.console.datasets import DatasetDirs
+    from eva.console.review import EpisodeReview
+
+    _edit_row(raw, 0, quality_issues=True, tasks="a", video_keys="cam")
+    code, output = _run("qc", raw, "--list")
+    assert code == 0 and "True" in output.splitlines()[1], output
+    for args in (["info", raw, "-v"], ["info", raw, "--json", "-v"]):
+        code, output = _run(*args)
+        assert code == 0, output
+    config = config_from_dict(
+        {"collection": {"log_dir": str(raw.parent.parent), "tasks": {raw.parent.name: ["a"]}}}
+    )
+    review = EpisodeReview(DatasetDirs(config.collection), lambda: None)
+    first = review.episodes(raw.parent.name)["episodes"][0]
+    assert first["quality_issues"] == [] and first["tasks"] == ["a"]
+    assert first["video_keys"] == ["cam"]

@@ -62,10 +62,10 @@ def _tree_size(root: Path) -> tuple[int, int]:
 
 
 def _episode_rows(rows: list[dict[str, Any]], fps: float | None) -> list[dict[str, Any]]:
-    from eva.quality.verdicts import subset_of
+    from eva.quality.verdicts import episode_order, quality_issues, subset_of
 
     out = []
-    for row in sorted(rows, key=lambda r: r.get("episode_index", -1)):
+    for row in sorted(rows, key=episode_order):
         length = row.get("length")
         out.append(
             {
@@ -77,7 +77,7 @@ def _episode_rows(rows: list[dict[str, Any]], fps: float | None) -> list[dict[st
                 "subset": subset_of(row),
                 "issues": [
                     str(i.get("code", "?")) if isinstance(i, dict) else str(i)
-                    for i in row.get("quality_issues") or []
+                    for i in quality_issues(row)
                 ],
                 "tasks": row.get("tasks") or [],
                 "started_at": row.get("started_at"),
