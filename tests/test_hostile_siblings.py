@@ -265,3 +265,34 @@ def test_qc_list_info_and_console_show_rows_with_odd_fields(raw: Path) -> None:
     first = review.episodes(raw.parent.name)["episodes"][0]
     assert first["quality_issues"] == [] and first["tasks"] == ["a"]
     assert first["video_keys"] == ["cam"]
+
+
+# ---- C11 for exports: eva verify on metadata of the wrong shape --------------------------------
+
+EXPORT_DAMAGE = {
+    "feature": (layout.INFO, lambda info: info["features"].update(episode_index=[None])),
+    "fps": (layout.INFO, lambda info: info.update(fps=[None])),
+    "row": (layout.EPISODES, None),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(EXPORT_DAMAGE))
+@pytest.mark.parametrize("fmt", ["lerobot_v21", "lerobot_v3", "hdf5", "mcap"])
+def test_verify_names_export_metadata_of_the_wrong_shape(raw: Path, fmt: str, damage: str) -> None:
+    """Before the fix: AttributeError/TypeError tracebacks from the format verifiers."""
+    accepted = export_dataset(raw, fmt).accepted_dir
+    rel, edit = EXPORT_DAMAGE[damage]
+    path = accepted / rel
+    if edit is None:  # a row that is a JSON string, not an object
+        rows = path.read_text().splitlines()
+        path.write_text("\n".join([rows[0], '""', *rows[2:]]) + "\n")
+        needle = f"{path}: row 2 is not a JSON object"
+    else:
+        info = json.loads(path.read_text())
+        edit(info)
+        path.write_text(json.dumps(info))
+        needle = f"{path}: " + ("feature 'episode_index' is not an object" if damage == "feature"
+                                else "field 'fps' [None] is not a number")  # fmt: skip
+    code, output = _run("verify", accepted)
+    assert code == 1, output
+    assert needle in output, output

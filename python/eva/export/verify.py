@@ -231,6 +231,52 @@ def verify_export_report(
     except DatasetError as e:
         problem("format", str(e), export_dir)
         return report
-    problems.extend(module.verify(export_dir))
+    shape = _meta_shape_problems(export_dir)
+    if shape:  # the format verifiers read these fields as what eva writes
+        problems.extend(shape)
+        return report
+    try:
+        problems.extend(module.verify(export_dir))
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
+        # Metadata of a shape the checks above do not know yet: a named problem, not a
+        # traceback (the verifier's job is to report what is wrong with a handed-over copy).
+        problem("unreadable_meta", f"metadata of an unexpected shape ({e!r})", export_dir)
+        return report
     problems.extend(verify_videos(export_dir, full=full))
     return report
+
+
+def _meta_shape_problems(export_dir: Path) -> list[Problem]:
+    """An export's info.json fields as every reader relies on them (the raw dataset's rules:
+    fps, chunks_size, totals, every feature an object with a dtype and a shape), and every row
+    of its jsonl metadata a JSON object."""
+    from eva.dataset.atomic import read_jsonl
+    from eva.dataset.reader import info_field_problems
+
+    out: list[Problem] = []
+    info_path = export_dir / layout.INFO
+    try:
+        info = json.loads(fsafe.read_text(info_path))
+    except FileNotFoundError:
+        return out  # the format's verify names a missing info.json
+    except (OSError, ValueError) as e:
+        return [Problem("unreadable_meta", f"{info_path}: unreadable ({e})", str(info_path), None)]
+    if not isinstance(info, dict):
+        return [Problem("invalid_info", f"{info_path}: not a JSON object", str(info_path), None)]
+    for message in info_field_problems(info):
+        out.append(Problem("invalid_info", f"{info_path}: {message}", str(info_path), None))
+    for rel in (layout.EPISODES, layout.TASKS, layout.EPISODES_STATS):
+        path = export_dir / rel
+        try:
+            rows: list[object] = list(read_jsonl(path))  # typed dicts, but any JSON value
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            out.append(Problem("unreadable_meta", f"{path}: unreadable ({e})", str(path), None))
+            continue
+        for number, row in enumerate(rows, 1):
+            if not isinstance(row, dict):
+                message = f"{path}: row {number} is not a JSON object"
+                out.append(Problem("unreadable_meta", message, str(path), None))
+                break
+    return out
