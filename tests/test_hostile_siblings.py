@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 from eva.cli import main
 from eva.dataset import atomic, layout
+from eva.dataset.reader import DatasetReader
 from eva.dataset.validate import validate_dataset
 from eva.export.pipeline import export_dataset
 
@@ -296,3 +297,25 @@ def test_verify_names_export_metadata_of_the_wrong_shape(raw: Path, fmt: str, da
     code, output = _run("verify", accepted)
     assert code == 1, output
     assert needle in output, output
+
+
+# ---- B6: NaN in the timestamp column names its row ---------------------------------------------
+
+
+def test_nan_timestamp_names_the_row(raw: Path) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = DatasetReader(raw).data_path(0)
+    table = pq.read_table(path)
+    timestamps = table.column("timestamp").to_numpy().copy()
+    timestamps[3] = np.nan
+    i = table.schema.get_field_index("timestamp")
+    path.chmod(0o644)
+    pq.write_table(table.set_column(i, "timestamp", pa.array(timestamps)), path)
+    [problem] = validate_dataset(raw)  # was: "off frame_index/fps by up to nan s"
+    assert problem.code == "timestamp_off_grid"
+    assert problem.message == (
+        f"{path}: episode 0: column timestamp: row 3 is nan (must be frame_index/fps)"
+    )
