@@ -116,6 +116,26 @@ def _staleness(split: dict[str, Any], fmt: str) -> dict[str, Any] | None:
     return {"stale": state.stale, "detail": state.describe() if state.stale else "current"}
 
 
+def _check_totals(
+    root: Path, info: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]
+) -> None:
+    """A raw dataset's committed rows are the truth (episodes.jsonl is the commit point): when
+    info.json's totals are behind them (a save interrupted after its commit point), the summary
+    counts the rows and says which command repairs the metadata."""
+    frames = sum(r["length"] for r in rows if isinstance(r.get("length"), int))
+    recorded = (info.get("total_episodes"), info.get("total_frames"))
+    if recorded == (len(rows), frames):
+        return
+    summary["episodes"], summary["frames"] = len(rows), frames
+    fps = summary["fps"]
+    summary["duration_s"] = round(frames / fps, 3) if fps else None
+    summary["metadata_behind"] = (
+        f"{root / layout.INFO}: totals {recorded[0]} episodes, {recorded[1]} frames, but "
+        f"episodes.jsonl commits {len(rows)} episodes, {frames} frames (a save interrupted, or "
+        f"one in progress): unless a capture is running, eva cleanup {root} repairs them"
+    )
+
+
 def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str, Any]:
     """A summary of ``root``: a raw dataset or an export subset (see the module docstring).
     ``episodes``: also one row per episode. ``DatasetError`` when it is neither."""
@@ -173,6 +193,7 @@ def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str,
         "size_bytes": size,
     }
     if not isinstance(split, dict):
+        _check_totals(root, info, rows, summary)
         from eva.export.staleness import stale_exports
 
         try:
