@@ -319,3 +319,19 @@ def test_nan_timestamp_names_the_row(raw: Path) -> None:
     assert problem.message == (
         f"{path}: episode 0: column timestamp: row 3 is nan (must be frame_index/fps)"
     )
+
+
+def test_upload_refuses_a_review_the_rule_cannot_read(raw: Path) -> None:
+    """Episode 0 (green, no verdict) marked "failed" by hand after the export: read as no
+    verdict, the split did not change, nothing was stale, and the upload sent it as accepted."""
+    from eva.upload.gate import UploadRefused, check_upload
+
+    export_dataset(raw, "lerobot_v21")
+    check_upload(raw, "lerobot_v21", backend_configured=True)
+    path = _edit_row(raw, 0, qc_verdict="failed")
+    with pytest.raises(UploadRefused) as refused:
+        check_upload(raw, "lerobot_v21", backend_configured=True)
+    assert refused.value.reason == "review_unreadable"
+    assert f"{path}: episode 0: field qc_verdict 'failed' is not one of pass, fail" in str(
+        refused.value
+    )
