@@ -27,6 +27,7 @@ from eva.dataset import atomic, layout
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate import validate_dataset
 from eva.export.pipeline import export_dataset
+from eva.export.verify import verify_export_report
 
 EVA = [sys.executable, "-m", "eva.cli"]
 FRONT = "observation.images.front"
@@ -335,3 +336,17 @@ def test_upload_refuses_a_review_the_rule_cannot_read(raw: Path) -> None:
     assert f"{path}: episode 0: field qc_verdict 'failed' is not one of pass, fail" in str(
         refused.value
     )
+
+
+def test_verify_does_not_read_the_sibling_subset_through_a_link(raw: Path, tmp_path: Path) -> None:
+    """A moved pair whose rejected/ is a link elsewhere: its marker was read through the link."""
+    result = export_dataset(raw, "lerobot_v21")
+    pair = tmp_path / "pair"
+    shutil.copytree(result.accepted_dir, pair / "accepted")
+    shutil.copytree(result.rejected_dir, tmp_path / "elsewhere")
+    (pair / "rejected").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    problems = [p for p in verify_export_report(pair / "accepted").problems if p.code == "pair"]
+    assert [p.message for p in problems] == [
+        f"{pair / 'rejected'}: sibling subset: {pair / 'rejected'}: is a symlink; eva follows no "
+        "links inside a dataset or an export tree"
+    ]

@@ -219,6 +219,7 @@ def verify_export_report(
         sibling = export_dir.parent / next(s for s in layout.SUBSETS if s != subset)
         if at_home or (export_dir.name == subset and sibling.is_dir()):
             try:
+                fsafe.contained(export_dir.parent, sibling.name, "dir")  # not through a link
                 other = _read_marker(sibling / layout.QUALITY_SPLIT)
             except DatasetError as e:
                 problem("pair", f"sibling subset: {e}", sibling)
