@@ -6,6 +6,7 @@
   ``eva.capture.synthetic.write_synthetic_dataset`` (episodes, frames, cameras, width, height,
   fps, quality, quality_issues, qc_verdicts, qc_notes, tasks, extra_rows, seed, chunks_size...).
   Calling it twice with the same name appends to the same dataset.
+* ``qc_failed_dataset``: ``P`` of the hostile-dataset tests (3 episodes, episode 1 QC-failed).
 * ``small_dataset``: a ready 3-episode dataset (green / red+pass / red), 1 camera 64x48, 12-16
   frames each, at ``tmp_path / "raw"``.
 """
@@ -79,6 +80,20 @@ def synthetic_dataset(tmp_path: Path) -> Callable[..., Path]:
         return write_synthetic_dataset(tmp_path / name, **kwargs)
 
     return make
+
+
+@pytest.fixture
+def qc_failed_dataset(synthetic_dataset: Callable[..., Path]) -> Path:
+    """``P`` of the hostile-dataset tests: 3 episodes (12, 16, 14 frames, a 4-value state),
+    episode 1 QC-failed, episode 2 red with a pass verdict, two tasks."""
+    return synthetic_dataset(
+        episodes=3,
+        frames=[12, 16, 14],
+        state_dim=4,
+        quality=["green", "green", "red"],
+        qc_verdicts=[None, "fail", "pass"],
+        tasks=["a", "b"],
+    )
 
 
 @pytest.fixture

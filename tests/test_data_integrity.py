@@ -44,16 +44,9 @@ FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
 
 
 @pytest.fixture
-def raw(synthetic_dataset: Callable[..., Path]) -> Path:
+def raw(qc_failed_dataset: Path) -> Path:
     """P: 3 episodes, episode 1 QC-failed."""
-    return synthetic_dataset(
-        episodes=3,
-        frames=[12, 16, 14],
-        state_dim=4,
-        quality=["green", "green", "red"],
-        qc_verdicts=[None, "fail", "pass"],
-        tasks=["a", "b"],
-    )
+    return qc_failed_dataset
 
 
 def _codes(root: Path) -> list[str]:
@@ -445,6 +438,22 @@ def test_interrupted_save_is_named_and_cleanup_repairs_it(
     assert repair_metadata(raw) == []  # idempotent
     code, output = _run("export", str(raw), "--format", "v21")
     assert code == 0, output
+
+
+def test_info_counts_the_committed_rows_and_names_the_repair(
+    raw: Path, synthetic_dataset: Callable[..., Path]
+) -> None:
+    """eva info read info.json's totals alone: 3 episodes, 42 frames, with 4 committed."""
+    _interrupted_save(raw, synthetic_dataset)
+    result = CliRunner().invoke(main, ["info", str(raw)])
+    assert result.exit_code == 0, result.output
+    assert "episodes  4, frames 52," in result.stdout
+    [warning] = result.stderr.splitlines()
+    assert warning.startswith(f"eva: warning: {raw / layout.INFO}: totals 3 episodes, 42 frames")
+    assert warning.endswith(f"eva cleanup {raw} repairs them")
+    assert _run("cleanup", str(raw))[0] == 0
+    result = CliRunner().invoke(main, ["info", str(raw)])
+    assert result.stderr == "" and "episodes  4, frames 52," in result.stdout
 
 
 def test_save_after_the_commit_point_reports_committed_not_failed(tmp_path: Path) -> None:

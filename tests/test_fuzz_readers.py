@@ -8,6 +8,10 @@ accessors every command builds on) under an alarm. Damage is structural (a JSON 
 an arbitrary JSON value, a line dropped or duplicated, a parquet column dropped or retyped) or
 byte-level (bytes flipped, cut, inserted).
 
+An exported subset handed over is hostile input too: ``test_damaged_export_json`` damages the
+JSON metadata of a copied export of each format and runs ``eva verify``'s and ``eva info``'s
+readers on it (problems or a ``DatasetError``, one line each).
+
 ``make test`` runs a few dozen examples per file kind; ``make fuzz`` sets ``EVA_FUZZ_EXAMPLES``
 (default here 25) much higher.
 """
@@ -36,6 +40,10 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.mp4box import Mp4Error, read_video_samples
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate import validate_dataset
+from eva.export.describe import describe_directory
+from eva.export.pipeline import export_dataset
+from eva.export.verify import verify_export_report
+from eva.quality.verdicts import read_episode_rows, review_table
 
 EXAMPLES = int(os.environ.get("EVA_FUZZ_EXAMPLES", "25"))
 HANG_S = 20  # an example taking longer than this is a hang
@@ -117,6 +125,9 @@ def exercise(root: Path) -> None:
         lambda: reader.stats,
         lambda: reader.all_image_histograms,
         lambda: reader.total_frames,
+        # what qc --list and info show of a review (rows as read, not validated)
+        lambda: review_table(read_episode_rows(root)),
+        lambda: describe_directory(root, episodes=True),
     ]
     for ep in (0, 1):
         steps += [
@@ -324,3 +335,39 @@ def test_damaged_mp4_boxes(pristine: Path, data: st.DataObject, ep: int) -> None
             with contextlib.suppress(Mp4Error):
                 read_video_samples(path)
             exercise(root)
+
+
+EXPORT_FORMATS = ["lerobot_v21", "lerobot_v3", "hdf5", "mcap"]
+EXPORT_JSON = [layout.INFO, layout.QUALITY_SPLIT, layout.EPISODES, layout.TASKS]
+
+
+@pytest.fixture(scope="module")
+def exported(pristine: Path) -> Iterator[dict[str, Path]]:
+    """The accepted subset of each format, exported once from a copy of ``pristine``."""
+    with copy_of(pristine) as root:
+        yield {fmt: export_dataset(root, fmt).accepted_dir for fmt in EXPORT_FORMATS}
+
+
+@FUZZ
+@given(data=st.data(), fmt=st.sampled_from(EXPORT_FORMATS), rel=st.sampled_from(EXPORT_JSON))
+def test_damaged_export_json(
+    exported: dict[str, Path], data: st.DataObject, fmt: str, rel: str
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "accepted"  # a moved copy: checked on its own
+        shutil.copytree(exported[fmt], copy)
+        path = copy / rel
+        if rel.endswith(".jsonl"):
+            lines = path.read_bytes().splitlines(keepends=True)
+            i = data.draw(st.integers(0, len(lines) - 1))
+            lines[i] = dump_json(data.draw(json_damage(json.loads(lines[i])))) + b"\n"
+            path.write_bytes(b"".join(lines))
+        else:
+            path.write_bytes(dump_json(data.draw(json_damage(json.loads(path.read_bytes())))))
+        with alarm(HANG_S):
+            for p in verify_export_report(copy).problems:
+                assert p.message and "\n" not in p.message, f"not one line: {p!r}"
+            try:
+                describe_directory(copy, episodes=True)
+            except DatasetError as e:
+                assert "\n" not in str(e) and names_a_file(str(e), copy), str(e)

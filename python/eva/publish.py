@@ -138,7 +138,7 @@ def publish_pair(
     root, staging = Path(root), Path(staging)
     if not is_complete(staging):
         raise DatasetError(f"{staging}: staging directory is incomplete; not publishing")
-    export_id = (staging / COMPLETE_MARKER).read_text().strip()
+    export_id = fsafe.read_text(staging / COMPLETE_MARKER).strip()
     parent = root.parent
     if not root.exists():
         os.rename(staging, root)

@@ -123,6 +123,8 @@ def info_command(dataset: Path, per_episode: bool, as_json: bool) -> None:
     if as_json:
         emit_json(summary)
         return
+    if "metadata_behind" in summary:
+        say(f"eva: warning: {summary['metadata_behind']}", err=True)
     for text in _info_lines(summary):
         say(text)
     if "episode_rows" in summary:

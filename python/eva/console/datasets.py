@@ -6,6 +6,7 @@ derived here, checked to be a real directory inside the log directory before any
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,16 @@ class DatasetDirs:
         status is built several times a second)."""
         path = root / layout.EPISODES
         try:
-            st = path.stat()
-            key = (st.st_ino, st.st_size, st.st_mtime_ns)
-            cached = self._counts.get(path)
-            if cached is not None and cached[0] == key:
-                return cached[1]
-            with path.open("rb") as f:
+            # No link followed and no FIFO opened (a blocking open would hang the status): the
+            # count is None, and the dataset's own requests name the problem.
+            with fsafe.open_binary(fsafe.contained(root, layout.EPISODES, "file")) as f:
+                st = os.fstat(f.fileno())
+                key = (st.st_ino, st.st_size, st.st_mtime_ns)
+                cached = self._counts.get(path)
+                if cached is not None and cached[0] == key:
+                    return cached[1]
                 count = sum(1 for line in f if line.strip())
-        except OSError:
+        except (OSError, DatasetError):
             return None
         self._counts[path] = (key, count)
         return count

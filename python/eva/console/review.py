@@ -33,6 +33,14 @@ def issue_frames(detail: object) -> list[int]:
     return sorted({int(m) for m in _FRAME_REF.findall(detail)})
 
 
+def _texts(value: object) -> list[str]:
+    """A row's list of strings (tasks, video_keys) as the page can join and map it: a
+    hand-edited value that is not a list (eva validate names it) is one item."""
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
 class EpisodeReview:
     """Review of the datasets' episodes; ``changed`` is called when a verdict or note changed."""
 
@@ -43,7 +51,7 @@ class EpisodeReview:
 
     def episodes(self, name: str) -> dict[str, Any]:
         from eva.quality.split import plan_split
-        from eva.quality.verdicts import read_episode_rows, reason_of, subset_of
+        from eva.quality.verdicts import quality_issues, read_episode_rows, reason_of, subset_of
 
         root = self.dirs.root(name)
         if not (root / layout.EPISODES).exists():
@@ -56,21 +64,21 @@ class EpisodeReview:
         episodes = []
         for row in sorted(rows, key=lambda r: r["episode_index"]):
             issues = []
-            for item in row.get("quality_issues") or []:
+            for item in quality_issues(row):
                 if isinstance(item, Mapping):
                     issues.append({**item, "frames": issue_frames(item.get("detail"))})
             episodes.append(
                 {
                     "episode_index": row["episode_index"],
                     "length": row.get("length"),
-                    "tasks": row.get("tasks"),
+                    "tasks": _texts(row.get("tasks")),
                     "quality": row.get("quality"),
                     "quality_issues": issues,
                     "qc_verdict": row.get("qc_verdict"),
                     "qc_note": row.get("qc_note"),
                     "subset": subset_of(row),
                     "reason": reason_of(row),
-                    "video_keys": row.get("video_keys") or [],
+                    "video_keys": _texts(row.get("video_keys")),
                     "started_at": row.get("started_at"),
                     "duration_seconds": row.get("duration_seconds"),
                 }

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.atomic import read_jsonl
 
 
@@ -43,7 +43,7 @@ def image_keys(info: Mapping[str, Any]) -> list[str]:
 
 def read_export_meta(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(info, episodes rows)`` of an export directory; OSError / ValueError when unreadable."""
-    info = json.loads((Path(root) / layout.INFO).read_text(encoding="utf-8"))
+    info = json.loads(fsafe.read_text(Path(root) / layout.INFO))
     if not isinstance(info, dict):
         raise ValueError(f"{Path(root) / layout.INFO}: not a JSON object")
     return info, read_jsonl(Path(root) / layout.EPISODES)

@@ -44,6 +44,7 @@ __all__ = [
     "FICLONE",
     "check_dataset_tree",
     "check_export_tree",
+    "check_subtree",
     "contained",
     "create_file",
     "is_read_only",
@@ -53,6 +54,7 @@ __all__ = [
     "open_regular",
     "os_error",
     "read_bytes",
+    "read_text",
     "real_directory",
     "share_file",
 ]
@@ -204,7 +206,7 @@ def check_dataset_tree(root: Path | str, *, episode_files: bool = False) -> Path
                 contained(root, Path(layout.WORK_DIR, entry.name), "file")
     if episode_files:
         for top in ("data", "videos"):
-            _check_subtree(root / top)
+            check_subtree(root / top)
     return root
 
 
@@ -218,7 +220,12 @@ def _scandir(directory: Path) -> list[os.DirEntry[str]]:
         raise os_error(e, directory) from None
 
 
-def _check_subtree(directory: Path) -> None:
+def check_subtree(directory: Path | str) -> None:
+    """Refuse a symlink or a file that is not regular (a FIFO, a socket, a device) anywhere
+    below ``directory`` (itself taken as given; missing: nothing to check). For trees eva reads
+    through libraries that open paths themselves (pyarrow, PyAV, h5py, mcap): an exported
+    subset someone hands over is checked this way before any of its files is opened."""
+    directory = Path(directory)
     if _lstat(directory) is None:
         return
     for entry in _scandir(directory):
@@ -226,7 +233,7 @@ def _check_subtree(directory: Path) -> None:
         if entry.is_symlink():
             raise _symlink_error(path)
         if entry.is_dir(follow_symlinks=False):
-            _check_subtree(path)
+            check_subtree(path)
         elif not entry.is_file(follow_symlinks=False):
             raise _not_regular(path, entry.stat(follow_symlinks=False).st_mode)
 
@@ -285,6 +292,12 @@ def open_binary(path: Path | str) -> BinaryIO:
 def read_bytes(path: Path | str) -> bytes:
     with open_binary(path) as f:
         return f.read()
+
+
+def read_text(path: Path | str) -> str:
+    """``Path.read_text(encoding="utf-8")`` through ``open_regular`` (a link or a FIFO is a
+    ``DatasetError``, a ``ValueError`` like the ``UnicodeDecodeError`` of bad bytes)."""
+    return read_bytes(path).decode("utf-8")
 
 
 def create_file(path: Path | str, flags: int = os.O_RDWR, mode: int = 0o666) -> int:

@@ -34,6 +34,11 @@ QUALITY_SPLIT = "meta/quality_split.json"
 # out of episodes_stats.jsonl: LeRobot 0.3.3 asserts image stats have shape (3, 1, 1).
 IMAGE_HISTOGRAMS = "meta/eva_image_histograms.jsonl"
 
+# The values of an episodes.jsonl row's review fields (compared case-insensitively; absent or
+# null: not set): the operator's qc_verdict and the capture's automatic quality flag.
+QC_VERDICTS = ("pass", "fail")
+QUALITY_FLAGS = ("green", "red")
+
 # Work in progress lives here, outside the published layout (hidden, inside the dataset).
 WORK_DIR = ".eva-work"
 # Lock files in WORK_DIR shared by the capture writer, the save worker and `eva qc`

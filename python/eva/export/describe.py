@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.errors import DatasetError
 from eva.publish import COMPLETE_MARKER
 
@@ -25,18 +25,20 @@ BOOKKEEPING = ("timestamp", "frame_index", "episode_index", "index", "task_index
 
 def _json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(fsafe.read_text(path))
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing") from None
+    except DatasetError:
+        raise  # a link or a FIFO, named by fsafe
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise DatasetError(f"{path}: unreadable JSON ({e})") from None
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in fsafe.read_bytes(path).decode("utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -60,10 +62,10 @@ def _tree_size(root: Path) -> tuple[int, int]:
 
 
 def _episode_rows(rows: list[dict[str, Any]], fps: float | None) -> list[dict[str, Any]]:
-    from eva.quality.verdicts import subset_of
+    from eva.quality.verdicts import episode_order, quality_issues, subset_of
 
     out = []
-    for row in sorted(rows, key=lambda r: r.get("episode_index", -1)):
+    for row in sorted(rows, key=episode_order):
         length = row.get("length")
         out.append(
             {
@@ -75,7 +77,7 @@ def _episode_rows(rows: list[dict[str, Any]], fps: float | None) -> list[dict[st
                 "subset": subset_of(row),
                 "issues": [
                     str(i.get("code", "?")) if isinstance(i, dict) else str(i)
-                    for i in row.get("quality_issues") or []
+                    for i in quality_issues(row)
                 ],
                 "tasks": row.get("tasks") or [],
                 "started_at": row.get("started_at"),
@@ -88,8 +90,8 @@ def _marker_state(directory: Path, split: dict[str, Any]) -> dict[str, Any]:
     """Whether the export root's completion marker names this subset's export run."""
     marker = directory.parent / COMPLETE_MARKER
     try:
-        published = marker.read_text(encoding="utf-8").strip()
-    except OSError:
+        published = fsafe.read_text(marker).strip()
+    except (OSError, ValueError):
         published = None
     return {
         "path": str(marker),
@@ -114,12 +116,34 @@ def _staleness(split: dict[str, Any], fmt: str) -> dict[str, Any] | None:
     return {"stale": state.stale, "detail": state.describe() if state.stale else "current"}
 
 
+def _check_totals(
+    root: Path, info: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]
+) -> None:
+    """A raw dataset's committed rows are the truth (episodes.jsonl is the commit point): when
+    info.json's totals are behind them (a save interrupted after its commit point), the summary
+    counts the rows and says which command repairs the metadata."""
+    frames = sum(r["length"] for r in rows if isinstance(r.get("length"), int))
+    recorded = (info.get("total_episodes"), info.get("total_frames"))
+    if recorded == (len(rows), frames):
+        return
+    summary["episodes"], summary["frames"] = len(rows), frames
+    fps = summary["fps"]
+    summary["duration_s"] = round(frames / fps, 3) if fps else None
+    summary["metadata_behind"] = (
+        f"{root / layout.INFO}: totals {recorded[0]} episodes, {recorded[1]} frames, but "
+        f"episodes.jsonl commits {len(rows)} episodes, {frames} frames (a save interrupted, or "
+        f"one in progress): unless a capture is running, eva cleanup {root} repairs them"
+    )
+
+
 def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str, Any]:
     """A summary of ``root``: a raw dataset or an export subset (see the module docstring).
     ``episodes``: also one row per episode. ``DatasetError`` when it is neither."""
     root = Path(root)
     split_path = root / layout.QUALITY_SPLIT
-    split = _json(split_path) if split_path.is_file() else None
+    # lexists, not is_file: a marker that is a link or a FIFO is refused (by fsafe), not taken
+    # for "no marker, so a raw dataset".
+    split = _json(split_path) if os.path.lexists(split_path) else None
     if isinstance(split, dict):  # an export: v3, HDF5 and MCAP are no v2.1 the reader reads
         info = _json(root / layout.INFO)
         if not isinstance(info, dict):
@@ -169,6 +193,7 @@ def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str,
         "size_bytes": size,
     }
     if not isinstance(split, dict):
+        _check_totals(root, info, rows, summary)
         from eva.export.staleness import stale_exports
 
         try:

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eva import __version__
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.columns import fixed_size_values
 from eva.dataset.errors import DatasetError, error_line, naming_write_errors
 from eva.dataset.reader import DatasetReader
@@ -249,7 +249,7 @@ def _carry_unfinished_upload(root: Path, staging: Path) -> None:
     from eva.jobs import UPLOAD_JOB
 
     try:
-        record = json.loads((root / UPLOAD_JOB).read_text(encoding="utf-8"))
+        record = json.loads(fsafe.read_text(root / UPLOAD_JOB))
     except (OSError, ValueError):
         return
     if (

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.errors import DatasetError
 from eva.jobs import EXPORT_JOB, read_job
 from eva.quality.split import SplitPlan, plan_split
@@ -78,7 +78,7 @@ def read_marker(directory: Path) -> dict[str, Any] | None:
     try:
         if not stat.S_ISDIR(os.lstat(directory).st_mode):
             return None
-        data = json.loads((Path(directory) / layout.QUALITY_SPLIT).read_text("utf-8"))
+        data = json.loads(fsafe.read_text(Path(directory) / layout.QUALITY_SPLIT))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

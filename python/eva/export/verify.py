@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.decode_check import verify_videos
 from eva.dataset.errors import DatasetError
 from eva.dataset.validate import Problem
@@ -89,7 +89,7 @@ def _check_marker_totals(export_dir: Path, marker: dict[str, Any], problem: Any)
             f"{len(indices)} source_episode_indices",
         )
     try:
-        info = json.loads((export_dir / layout.INFO).read_text("utf-8"))
+        info = json.loads(fsafe.read_text(export_dir / layout.INFO))
     except (OSError, ValueError):
         return  # the format's own verify names a missing or unreadable info.json
     if not isinstance(info, dict):
@@ -104,7 +104,7 @@ def _check_marker_totals(export_dir: Path, marker: dict[str, Any], problem: Any)
 
 def _read_marker(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(fsafe.read_text(path))
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -148,6 +148,15 @@ def verify_export_report(
 
     if not export_dir.is_dir():
         problem("missing_export", "export directory does not exist", export_dir)
+        return report
+    # An export someone hands over is hostile input like a dataset: pyarrow, PyAV, h5py and the
+    # mcap reader open paths themselves, so a link (another episode's file, or one outside) or
+    # a FIFO (an open that never returns) anywhere in it is refused before any file is read.
+    try:
+        fsafe.check_subtree(export_dir)
+    except DatasetError as e:
+        path = str(e).split(": ", 1)[0]
+        problems.append(Problem("unsafe_path", str(e), path, None))
         return report
     try:
         marker = _read_marker(marker_path)
@@ -210,6 +219,7 @@ def verify_export_report(
         sibling = export_dir.parent / next(s for s in layout.SUBSETS if s != subset)
         if at_home or (export_dir.name == subset and sibling.is_dir()):
             try:
+                fsafe.contained(export_dir.parent, sibling.name, "dir")  # not through a link
                 other = _read_marker(sibling / layout.QUALITY_SPLIT)
             except DatasetError as e:
                 problem("pair", f"sibling subset: {e}", sibling)
@@ -222,6 +232,52 @@ def verify_export_report(
     except DatasetError as e:
         problem("format", str(e), export_dir)
         return report
-    problems.extend(module.verify(export_dir))
+    shape = _meta_shape_problems(export_dir)
+    if shape:  # the format verifiers read these fields as what eva writes
+        problems.extend(shape)
+        return report
+    try:
+        problems.extend(module.verify(export_dir))
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
+        # Metadata of a shape the checks above do not know yet: a named problem, not a
+        # traceback (the verifier's job is to report what is wrong with a handed-over copy).
+        problem("unreadable_meta", f"metadata of an unexpected shape ({e!r})", export_dir)
+        return report
     problems.extend(verify_videos(export_dir, full=full))
     return report
+
+
+def _meta_shape_problems(export_dir: Path) -> list[Problem]:
+    """An export's info.json fields as every reader relies on them (the raw dataset's rules:
+    fps, chunks_size, totals, every feature an object with a dtype and a shape), and every row
+    of its jsonl metadata a JSON object."""
+    from eva.dataset.atomic import read_jsonl
+    from eva.dataset.reader import info_field_problems
+
+    out: list[Problem] = []
+    info_path = export_dir / layout.INFO
+    try:
+        info = json.loads(fsafe.read_text(info_path))
+    except FileNotFoundError:
+        return out  # the format's verify names a missing info.json
+    except (OSError, ValueError) as e:
+        return [Problem("unreadable_meta", f"{info_path}: unreadable ({e})", str(info_path), None)]
+    if not isinstance(info, dict):
+        return [Problem("invalid_info", f"{info_path}: not a JSON object", str(info_path), None)]
+    for message in info_field_problems(info):
+        out.append(Problem("invalid_info", f"{info_path}: {message}", str(info_path), None))
+    for rel in (layout.EPISODES, layout.TASKS, layout.EPISODES_STATS):
+        path = export_dir / rel
+        try:
+            rows: list[object] = list(read_jsonl(path))  # typed dicts, but any JSON value
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            out.append(Problem("unreadable_meta", f"{path}: unreadable ({e})", str(path), None))
+            continue
+        for number, row in enumerate(rows, 1):
+            if not isinstance(row, dict):
+                message = f"{path}: row {number} is not a JSON object"
+                out.append(Problem("unreadable_meta", message, str(path), None))
+                break
+    return out

@@ -35,7 +35,7 @@ from eva.dataset.locks import is_flocked, meta_lock
 
 ACCEPTED = "accepted"
 REJECTED = "rejected"
-VERDICTS = ("pass", "fail")
+VERDICTS = layout.QC_VERDICTS
 RULE = (
     "qc_verdict pass -> accepted; qc_verdict fail -> rejected; otherwise quality red -> rejected; "
     "otherwise accepted (case-insensitive; a note never changes the outcome)"
@@ -205,11 +205,28 @@ def _review_locked(
     return updates
 
 
+def quality_issues(row: Mapping[str, Any]) -> list[Any]:
+    """A row's ``quality_issues`` as a list for display: a hand-edited value that is not a list
+    (``eva validate`` names it) is shown as the one item it is, never iterated."""
+    issues = row.get("quality_issues")
+    if issues is None:
+        return []
+    return issues if isinstance(issues, list) else [issues]
+
+
+def episode_order(row: Mapping[str, Any]) -> tuple[int, int]:
+    """A sort key by ``episode_index`` that never compares unlike types (unvalidated rows)."""
+    index = row.get("episode_index")
+    if isinstance(index, int) and not isinstance(index, bool):
+        return (0, index)
+    return (1, 0)
+
+
 def review_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One summary dict per episode for ``eva qc --list`` (the CLI formats it)."""
     table = []
-    for row in sorted(rows, key=lambda r: r.get("episode_index", -1)):
-        issues = row.get("quality_issues") or []
+    for row in sorted(rows, key=episode_order):
+        issues = quality_issues(row)
         table.append(
             {
                 "episode_index": row.get("episode_index"),

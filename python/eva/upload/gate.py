@@ -210,8 +210,11 @@ def check_review(source: Path, fmt: str, root: Path) -> None:
     upload would send episodes the operator has rejected since, or miss ones accepted since."""
     try:
         plan = current_plan(source)
+        unknown = review_field_problems(source)
     except DatasetError as e:
         raise UploadRefused("review_unreadable", f"cannot read the current review: {e}") from None
+    if unknown:  # a verdict the rule cannot read ("failed") would count as no verdict
+        raise UploadRefused("review_unreadable", f"the current review: {unknown[0]}")
     markers = {subset: read_marker(d) for subset, d in export_paths(source, fmt).items()}
     state = compare_markers(fmt, root, markers, plan)
     if state.stale:
@@ -220,6 +223,19 @@ def check_review(source: Path, fmt: str, root: Path) -> None:
             f"{root}: the {fmt} export is stale, the review changed since it was made "
             f"({state.describe()}); export again",
         )
+
+
+def review_field_problems(source: Path) -> list[str]:
+    """The review fields of ``source``'s episodes.jsonl rows that eva validate refuses (a
+    verdict or quality flag the accept/reject rule does not know, and the like)."""
+    from eva.dataset.validate import ProblemCollector
+    from eva.dataset.validate.meta import check_review_fields
+    from eva.quality.verdicts import read_episode_rows
+
+    out = ProblemCollector()
+    for row in read_episode_rows(source):
+        check_review_fields(source, row, row["episode_index"], out)
+    return [p.message for p in out.problems]
 
 
 def normalize_format_or_none(name: str) -> str | None:

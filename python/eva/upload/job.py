@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eva.dataset import fsafe
 from eva.dataset.layout import UnsafeNameError, check_component
 from eva.jobs import STATES, UPLOAD_JOB, Job, JobRecorder, write_job
 from eva.progress import Progress
@@ -65,7 +66,7 @@ class UploadJobRecord(Job):
 def read_upload_record(export_root: Path) -> UploadJobRecord | None:
     """The previous upload job of this export, or None when there is none or it is unreadable."""
     try:
-        data = json.loads((Path(export_root) / UPLOAD_JOB).read_text(encoding="utf-8"))
+        data = json.loads(fsafe.read_text(Path(export_root) / UPLOAD_JOB))
     except (OSError, ValueError):
         return None
     if (

@@ -45,6 +45,7 @@ from eva.dataset.validate.meta import (
     check_global_index,
     check_image_histograms,
     check_info,
+    check_review_fields,
     check_text,
     check_torn_tails,
     check_totals,
@@ -156,6 +157,7 @@ def _check_episodes(
             )
             continue
         seen.add(ep)
+        check_review_fields(root, row, ep, out)
         length = row.get("length")
         if not isinstance(length, int) or isinstance(length, bool) or length < 0:
             out.add(

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from eva.dataset import atomic, layout
+from eva.dataset import atomic, fsafe, layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate.problems import ProblemCollector
@@ -70,7 +70,7 @@ def more_info_problems(reader: DatasetReader, path: Path, out: ProblemCollector)
     from eva.dataset.reader import info_field_problems
 
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = json.loads(fsafe.read_text(path))
     except (OSError, UnicodeDecodeError, ValueError):
         return
     if isinstance(info, dict):
@@ -136,6 +136,37 @@ def check_text(
             )
 
 
+def check_review_fields(root: Path, row: Mapping[str, Any], ep: int, out: ProblemCollector) -> None:
+    """The fields of one episodes.jsonl row that decide and describe its subset. A verdict the
+    accept/reject rule does not know ("failed", "reject", 0) would read as no verdict and send an
+    operator-rejected episode to accepted, so it is a problem, not a silent default."""
+    path = root / layout.EPISODES
+    found: list[str] = []
+    for key, allowed in (("qc_verdict", layout.QC_VERDICTS), ("quality", layout.QUALITY_FLAGS)):
+        value = row.get(key)
+        if value is not None and (
+            not isinstance(value, str) or value.strip().lower() not in allowed
+        ):
+            fix = f" (set it: eva qc {root} {ep} --pass, --fail or --clear)"
+            fix = fix if key == "qc_verdict" else ""
+            found.append(f"field {key} {value!r} is not one of {', '.join(allowed)}{fix}")
+    note = row.get("qc_note")
+    if note is not None and not isinstance(note, str):
+        found.append(f"field qc_note {note!r} is not a string")
+    tasks = row.get("tasks")
+    if tasks is not None and (
+        not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks)
+    ):
+        found.append(f"field tasks {tasks!r} is not a list of strings")
+    issues = row.get("quality_issues")
+    if issues is not None and (
+        not isinstance(issues, list) or not all(isinstance(i, dict) for i in issues)
+    ):
+        found.append(f"field quality_issues {issues!r} is not a list of objects")
+    for message in found:
+        out.add("invalid_episode_row", f"{path}: episode {ep}: {message}", path, ep)
+
+
 # Keys every per-episode stat of a feature has (LeRobot v2.1 episodes_stats.jsonl).
 _STAT_KEYS = ("min", "max", "mean", "std", "count")
 
@@ -189,6 +220,10 @@ def _stat_problem(stat: Any, shape: tuple[int, ...] | None) -> str | None:
             continue
         if shape is not None and array.shape != shape:
             return f"{key} has shape {list(array.shape)}, expected {list(shape)}"
+        if not np.isfinite(array).all():
+            # JSON proper has no NaN (eva writes none); Python's json reads NaN/Infinity, and
+            # one would poison every merged stat and fail the export's own JSON writer.
+            return f"{key} holds NaN/inf (not JSON numbers)"
     return None
 
 
@@ -294,7 +329,7 @@ def settled_info(path: Path, expected: dict[str, int], info: dict[str, Any]) -> 
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while True:
         try:
-            fresh = json.loads(path.read_text(encoding="utf-8"))
+            fresh = json.loads(fsafe.read_text(path))
         except (OSError, UnicodeDecodeError, ValueError):
             return info
         if not isinstance(fresh, dict):

@@ -323,7 +323,19 @@ def _check_row_numbering(
             if timestamp is not None
             else float("inf")
         )
-        if not worst <= TIMESTAMP_TOLERANCE_S:
+        finite = np.isfinite(timestamp) if timestamp is not None else None
+        if timestamp is not None and finite is not None and not finite.all():
+            # "off the grid by up to nan s" named no row; NaN/inf are never carried here
+            # (--allow-non-finite is for vector values, a timestamp must be on the grid).
+            row = int(np.argmin(finite))
+            out.add(
+                "timestamp_off_grid",
+                f"{data_path}: episode {ep}: column timestamp: row {row} is "
+                f"{float(timestamp[row])} (must be frame_index/fps)",
+                data_path,
+                ep,
+            )
+        elif not worst <= TIMESTAMP_TOLERANCE_S:
             out.add(
                 "timestamp_off_grid",
                 f"{data_path}: episode {ep}: column timestamp is off frame_index/fps by up to "

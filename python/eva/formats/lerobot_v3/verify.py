@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.validate import Problem
 from eva.formats._decode import frame_at
@@ -56,7 +56,7 @@ def verify(export_dir: Path) -> list[Problem]:
     problem = ProblemCollector()
     info_path = root / layout.INFO
     try:
-        info = json.loads(info_path.read_text(encoding="utf-8"))
+        info = json.loads(fsafe.read_text(info_path))
         locators = read_episode_locators(root).to_pylist()
         tasks = pq.read_table(root / TASKS_PARQUET)
     except (OSError, ValueError, pa.ArrowException, DatasetError) as e:
