@@ -35,6 +35,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from mcap.well_known import MessageEncoding, SchemaEncoding
 from mcap_protobuf.schema import build_file_descriptor_set
 
+from eva.formats.mcap import wire
 from eva.formats.mcap.layout import FOXGLOVE_PROFILE, IMAGE_TOPIC_PREFIX
 from eva.formats.mcap.records import Bytes
 
@@ -183,6 +184,52 @@ def compressed_video_parts(time_ns: int, frame_id: str, unit: Sequence[Bytes]) -
     return _message_parts(fields, CompressedVideo.DATA_FIELD_NUMBER, unit)
 
 
+def compressed_video_heads(
+    times_ns: np.ndarray,
+    frame_id: str,
+    data_sizes: np.ndarray,
+    prefix: bytes = b"",
+    prefixed: np.ndarray | None = None,
+) -> wire.Ragged:
+    """What comes before each frame's data in its ``foxglove.CompressedVideo``, for a batch of
+    frames at once (``compressed_video_parts`` of one frame, with numpy): frame *i*'s message is
+    its head, then its ``data_sizes[i]`` bytes of access unit, then ``COMPRESSED_VIDEO_TAIL``.
+    The data field of a frame flagged in ``prefixed`` starts with ``prefix`` (in its head)."""
+    rows = len(times_ns)
+    has_prefix = np.zeros(rows, bool) if prefixed is None else np.asarray(prefixed, bool)
+    seconds, nanos = np.divmod(np.asarray(times_ns, np.int64), 1_000_000_000)
+    seconds_field = _optional_varint_field(Timestamp.SECONDS_FIELD_NUMBER, seconds)
+    nanos_field = _optional_varint_field(Timestamp.NANOS_FIELD_NUMBER, nanos)
+    # at most 17 bytes: its length is one byte
+    stamp_size = np.sum([p.lengths for p in (*seconds_field, *nanos_field)], axis=0)
+    data_size = np.asarray(data_sizes, np.int64) + np.where(has_prefix, len(prefix), 0)
+    has_data = data_size > 0  # proto3 leaves an empty bytes field out
+    size_varint = wire.varints(data_size)
+    pieces = [
+        wire.Padded.constant(_tag(CompressedVideo.TIMESTAMP_FIELD_NUMBER, 2), rows),
+        wire.Padded(stamp_size.astype(np.uint8)[:, None], np.ones(rows, np.int64)),
+        *seconds_field,
+        *nanos_field,
+        wire.Padded.constant(_string_field(CompressedVideo.FRAME_ID_FIELD_NUMBER, frame_id), rows),
+        wire.Padded.constant(_tag(CompressedVideo.DATA_FIELD_NUMBER, 2), rows, has_data),
+        wire.Padded(size_varint.matrix, np.where(has_data, size_varint.lengths, 0)),
+        wire.Padded.constant(prefix, rows, has_prefix),
+    ]
+    return wire.concat(pieces)
+
+
+def _optional_varint_field(number: int, values: np.ndarray) -> tuple[wire.Padded, wire.Padded]:
+    """A varint field's tag and value per row, left out where the value is 0 (proto3)."""
+    present = values != 0
+    value = wire.varints(values)
+    tag = wire.Padded.constant(_tag(number, 0), len(values), present)
+    return tag, wire.Padded(value.matrix, np.where(present, value.lengths, 0))
+
+
+# The fields after the data in every frame's CompressedVideo: its format.
+COMPRESSED_VIDEO_TAIL = _string_field(CompressedVideo.FORMAT_FIELD_NUMBER, VIDEO_FORMAT)
+
+
 def raw_image_parts(time_ns: int, frame_id: str, frame: np.ndarray) -> list[Bytes]:
     """The ``foxglove.RawImage`` (rgb8) of one (h, w, 3) uint8 frame, as payload parts."""
     height, width = int(frame.shape[0]), int(frame.shape[1])
@@ -266,6 +313,38 @@ def json_payload(value: Mapping[str, object]) -> bytes:
             for k, v in value.items()
         }
         return json.dumps(clean, allow_nan=False).encode()
+
+
+def json_rows(names: Sequence[str], columns: Sequence[np.ndarray]) -> list[bytes]:
+    """``json_payload({names[j]: columns[j][i].item() for j})`` of every row *i*, by one
+    ``%`` template per row instead of ``json.dumps`` (the same bytes: ``json`` writes an int or
+    a float as its ``repr``, which is what ``%s`` writes). A row with NaN or infinity, and a
+    column that is not bool, integer or float, go through ``json_payload``."""
+    template = "{" + ", ".join(json.dumps(n).replace("%", "%%") + ": %s" for n in names) + "}"
+    rows = len(columns[0]) if columns else 0
+    values = [column.tolist() for column in columns]
+    formatted: list[list[object]] = []
+    plain = np.ones(rows, bool)  # rows the template writes as json.dumps would
+    for column, listed in zip(columns, values, strict=True):
+        kind = column.dtype.kind
+        if kind == "b":
+            formatted.append(np.where(column, "true", "false").tolist())
+        elif kind in "iu":
+            formatted.append(listed)
+        elif kind == "f":
+            plain &= np.isfinite(column)
+            formatted.append(listed)
+        else:
+            plain[:] = False
+            formatted.append(listed)
+    if not plain.any():
+        return [
+            json_payload(dict(zip(names, row, strict=True))) for row in zip(*values, strict=True)
+        ]
+    out = [(template % row).encode() for row in zip(*formatted, strict=True)]
+    for i in np.flatnonzero(~plain).tolist():
+        out[i] = json_payload({n: v[i] for n, v in zip(names, values, strict=True)})
+    return out
 
 
 def dimension_names(feature: Mapping[str, Any] | None, name: str, dims: int) -> list[str]:

@@ -25,9 +25,9 @@ from foxglove_schemas_protobuf.RawImage_pb2 import RawImage
 from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.mp4box import Mp4Error, VideoSamples, read_video_samples
-from eva.formats.mcap import foxglove
+from eva.formats.mcap import foxglove, wire
 from eva.formats.mcap.export import CameraFeed, camera_batches, decode_buffers, subset_episodes
-from eva.formats.mcap.h264 import access_units, carry_problem
+from eva.formats.mcap.h264 import AccessUnitReader, access_units, carry_problem
 from eva.formats.mcap.layout import FOXGLOVE_PROFILE, export_info
 from eva.formats.mcap.records import Bytes
 from eva.formats.mcap.writer import (
@@ -113,7 +113,7 @@ def _column_payloads(
     lists of numbers (not carried by this profile)."""
     rows = table.num_rows
     topics: dict[str, _JsonSeries] = {}
-    scalars: dict[str, list[Any]] = {}
+    scalars: dict[str, np.ndarray] = {}
     skipped: list[str] = []
     for name in table.column_names:
         if name in image_features:
@@ -123,20 +123,19 @@ def _column_payloads(
         if not isinstance(values, np.ndarray):
             skipped.append(name)
         elif values.ndim == 1:
-            scalars[name] = values.tolist()
+            scalars[name] = values
         else:
             flat = values.reshape(rows, -1)
             names = foxglove.dimension_names(features.get(name), name, flat.shape[1])
-            objects = [dict(zip(names, row, strict=True)) for row in flat.tolist()]
-            topics[foxglove.column_topic(name)] = _series(name, objects)
+            topics[foxglove.column_topic(name)] = _series(name, names, list(flat.T))
     if scalars:
-        objects = [{n: v[i] for n, v in scalars.items()} for i in range(rows)]
-        topics[foxglove.FRAME_TOPIC] = _series("eva.frame", objects)
+        topics[foxglove.FRAME_TOPIC] = _series("eva.frame", list(scalars), list(scalars.values()))
     return topics, skipped
 
 
-def _series(title: str, objects: list[dict[str, object]]) -> _JsonSeries:
-    return _JsonSeries(title, objects[0], [foxglove.json_payload(o) for o in objects])
+def _series(title: str, names: list[str], columns: list[np.ndarray]) -> _JsonSeries:
+    first = dict(zip(names, [column[0].item() for column in columns], strict=True))
+    return _JsonSeries(title, first, foxglove.json_rows(names, columns))
 
 
 def _frame_times(table: pa.Table, start_ns: int, fps: float) -> np.ndarray:
@@ -214,6 +213,7 @@ class _FrameWriter:
 
     def __init__(self, writer: McapEpisodeWriter, times: np.ndarray, label: str) -> None:
         self.writer = writer
+        self.time_array = times
         self.times = times.tolist()
         self.rows = len(times)
         self.label = label
@@ -224,17 +224,22 @@ class _FrameWriter:
         camera_ids: Mapping[str, int],
         columns: Mapping[int, list[bytes]],
     ) -> None:
+        carried = {k: v for k, v in cameras.items() if isinstance(v, CarriedVideo)}
+        for key, video in carried.items():
+            count = len(video.samples.sizes)
+            if count != self.rows:
+                raise DatasetError(
+                    f"{self.label}: camera {key}: {count} video frames but the table "
+                    f"has {self.rows} rows"
+                )
+        if len(carried) == len(cameras):
+            self._write_carried(carried, camera_ids, columns)
+            return
         units: dict[str, Iterator[list[Bytes]]] = {}
         feeds: dict[str, CameraFeed] = {}
         try:
             for key, source in cameras.items():
                 if isinstance(source, CarriedVideo):
-                    count = len(source.samples.sizes)
-                    if count != self.rows:
-                        raise DatasetError(
-                            f"{self.label}: camera {key}: {count} video frames but the table "
-                            f"has {self.rows} rows"
-                        )
                     units[key] = access_units(source.path, source.samples, self.label)
                 else:
                     feeds[key] = CameraFeed(iter(source), f"eva-mcap-decode-{key}")
@@ -246,6 +251,58 @@ class _FrameWriter:
                 close = getattr(iterator, "close", None)
                 if close is not None:
                     close()
+
+    def _write_carried(
+        self,
+        cameras: Mapping[str, CarriedVideo],
+        camera_ids: Mapping[str, int],
+        columns: Mapping[int, list[bytes]],
+    ) -> None:
+        """Every camera carried: the messages of as many frame indices as every camera's read
+        window holds at once, built and framed with numpy (``wire``, ``add_messages``)."""
+        readers: dict[str, AccessUnitReader] = {}
+        try:
+            for key, video in cameras.items():
+                readers[key] = AccessUnitReader(video.path, video.samples, self.label)
+            column_rows = [wire.Ragged.of(payloads) for payloads in columns.values()]
+            slots = np.array([*columns, *(camera_ids[key] for key in cameras)], np.int64)
+            if not len(slots):
+                return
+            first = 0
+            while first < self.rows:
+                last = min([r.batch_end(first) for r in readers.values()] + [self.rows])
+                batches = [reader.read(first, last) for reader in readers.values()]
+                count = last - first
+                times = self.time_array[first:last]
+                heads = [rows.rows(first, last) for rows in column_rows] + [
+                    foxglove.compressed_video_heads(
+                        times, key, batch.sizes, batch.prefix, batch.prefixed
+                    )
+                    for key, batch in zip(cameras, batches, strict=True)
+                ]
+                tails = [wire.Ragged.empty(count)] * len(column_rows) + [
+                    wire.Ragged.constant(foxglove.COMPRESSED_VIDEO_TAIL, count)
+                ] * len(batches)
+                no_data: list[Bytes] = [b""] * count
+                datas = [
+                    data
+                    for frame in zip(
+                        *[no_data] * len(column_rows), *(b.units for b in batches), strict=True
+                    )
+                    for data in frame
+                ]
+                self.writer.add_messages(
+                    np.tile(slots, count),
+                    np.repeat(np.arange(first, last), len(slots)),
+                    np.repeat(times, len(slots)),
+                    wire.interleave(heads),
+                    datas,
+                    wire.interleave(tails),
+                )
+                first = last
+        finally:
+            for reader in readers.values():
+                reader.close()
 
     def _write_from(
         self,

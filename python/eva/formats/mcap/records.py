@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 from typing import IO
 
+import numpy as np
 from mcap.data_stream import RecordBuilder
 from mcap.opcode import Opcode
 from mcap.records import McapRecord, Message
@@ -43,6 +44,30 @@ def serialized(record: McapRecord) -> bytes:
 MESSAGE_OVERHEAD = len(
     serialized(Message(channel_id=0, log_time=0, data=b"", publish_time=0, sequence=0))
 )
+# Those bytes as a numpy record (packed, little-endian, in the order Message.write writes them),
+# for framing many messages at once.
+MESSAGE_HEADER = np.dtype(
+    [
+        ("opcode", "u1"),
+        ("length", "<u8"),
+        ("channel", "<u2"),
+        ("sequence", "<u4"),
+        ("log_time", "<u8"),
+        ("publish_time", "<u8"),
+    ]
+)
+assert MESSAGE_HEADER.itemsize == MESSAGE_OVERHEAD
+_MESSAGE_INDEX_HEAD = struct.Struct("<BQHI")
+
+
+def message_index_bytes(channel_id: int, pairs: np.ndarray) -> bytes:
+    """The ``MessageIndex`` record of ``channel_id`` over (log_time, offset) ``pairs`` (an
+    (n, 2) array): the bytes ``MessageIndex.write`` makes, packed by numpy."""
+    entries = np.ascontiguousarray(pairs, "<u8").tobytes()
+    head = _MESSAGE_INDEX_HEAD.pack(
+        Opcode.MESSAGE_INDEX, 6 + len(entries), channel_id, len(entries)
+    )
+    return head + entries
 
 
 class ChunkBuffer(RecordBuilder):
