@@ -97,7 +97,7 @@ class _Channels:
 
 
 @dataclass(frozen=True)
-class _JsonSeries:
+class JsonSeries:
     """One JSON topic's per-frame messages: the schema title, row 0 (which types the schema)
     and one payload per row."""
 
@@ -106,13 +106,13 @@ class _JsonSeries:
     payloads: list[bytes]
 
 
-def _column_payloads(
+def json_columns(
     table: pa.Table, features: Mapping[str, Any], image_features: Sequence[str]
-) -> tuple[dict[str, _JsonSeries], list[str]]:
+) -> tuple[dict[str, JsonSeries], list[str]]:
     """Per-frame JSON messages by topic, and the columns that are not numbers or fixed-size
     lists of numbers (not carried by this profile)."""
     rows = table.num_rows
-    topics: dict[str, _JsonSeries] = {}
+    topics: dict[str, JsonSeries] = {}
     scalars: dict[str, np.ndarray] = {}
     skipped: list[str] = []
     for name in table.column_names:
@@ -133,12 +133,12 @@ def _column_payloads(
     return topics, skipped
 
 
-def _series(title: str, names: list[str], columns: list[np.ndarray]) -> _JsonSeries:
+def _series(title: str, names: list[str], columns: list[np.ndarray]) -> JsonSeries:
     first = dict(zip(names, [column[0].item() for column in columns], strict=True))
-    return _JsonSeries(title, first, foxglove.json_rows(names, columns))
+    return JsonSeries(title, first, foxglove.json_rows(names, columns))
 
 
-def _frame_times(table: pa.Table, start_ns: int, fps: float) -> np.ndarray:
+def frame_times(table: pa.Table, start_ns: int, fps: float) -> np.ndarray:
     rows = table.num_rows
     if "timestamp" in table.column_names:
         values = column_values(table.column("timestamp"))
@@ -174,8 +174,8 @@ def write_foxglove_episode(
         start_ns = 0
         if warn is not None:
             warn(f"{label}: no started_at in episodes.jsonl: times start at 0")
-    times = _frame_times(table, start_ns, fps)
-    columns, skipped = _column_payloads(table, content.features, content.image_features)
+    times = frame_times(table, start_ns, fps)
+    columns, skipped = json_columns(table, content.features, content.image_features)
     if skipped and warn is not None:
         warn(f"{label}: columns not carried by the foxglove profile: {', '.join(skipped)}")
     info = {**metadata, "fps": fps}

@@ -86,7 +86,7 @@ def carry_problem(samples: VideoSamples) -> str | None:
     return None
 
 
-def _annexb_in_place(window: bytearray, start: int, end: int) -> bool:
+def annexb_in_place(window: bytearray, start: int, end: int) -> bool:
     """Overwrite the 4-byte NAL lengths of the sample ``window[start:end]`` with start codes;
     return whether it holds an SPS. ValueError when the lengths do not add up."""
     has_sps = False
@@ -119,7 +119,7 @@ def _annexb_copy(sample: memoryview, length_size: int) -> tuple[bytes, bool]:
 
 
 def annexb_in_place_batch(window: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """``_annexb_in_place`` of every sample ``window[starts[i]:ends[i]]`` at once (one numpy
+    """``annexb_in_place`` of every sample ``window[starts[i]:ends[i]]`` at once (one numpy
     step per NAL unit position, not per unit); return whether each holds an SPS. ValueError
     (naming the sample's place in ``starts``, as ``(index, message)`` args) for the first sample
     whose lengths do not add up."""
