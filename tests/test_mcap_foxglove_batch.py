@@ -22,7 +22,7 @@ from mcap.records import MessageIndex
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.dataset.mp4box import read_video_samples
 from eva.dataset.reader import DatasetReader
-from eva.formats.mcap import McapEpisodeWriter, foxglove, h264, wire
+from eva.formats.mcap import McapEpisodeWriter, foxglove, h264, json_rows, wire
 from eva.formats.mcap.foxglove_export import (
     CarriedVideo,
     EpisodeContent,
@@ -112,7 +112,11 @@ def test_json_rows_equal_json_dumps(
         foxglove.json_payload({k: c[i].item() for k, c in zip(keys, columns, strict=True)})
         for i in range(rows)
     ]
-    assert foxglove.json_rows(keys, columns) == expected
+    assert json_rows.json_rows(keys, columns).to_list() == expected
+    reference = json_rows.float_reprs_reference
+    for column in columns:
+        if column.dtype.kind == "f":  # the native kernel (when built) against repr
+            assert json_rows.float_reprs(column).to_list() == reference(column).to_list()
 
 
 def _nal_sample(units: list[bytes]) -> bytes:
@@ -261,7 +265,7 @@ def _write_one_by_one(path: Path, content: EpisodeContent, cameras: dict[str, Ca
             schema = foxglove.object_schema(series.title, series.first)
             writer.register_schema(schema_id, series.title, "jsonschema", schema)
             writer.register_channel(channel, topic, "json", schema_id)
-            column_ids.append((channel, series.payloads))
+            column_ids.append((channel, series.payloads.to_list()))
         writer.add_message(1, 0, start, start, foxglove.json_payload(info))
         for i, log in enumerate(foxglove.quality_logs(content.metadata, start)):
             writer.add_message(2, i, start, start, log)
@@ -291,3 +295,23 @@ def test_an_episode_in_batches_is_the_episode_message_by_message(
     write_foxglove_episode(tmp_path / "batched.mcap", content, cameras, chunk_size=chunk_size)
     _write_one_by_one(tmp_path / "single.mcap", content, cameras, chunk_size)
     assert (tmp_path / "batched.mcap").read_bytes() == (tmp_path / "single.mcap").read_bytes()
+
+
+def test_the_float_repr_kernel_writes_pythons_repr() -> None:
+    """The native kernel against ``repr`` on random bit patterns (every exponent, subnormals),
+    float32 readings widened to doubles, and the layout's edges (under EVA_PUREPYTHON=1 both
+    sides are the reference)."""
+    rng = np.random.default_rng(16)
+    edges = [0.0, -0.0, 1.0, 1e16, 1e15, 9999999999999998.0, 1e-4, 1e-5, 0.00012345, 5e-324,
+             1.7976931348623157e308, 0.1, 2.5e-05, 1e22, 100.0, 123456789012345678.0, -1e-7,
+             float(np.float32(0.1)), float("inf"), float("-inf"), float("nan")]  # fmt: skip
+    values = np.concatenate(
+        [
+            np.array(edges),
+            rng.integers(0, 2**64, 200_000, dtype=np.uint64).view(np.float64),
+            rng.standard_normal(50_000).astype(np.float32).astype(np.float64),
+            rng.integers(-(10**6), 10**6, 10_000).astype(np.float64),
+        ]
+    )
+    written = json_rows.float_reprs(values).to_list()
+    assert written == [repr(v).encode() for v in values.tolist()]

@@ -315,38 +315,6 @@ def json_payload(value: Mapping[str, object]) -> bytes:
         return json.dumps(clean, allow_nan=False).encode()
 
 
-def json_rows(names: Sequence[str], columns: Sequence[np.ndarray]) -> list[bytes]:
-    """``json_payload({names[j]: columns[j][i].item() for j})`` of every row *i*, by one
-    ``%`` template per row instead of ``json.dumps`` (the same bytes: ``json`` writes an int or
-    a float as its ``repr``, which is what ``%s`` writes). A row with NaN or infinity, and a
-    column that is not bool, integer or float, go through ``json_payload``."""
-    template = "{" + ", ".join(json.dumps(n).replace("%", "%%") + ": %s" for n in names) + "}"
-    rows = len(columns[0]) if columns else 0
-    values = [column.tolist() for column in columns]
-    formatted: list[list[object]] = []
-    plain = np.ones(rows, bool)  # rows the template writes as json.dumps would
-    for column, listed in zip(columns, values, strict=True):
-        kind = column.dtype.kind
-        if kind == "b":
-            formatted.append(np.where(column, "true", "false").tolist())
-        elif kind in "iu":
-            formatted.append(listed)
-        elif kind == "f":
-            plain &= np.isfinite(column)
-            formatted.append(listed)
-        else:
-            plain[:] = False
-            formatted.append(listed)
-    if not plain.any():
-        return [
-            json_payload(dict(zip(names, row, strict=True))) for row in zip(*values, strict=True)
-        ]
-    out = [(template % row).encode() for row in zip(*formatted, strict=True)]
-    for i in np.flatnonzero(~plain).tolist():
-        out[i] = json_payload({n: v[i] for n, v in zip(names, values, strict=True)})
-    return out
-
-
 def dimension_names(feature: Mapping[str, Any] | None, name: str, dims: int) -> list[str]:
     """One series name per dimension: info.json's ``names`` (a list, or a mapping holding one
     list, as LeRobot writes either) when they are ``dims`` distinct strings, else

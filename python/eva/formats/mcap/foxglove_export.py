@@ -28,6 +28,7 @@ from eva.dataset.mp4box import Mp4Error, VideoSamples, read_video_samples
 from eva.formats.mcap import foxglove, wire
 from eva.formats.mcap.export import CameraFeed, camera_batches, decode_buffers, subset_episodes
 from eva.formats.mcap.h264 import AccessUnitReader, access_units, carry_problem
+from eva.formats.mcap.json_rows import json_rows
 from eva.formats.mcap.layout import FOXGLOVE_PROFILE, export_info
 from eva.formats.mcap.records import Bytes
 from eva.formats.mcap.writer import (
@@ -103,7 +104,7 @@ class JsonSeries:
 
     title: str
     first: dict[str, object]
-    payloads: list[bytes]
+    payloads: wire.Ragged  # one JSON object per row
 
 
 def json_columns(
@@ -135,7 +136,7 @@ def json_columns(
 
 def _series(title: str, names: list[str], columns: list[np.ndarray]) -> JsonSeries:
     first = dict(zip(names, [column[0].item() for column in columns], strict=True))
-    return JsonSeries(title, first, foxglove.json_rows(names, columns))
+    return JsonSeries(title, first, json_rows(names, columns))
 
 
 def frame_times(table: pa.Table, start_ns: int, fps: float) -> np.ndarray:
@@ -222,7 +223,7 @@ class _FrameWriter:
         self,
         cameras: Mapping[str, CameraInput],
         camera_ids: Mapping[str, int],
-        columns: Mapping[int, list[bytes]],
+        columns: Mapping[int, wire.Ragged],
     ) -> None:
         carried = {k: v for k, v in cameras.items() if isinstance(v, CarriedVideo)}
         for key, video in carried.items():
@@ -256,7 +257,7 @@ class _FrameWriter:
         self,
         cameras: Mapping[str, CarriedVideo],
         camera_ids: Mapping[str, int],
-        columns: Mapping[int, list[bytes]],
+        columns: Mapping[int, wire.Ragged],
     ) -> None:
         """Every camera carried: the messages of as many frame indices as every camera's read
         window holds at once, built and framed with numpy (``wire``, ``add_messages``)."""
@@ -264,7 +265,7 @@ class _FrameWriter:
         try:
             for key, video in cameras.items():
                 readers[key] = AccessUnitReader(video.path, video.samples, self.label)
-            column_rows = [wire.Ragged.of(payloads) for payloads in columns.values()]
+            column_rows = list(columns.values())
             slots = np.array([*columns, *(camera_ids[key] for key in cameras)], np.int64)
             if not len(slots):
                 return
@@ -308,11 +309,12 @@ class _FrameWriter:
         self,
         keys: list[str],
         camera_ids: Mapping[str, int],
-        columns: Mapping[int, list[bytes]],
+        columns: Mapping[int, wire.Ragged],
         units: Mapping[str, Iterator[list[Bytes]]],
         feeds: Mapping[str, CameraFeed],
     ) -> None:
         writer, times, rows = self.writer, self.times, self.rows
+        column_lists = {channel_id: series.to_list() for channel_id, series in columns.items()}
         batches: dict[str, np.ndarray] = {}
         positions: dict[str, int] = {key: 0 for key in feeds}
         frame_index = 0
@@ -331,7 +333,7 @@ class _FrameWriter:
             count = min([len(batches[k]) - positions[k] for k in feeds] + [rows - frame_index])
             for _ in range(count):
                 t = times[frame_index]
-                for channel_id, payloads in columns.items():
+                for channel_id, payloads in column_lists.items():
                     writer.add_message(channel_id, frame_index, t, t, payloads[frame_index])
                 for key in keys:
                     if key in units:

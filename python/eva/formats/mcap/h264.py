@@ -33,6 +33,8 @@ H264_FOURCCS = (b"avc1", b"avc3")
 START_CODE = b"\x00\x00\x00\x01"
 NAL_SPS = 7
 NAL_PPS = 8
+_START_CODE = np.frombuffer(START_CODE, np.uint8)
+_LENGTH_BYTES = np.arange(4)
 # Bytes of samples read per pread (a sample larger than this is read alone).
 WINDOW = 4 << 20
 
@@ -131,21 +133,27 @@ def annexb_in_place_batch(window: np.ndarray, starts: np.ndarray, ends: np.ndarr
     active = np.flatnonzero(pos < ends)
     while active.size:
         p, e = pos[active], ends[active]
-        size = np.zeros(active.size, np.int64)
-        for i in range(4):  # big-endian; a length cut off by the window reads as its bytes so far
-            inside = p + i < limit
-            byte = window[np.minimum(p + i, limit - 1)].astype(np.int64)
-            size = np.where(inside, size << 8 | byte, size)
+        if int(p.max()) + 4 <= limit:
+            heads = p[:, None] + _LENGTH_BYTES
+            size = window[heads].view(">u4")[:, 0].astype(np.int64)
+        else:  # a length cut off by the window reads as its bytes so far (as a slice does)
+            size = np.zeros(active.size, np.int64)
+            for i in range(4):
+                inside = p + i < limit
+                byte = window[np.minimum(p + i, limit - 1)].astype(np.int64)
+                size = np.where(inside, size << 8 | byte, size)
         ok = (size != 0) & (p + 4 + size <= e)
-        for k in np.flatnonzero(~ok).tolist():
-            sample = int(active[k])
-            failed[sample] = f"NAL unit of {size[k]} bytes at sample byte {p[k] - starts[sample]}"
-        good, p, size = active[ok], p[ok], size[ok]
-        has_sps[good] |= window[p + 4] & 0x1F == NAL_SPS
-        heads = p[:, None] + np.arange(4)
-        window[heads] = np.frombuffer(START_CODE, np.uint8)
-        pos[good] = p + 4 + size
-        active = good[pos[good] < ends[good]]
+        if not ok.all():
+            for k in np.flatnonzero(~ok).tolist():
+                sample = int(active[k])
+                failed[sample] = (
+                    f"NAL unit of {size[k]} bytes at sample byte {p[k] - starts[sample]}"
+                )
+            active, p, size = active[ok], p[ok], size[ok]
+        has_sps[active] |= window[p + 4] & 0x1F == NAL_SPS
+        window[p[:, None] + _LENGTH_BYTES] = _START_CODE
+        pos[active] = nxt = p + 4 + size
+        active = active[nxt < ends[active]]
     if failed:
         first = min(failed)
         raise ValueError(first, failed[first])

@@ -21,6 +21,10 @@ import numpy as np
 
 # A varint carries 7 bits per byte: a uint64 needs at most 10.
 MAX_VARINT = 10
+# The smallest value of each varint length after the first: 2**7, 2**14, ..., 2**63.
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, MAX_VARINT)], np.uint64)
+_VARINT_SHIFTS = np.arange(MAX_VARINT, dtype=np.uint64) * np.uint64(7)
+_VARINT_COLUMNS = np.arange(MAX_VARINT)
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,12 @@ class Ragged:
         begin = int(self.lengths[:first].sum())
         lengths = self.lengths[first:last]
         return Ragged(self.flat[begin : begin + int(lengths.sum())], lengths)
+
+    def to_list(self) -> list[bytes]:
+        """Every row as a byte string."""
+        data = self.flat.tobytes()
+        ends = np.cumsum(self.lengths).tolist()
+        return [data[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
     @staticmethod
     def empty(rows: int) -> Ragged:
@@ -88,22 +98,11 @@ def varints(values: np.ndarray) -> Padded:
     """Each value as a protobuf varint (int64 values as their two's complement, 10 bytes when
     negative, as protobuf encodes int64)."""
     unsigned = np.asarray(values).astype(np.int64).view(np.uint64)
-    rows = len(unsigned)
-    bits = np.zeros(rows, np.int64)
-    rest = unsigned.copy()
-    width = 1
-    while True:
-        rest >>= np.uint64(7)
-        more = rest != 0
-        bits += more
-        if not more.any():
-            break
-        width += 1
-    lengths = bits + 1
-    shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
-    groups = (unsigned[:, None] >> shifts) & np.uint64(0x7F)
-    continued = np.arange(width) < (lengths - 1)[:, None]
-    matrix = (groups | np.where(continued, np.uint64(0x80), np.uint64(0))).astype(np.uint8)
+    lengths = np.searchsorted(_VARINT_LIMITS, unsigned, side="right") + 1
+    width = int(lengths.max()) if len(lengths) else 1
+    groups = (unsigned[:, None] >> _VARINT_SHIFTS[:width]) & np.uint64(0x7F)
+    continued = _VARINT_COLUMNS[:width] < (lengths - 1)[:, None]
+    matrix = groups.astype(np.uint8) | (continued.view(np.uint8) << 7)
     return Padded(matrix, lengths)
 
 
@@ -141,6 +140,12 @@ def interleave(columns: Sequence[Ragged]) -> Ragged:
     starts = np.stack([c.starts + base for c, base in zip(columns, bases, strict=True)], axis=1)
     lengths = np.stack([c.lengths for c in columns], axis=1).ravel()
     return Ragged(gather(flat, starts.ravel(), lengths), lengths)
+
+
+def join_columns(columns: Sequence[Ragged]) -> Ragged:
+    """Row *i* of every column, in order, as one row *i* (all columns of the same length)."""
+    taken = interleave(columns)
+    return Ragged(taken.flat, taken.lengths.reshape(-1, len(columns)).sum(axis=1))
 
 
 def gather(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -64,6 +64,7 @@ from eva.formats.mcap.records import (
     StreamRecords,
     message_index_bytes,
     serialized,
+    spare_buffers,
 )
 from eva.formats.mcap.wire import Ragged, spans
 from eva.formats.options import McapOptions
@@ -142,7 +143,7 @@ class McapEpisodeWriter:
         self._crc = crc
         # Two chunk buffers, reused for every chunk (the second is allocated when first needed);
         # a buffer only grows (once) for a message larger than the chunk size.
-        first = bytearray(self._chunk_size + BUFFER_SLACK)
+        first = spare_buffers.take(self._chunk_size + BUFFER_SLACK)
         self._bufs: list[bytearray | None] = [first, None]
         self._buf_index = 0
         self._records = ChunkBuffer(first)
@@ -407,7 +408,7 @@ class McapEpisodeWriter:
         self._buf_index ^= 1
         other = self._bufs[self._buf_index]
         if other is None:
-            other = self._bufs[self._buf_index] = bytearray(len(buffer))
+            other = self._bufs[self._buf_index] = spare_buffers.take(len(buffer))
         self._records.reset(other)
 
     def _write_chunk(self, buf: bytearray, chunk: _ChunkState) -> None:
@@ -511,8 +512,8 @@ class McapEpisodeWriter:
         self._finished = True
 
     def close(self) -> None:
-        """Stop the helper thread (after its current write); the file is complete only after
-        ``finish()``."""
+        """Stop the helper thread (after its current write) and hand the chunk buffers back
+        for the next file; the file is complete only after ``finish()``."""
         if self._executor is not None:
             pending, self._pending = self._pending, None
             if pending is not None:
@@ -520,6 +521,10 @@ class McapEpisodeWriter:
                     pending.result()
             self._executor.shutdown(wait=True)
             self._executor = None
+        # No thread writes from them now; a message added after this gets a buffer of its own.
+        spare_buffers.give_back([b for b in self._bufs if b is not None])
+        self._bufs = [None, None]
+        self._records.reset(bytearray())
 
 
 @contextlib.contextmanager
