@@ -198,32 +198,40 @@ def compressed_video_heads(
     rows = len(times_ns)
     has_prefix = np.zeros(rows, bool) if prefixed is None else np.asarray(prefixed, bool)
     seconds, nanos = np.divmod(np.asarray(times_ns, np.int64), 1_000_000_000)
-    seconds_field = _optional_varint_field(Timestamp.SECONDS_FIELD_NUMBER, seconds)
-    nanos_field = _optional_varint_field(Timestamp.NANOS_FIELD_NUMBER, nanos)
-    # at most 17 bytes: its length is one byte
-    stamp_size = np.sum([p.lengths for p in (*seconds_field, *nanos_field)], axis=0)
+    seconds_field = _varint_field_of(_tag(Timestamp.SECONDS_FIELD_NUMBER, 0), seconds)
+    nanos_field = _varint_field_of(_tag(Timestamp.NANOS_FIELD_NUMBER, 0), nanos)
+    stamp_size = seconds_field.lengths + nanos_field.lengths  # at most 17: a one-byte length
+    stamp_head = np.empty((rows, 2), np.uint8)
+    stamp_head[:, 0] = _tag(CompressedVideo.TIMESTAMP_FIELD_NUMBER, 2)[0]
+    stamp_head[:, 1] = stamp_size
     data_size = np.asarray(data_sizes, np.int64) + np.where(has_prefix, len(prefix), 0)
     has_data = data_size > 0  # proto3 leaves an empty bytes field out
-    size_varint = wire.varints(data_size)
-    pieces = [
-        wire.Padded.constant(_tag(CompressedVideo.TIMESTAMP_FIELD_NUMBER, 2), rows),
-        wire.Padded(stamp_size.astype(np.uint8)[:, None], np.ones(rows, np.int64)),
-        *seconds_field,
-        *nanos_field,
-        wire.Padded.constant(_string_field(CompressedVideo.FRAME_ID_FIELD_NUMBER, frame_id), rows),
-        wire.Padded.constant(_tag(CompressedVideo.DATA_FIELD_NUMBER, 2), rows, has_data),
-        wire.Padded(size_varint.matrix, np.where(has_data, size_varint.lengths, 0)),
-        wire.Padded.constant(prefix, rows, has_prefix),
-    ]
+    frame_id_field = _string_field(CompressedVideo.FRAME_ID_FIELD_NUMBER, frame_id)
+    data_tag = _tag(CompressedVideo.DATA_FIELD_NUMBER, 2)
+    pieces = [wire.Padded(stamp_head, np.full(rows, 2, np.int64)), seconds_field, nanos_field]
+    if has_data.all():  # every recorded frame: the frame id and the data's key in one piece
+        pieces.append(_varint_field_of(frame_id_field + data_tag, data_size, has_data))
+    else:
+        pieces += [
+            wire.Padded.constant(frame_id_field, rows),
+            _varint_field_of(data_tag, data_size, has_data),
+        ]
+    if has_prefix.any():
+        pieces.append(wire.Padded.constant(prefix, rows, has_prefix))
     return wire.concat(pieces)
 
 
-def _optional_varint_field(number: int, values: np.ndarray) -> tuple[wire.Padded, wire.Padded]:
-    """A varint field's tag and value per row, left out where the value is 0 (proto3)."""
-    present = values != 0
+def _varint_field_of(
+    key: bytes, values: np.ndarray, present: np.ndarray | None = None
+) -> wire.Padded:
+    """``key`` (a field's tag, after any constant bytes) and the varint of each value, left
+    out where not ``present`` (by default: where the value is 0, as proto3 leaves it out)."""
+    if present is None:
+        present = values != 0
     value = wire.varints(values)
-    tag = wire.Padded.constant(_tag(number, 0), len(values), present)
-    return tag, wire.Padded(value.matrix, np.where(present, value.lengths, 0))
+    head = np.broadcast_to(np.frombuffer(key, np.uint8), (len(values), len(key)))
+    matrix = np.hstack([head, value.matrix])
+    return wire.Padded(matrix, np.where(present, len(key) + value.lengths, 0))
 
 
 # The fields after the data in every frame's CompressedVideo: its format.

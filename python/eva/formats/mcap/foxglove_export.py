@@ -269,6 +269,11 @@ class _FrameWriter:
             slots = np.array([*columns, *(camera_ids[key] for key in cameras)], np.int64)
             if not len(slots):
                 return
+            # After the data: nothing for a column, the format for a camera (the same each frame).
+            tail_lengths = np.array(
+                [0] * len(column_rows) + [len(foxglove.COMPRESSED_VIDEO_TAIL)] * len(cameras)
+            )
+            tail_bytes = np.frombuffer(foxglove.COMPRESSED_VIDEO_TAIL * len(cameras), np.uint8)
             first = 0
             while first < self.rows:
                 last = min([r.batch_end(first) for r in readers.values()] + [self.rows])
@@ -281,9 +286,6 @@ class _FrameWriter:
                     )
                     for key, batch in zip(cameras, batches, strict=True)
                 ]
-                tails = [wire.Ragged.empty(count)] * len(column_rows) + [
-                    wire.Ragged.constant(foxglove.COMPRESSED_VIDEO_TAIL, count)
-                ] * len(batches)
                 no_data: list[Bytes] = [b""] * count
                 datas = [
                     data
@@ -298,7 +300,7 @@ class _FrameWriter:
                     np.repeat(times, len(slots)),
                     wire.interleave(heads),
                     datas,
-                    wire.interleave(tails),
+                    wire.Ragged(np.tile(tail_bytes, count), np.tile(tail_lengths, count)),
                 )
                 first = last
         finally:
