@@ -83,4 +83,30 @@ std::size_t float_repr(const double* values, std::size_t n, char* out, std::int6
     return total;
 }
 
+std::size_t float_objects(const double* values, std::size_t rows, std::size_t columns,
+                          const char* keys, const std::int64_t* key_ends, char* out,
+                          std::int64_t* lengths) {
+    char* p = out;
+    for (std::size_t i = 0; i < rows; ++i) {
+        char* row = p;
+        std::int64_t key_start = 0;
+        for (std::size_t j = 0; j < columns; ++j) {
+            std::size_t key_size = static_cast<std::size_t>(key_ends[j] - key_start);
+            std::memcpy(p, keys + key_start, key_size);
+            p += key_size;
+            key_start = key_ends[j];
+            double v = values[i * columns + j];
+            if (std::isfinite(v)) {
+                p += repr_one(v, p);
+            } else {
+                std::memcpy(p, "null", 4);
+                p += 4;
+            }
+        }
+        *p++ = '}';
+        lengths[i] = static_cast<std::int64_t>(p - row);
+    }
+    return static_cast<std::size_t>(p - out);
+}
+
 }  // namespace eva

@@ -265,7 +265,7 @@ class _FrameWriter:
         try:
             for key, video in cameras.items():
                 readers[key] = AccessUnitReader(video.path, video.samples, self.label)
-            column_rows = list(columns.values())
+            column_rows = [series.to_list() for series in columns.values()]
             slots = np.array([*columns, *(camera_ids[key] for key in cameras)], np.int64)
             if not len(slots):
                 return
@@ -280,18 +280,17 @@ class _FrameWriter:
                 batches = [reader.read(first, last) for reader in readers.values()]
                 count = last - first
                 times = self.time_array[first:last]
-                heads = [rows.rows(first, last) for rows in column_rows] + [
+                heads = [wire.Ragged.empty(count)] * len(column_rows) + [
                     foxglove.compressed_video_heads(
                         times, key, batch.sizes, batch.prefix, batch.prefixed
                     )
                     for key, batch in zip(cameras, batches, strict=True)
                 ]
-                no_data: list[Bytes] = [b""] * count
-                datas = [
+                # A column's JSON is copied as a message's data (by slice, not byte by byte).
+                columns_now = [rows[first:last] for rows in column_rows]
+                datas: list[Bytes] = [
                     data
-                    for frame in zip(
-                        *[no_data] * len(column_rows), *(b.units for b in batches), strict=True
-                    )
+                    for frame in zip(*columns_now, *(b.units for b in batches), strict=True)
                     for data in frame
                 ]
                 self.writer.add_messages(

@@ -81,6 +81,12 @@ def json_rows(names: Sequence[str], columns: Sequence[np.ndarray]) -> Ragged:
     rows = len(columns[0]) if columns else 0
     if not columns:
         return Ragged.constant(b"{}", rows)
+    if _native is not None and all(_is_double(c) for c in columns):
+        # The whole object in the kernel; it writes NaN and infinity as null, as json_payload.
+        keys = _keys(names)
+        values = np.ascontiguousarray(np.stack(columns, axis=1), np.float64)
+        flat, lengths = _native.objects(values, keys.flat, np.cumsum(keys.lengths))
+        return Ragged(flat, lengths)
     plain = np.ones(rows, bool)  # rows written here as json.dumps writes them
     for column in columns:
         if column.dtype.kind == "f":
@@ -100,14 +106,26 @@ def json_rows(names: Sequence[str], columns: Sequence[np.ndarray]) -> Ragged:
     return Ragged.of(out)
 
 
+_CLOSE = np.frombuffer(b"}", np.uint8)
+
+
+def _keys(names: Sequence[str]) -> Ragged:
+    """What comes before each value: ``{"name 0": ``, ``, "name 1": ``, ..."""
+    return Ragged.of([_key(j, name) for j, name in enumerate(names)])
+
+
+def _key(j: int, name: str) -> bytes:
+    return (("{" if j == 0 else ", ") + json.dumps(name) + ": ").encode()
+
+
 def _objects(
     names: Sequence[str], values: np.ndarray, starts: np.ndarray, lengths: np.ndarray
 ) -> Ragged:
     """Row *i*: ``{"name 0": value (i, 0), "name 1": value (i, 1), ...}``, every row put
     together by one gather from the keys and the values."""
     rows, count = starts.shape
-    keys = [("{" if j == 0 else ", ") + json.dumps(n) + ": " for j, n in enumerate(names)]
-    texts = Ragged.of([k.encode() for k in keys] + [b"}"])
+    keys = _keys(names)
+    texts = Ragged(np.concatenate([keys.flat, _CLOSE]), np.append(keys.lengths, 1))
     source = np.concatenate([texts.flat, values])
     segment_starts = np.empty((rows, 2 * count + 1), np.int64)
     segment_lengths = np.empty_like(segment_starts)

@@ -156,6 +156,15 @@ def gather(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndar
 
 def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Every index of the ranges ``[starts[i], starts[i] + lengths[i])``, in order."""
-    total = int(lengths.sum())
-    ends = np.cumsum(lengths)
-    return np.repeat(starts - (ends - lengths), lengths) + np.arange(total)
+    nonempty = lengths > 0
+    starts = np.asarray(starts, np.int64)[nonempty]
+    lengths = np.asarray(lengths, np.int64)[nonempty]
+    if not len(lengths):
+        return np.zeros(0, np.int64)
+    # Steps of 1 within a range and a jump to the next range's start at its first index:
+    # a cumulative sum (faster than np.repeat of the offsets for many short ranges).
+    steps = np.ones(int(lengths.sum()), np.int64)
+    steps[0] = starts[0]
+    firsts = np.cumsum(lengths[:-1])
+    steps[firsts] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)
+    return np.cumsum(steps)
