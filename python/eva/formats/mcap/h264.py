@@ -26,7 +26,7 @@ import numpy as np
 
 from eva.dataset.errors import DatasetError
 from eva.dataset.mp4box import VideoSamples
-from eva.formats.mcap.records import Bytes
+from eva.formats.mcap.records import Bytes, SpareBuffers
 
 # Sample entries whose samples are H.264 NAL units framed by avcC's length size.
 H264_FOURCCS = (b"avc1", b"avc3")
@@ -37,6 +37,8 @@ _START_CODE = np.frombuffer(START_CODE, np.uint8)
 _LENGTH_BYTES = np.arange(4)
 # Bytes of samples read per pread (a sample larger than this is read alone).
 WINDOW = 4 << 20
+# Read windows of finished files, for the next file's cameras (no page faults on each read).
+spare_windows = SpareBuffers(keep=4)
 
 
 @dataclass(frozen=True)
@@ -185,14 +187,16 @@ class AccessUnitReader:
         sizes = samples.sizes
         # At most WINDOW bytes (a short video gets a buffer of its own size), never smaller
         # than the largest sample.
+        # (A spare window of the previous file may be larger: batches are then longer.)
         largest = int(sizes.max()) if len(sizes) else 0
-        self.window = bytearray(max(largest, min(WINDOW, int(sizes.sum()))))
+        self.window = spare_windows.take(max(largest, min(WINDOW, int(sizes.sum()))), True)
         self.fd = os.open(path, os.O_RDONLY)
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+            spare_windows.give_back([self.window])
 
     def batch_end(self, first: int) -> int:
         """The end of the longest batch from ``first`` whose samples fit the window together."""

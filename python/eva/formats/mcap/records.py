@@ -212,7 +212,7 @@ class SpareBuffers:
     A new bytearray costs a page fault per 4 KiB page on its first fill (about a third of a
     millisecond per MiB here, as much as copying the frames into it); an export writes one file
     after another, so the second file on reuses the first one's pages. At most ``keep`` buffers
-    are kept (the two of one writer).
+    are kept (the two of one writer; the read windows of a file's cameras).
     """
 
     def __init__(self, keep: int = 2) -> None:
@@ -220,11 +220,12 @@ class SpareBuffers:
         self._spare: list[bytearray] = []
         self._lock = threading.Lock()
 
-    def take(self, size: int) -> bytearray:
-        """A buffer of ``size`` bytes (not zeroed when it is a spare one)."""
+    def take(self, size: int, at_least: bool = False) -> bytearray:
+        """A buffer of ``size`` bytes, or of ``size`` or more when ``at_least`` (not zeroed
+        when it is a spare one)."""
         with self._lock:
             for i, buffer in enumerate(self._spare):
-                if len(buffer) == size:
+                if len(buffer) == size or (at_least and len(buffer) > size):
                     return self._spare.pop(i)
         return bytearray(size)
 
