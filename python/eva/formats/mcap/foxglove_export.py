@@ -186,6 +186,9 @@ def write_foxglove_episode(
         chunk_size=chunk_size,
         profile=foxglove.PROFILE,
         library=foxglove.LIBRARY,
+        # Chunks written in this thread: with no decode to overlap, a flush thread only waits
+        # for the GIL this thread holds (bench/README.md, bench_foxglove.py).
+        background=False,
     ) as writer:
         channels = _Channels(writer)
         metadata_id = channels.add_json(foxglove.METADATA_TOPIC, "eva.episode", info)

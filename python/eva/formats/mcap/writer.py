@@ -535,10 +535,11 @@ def episode_file(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     profile: str = PROFILE,
     library: str = LIBRARY,
+    background: bool = True,
 ) -> Iterator[McapEpisodeWriter]:
     """A writer on a new file at ``path`` (its directory made), finished when the block ends;
     when the block (or the finish) fails, the partial file is removed and the error raised,
-    a write error naming the file."""
+    a write error naming the file. ``background``: as ``McapEpisodeWriter``'s."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with naming_write_errors(path), open(path, "wb") as stream:
@@ -548,6 +549,7 @@ def episode_file(
                 chunk_size=chunk_size,
                 profile=profile,
                 library=library,
+                background=background,
             )
             try:
                 yield writer
