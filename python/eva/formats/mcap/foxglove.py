@@ -35,6 +35,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from mcap.well_known import MessageEncoding, SchemaEncoding
 from mcap_protobuf.schema import build_file_descriptor_set
 
+from eva.formats.mcap import wire
 from eva.formats.mcap.layout import FOXGLOVE_PROFILE, IMAGE_TOPIC_PREFIX
 from eva.formats.mcap.records import Bytes
 
@@ -181,6 +182,60 @@ def compressed_video_parts(time_ns: int, frame_id: str, unit: Sequence[Bytes]) -
         ),
     }
     return _message_parts(fields, CompressedVideo.DATA_FIELD_NUMBER, unit)
+
+
+def compressed_video_heads(
+    times_ns: np.ndarray,
+    frame_id: str,
+    data_sizes: np.ndarray,
+    prefix: bytes = b"",
+    prefixed: np.ndarray | None = None,
+) -> wire.Ragged:
+    """What comes before each frame's data in its ``foxglove.CompressedVideo``, for a batch of
+    frames at once (``compressed_video_parts`` of one frame, with numpy): frame *i*'s message is
+    its head, then its ``data_sizes[i]`` bytes of access unit, then ``COMPRESSED_VIDEO_TAIL``.
+    The data field of a frame flagged in ``prefixed`` starts with ``prefix`` (in its head)."""
+    rows = len(times_ns)
+    has_prefix = np.zeros(rows, bool) if prefixed is None else np.asarray(prefixed, bool)
+    seconds, nanos = np.divmod(np.asarray(times_ns, np.int64), 1_000_000_000)
+    seconds_field = _varint_field_of(_tag(Timestamp.SECONDS_FIELD_NUMBER, 0), seconds)
+    nanos_field = _varint_field_of(_tag(Timestamp.NANOS_FIELD_NUMBER, 0), nanos)
+    stamp_size = seconds_field.lengths + nanos_field.lengths  # at most 17: a one-byte length
+    stamp_head = np.empty((rows, 2), np.uint8)
+    stamp_head[:, 0] = _tag(CompressedVideo.TIMESTAMP_FIELD_NUMBER, 2)[0]
+    stamp_head[:, 1] = stamp_size
+    data_size = np.asarray(data_sizes, np.int64) + np.where(has_prefix, len(prefix), 0)
+    has_data = data_size > 0  # proto3 leaves an empty bytes field out
+    frame_id_field = _string_field(CompressedVideo.FRAME_ID_FIELD_NUMBER, frame_id)
+    data_tag = _tag(CompressedVideo.DATA_FIELD_NUMBER, 2)
+    pieces = [wire.Padded(stamp_head, np.full(rows, 2, np.int64)), seconds_field, nanos_field]
+    if has_data.all():  # every recorded frame: the frame id and the data's key in one piece
+        pieces.append(_varint_field_of(frame_id_field + data_tag, data_size, has_data))
+    else:
+        pieces += [
+            wire.Padded.constant(frame_id_field, rows),
+            _varint_field_of(data_tag, data_size, has_data),
+        ]
+    if has_prefix.any():
+        pieces.append(wire.Padded.constant(prefix, rows, has_prefix))
+    return wire.concat(pieces)
+
+
+def _varint_field_of(
+    key: bytes, values: np.ndarray, present: np.ndarray | None = None
+) -> wire.Padded:
+    """``key`` (a field's tag, after any constant bytes) and the varint of each value, left
+    out where not ``present`` (by default: where the value is 0, as proto3 leaves it out)."""
+    if present is None:
+        present = values != 0
+    value = wire.varints(values)
+    head = np.broadcast_to(np.frombuffer(key, np.uint8), (len(values), len(key)))
+    matrix = np.hstack([head, value.matrix])
+    return wire.Padded(matrix, np.where(present, len(key) + value.lengths, 0))
+
+
+# The fields after the data in every frame's CompressedVideo: its format.
+COMPRESSED_VIDEO_TAIL = _string_field(CompressedVideo.FORMAT_FIELD_NUMBER, VIDEO_FORMAT)
 
 
 def raw_image_parts(time_ns: int, frame_id: str, frame: np.ndarray) -> list[Bytes]:

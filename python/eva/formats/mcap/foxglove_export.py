@@ -1,11 +1,14 @@
 """Writing one episode in the ``foxglove`` MCAP profile (layout: ``eva.formats.mcap.foxglove``).
 
 A camera whose MP4 can be carried (H.264 without B-frames, ``eva.formats.mcap.h264``) goes in as
-its own access units, read in large windows and copied once into the chunk: no decode, so the
-episode is written at about the speed its videos are copied. Any other camera is decoded by the
-export's per-camera decode feeds (``CameraFeed``) and written as ``foxglove.RawImage`` rgb8.
-Messages are in log-time order: the metadata and quality log at the episode's start, then per
-frame index its columns and every camera's frame.
+its own access units, read in large windows and copied once into the chunk: no decode. When
+every camera is carried, the messages of all the frames a read window holds are built at once
+(``wire``, ``json_rows``, ``McapEpisodeWriter.add_messages``): a message costs a fraction of a
+microsecond of Python instead of tens (bench/README.md, ``bench_foxglove.py``). Any other camera
+is decoded by the export's per-camera decode feeds (``CameraFeed``) and written as
+``foxglove.RawImage`` rgb8, frame by frame. Either way the bytes are the same for the same
+messages. Messages are in log-time order: the metadata and quality log at the episode's start,
+then per frame index its columns and every camera's frame.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from foxglove_schemas_protobuf.RawImage_pb2 import RawImage
 from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.mp4box import Mp4Error, VideoSamples, read_video_samples
-from eva.formats.mcap import foxglove
+from eva.formats.mcap import foxglove, wire
 from eva.formats.mcap.export import CameraFeed, camera_batches, decode_buffers, subset_episodes
-from eva.formats.mcap.h264 import access_units, carry_problem
+from eva.formats.mcap.h264 import AccessUnitReader, access_units, carry_problem
+from eva.formats.mcap.json_rows import json_rows
 from eva.formats.mcap.layout import FOXGLOVE_PROFILE, export_info
 from eva.formats.mcap.records import Bytes
 from eva.formats.mcap.writer import (
@@ -97,23 +101,23 @@ class _Channels:
 
 
 @dataclass(frozen=True)
-class _JsonSeries:
+class JsonSeries:
     """One JSON topic's per-frame messages: the schema title, row 0 (which types the schema)
     and one payload per row."""
 
     title: str
     first: dict[str, object]
-    payloads: list[bytes]
+    payloads: wire.Ragged  # one JSON object per row
 
 
-def _column_payloads(
+def json_columns(
     table: pa.Table, features: Mapping[str, Any], image_features: Sequence[str]
-) -> tuple[dict[str, _JsonSeries], list[str]]:
+) -> tuple[dict[str, JsonSeries], list[str]]:
     """Per-frame JSON messages by topic, and the columns that are not numbers or fixed-size
     lists of numbers (not carried by this profile)."""
     rows = table.num_rows
-    topics: dict[str, _JsonSeries] = {}
-    scalars: dict[str, list[Any]] = {}
+    topics: dict[str, JsonSeries] = {}
+    scalars: dict[str, np.ndarray] = {}
     skipped: list[str] = []
     for name in table.column_names:
         if name in image_features:
@@ -123,23 +127,22 @@ def _column_payloads(
         if not isinstance(values, np.ndarray):
             skipped.append(name)
         elif values.ndim == 1:
-            scalars[name] = values.tolist()
+            scalars[name] = values
         else:
             flat = values.reshape(rows, -1)
             names = foxglove.dimension_names(features.get(name), name, flat.shape[1])
-            objects = [dict(zip(names, row, strict=True)) for row in flat.tolist()]
-            topics[foxglove.column_topic(name)] = _series(name, objects)
+            topics[foxglove.column_topic(name)] = _series(name, names, list(flat.T))
     if scalars:
-        objects = [{n: v[i] for n, v in scalars.items()} for i in range(rows)]
-        topics[foxglove.FRAME_TOPIC] = _series("eva.frame", objects)
+        topics[foxglove.FRAME_TOPIC] = _series("eva.frame", list(scalars), list(scalars.values()))
     return topics, skipped
 
 
-def _series(title: str, objects: list[dict[str, object]]) -> _JsonSeries:
-    return _JsonSeries(title, objects[0], [foxglove.json_payload(o) for o in objects])
+def _series(title: str, names: list[str], columns: list[np.ndarray]) -> JsonSeries:
+    first = dict(zip(names, [column[0].item() for column in columns], strict=True))
+    return JsonSeries(title, first, json_rows(names, columns))
 
 
-def _frame_times(table: pa.Table, start_ns: int, fps: float) -> np.ndarray:
+def frame_times(table: pa.Table, start_ns: int, fps: float) -> np.ndarray:
     rows = table.num_rows
     if "timestamp" in table.column_names:
         values = column_values(table.column("timestamp"))
@@ -175,8 +178,8 @@ def write_foxglove_episode(
         start_ns = 0
         if warn is not None:
             warn(f"{label}: no started_at in episodes.jsonl: times start at 0")
-    times = _frame_times(table, start_ns, fps)
-    columns, skipped = _column_payloads(table, content.features, content.image_features)
+    times = frame_times(table, start_ns, fps)
+    columns, skipped = json_columns(table, content.features, content.image_features)
     if skipped and warn is not None:
         warn(f"{label}: columns not carried by the foxglove profile: {', '.join(skipped)}")
     info = {**metadata, "fps": fps}
@@ -186,6 +189,9 @@ def write_foxglove_episode(
         chunk_size=chunk_size,
         profile=foxglove.PROFILE,
         library=foxglove.LIBRARY,
+        # Chunks written in this thread: with no decode to overlap, a flush thread only waits
+        # for the GIL this thread holds (bench/README.md, bench_foxglove.py).
+        background=False,
     ) as writer:
         channels = _Channels(writer)
         metadata_id = channels.add_json(foxglove.METADATA_TOPIC, "eva.episode", info)
@@ -214,6 +220,7 @@ class _FrameWriter:
 
     def __init__(self, writer: McapEpisodeWriter, times: np.ndarray, label: str) -> None:
         self.writer = writer
+        self.time_array = times
         self.times = times.tolist()
         self.rows = len(times)
         self.label = label
@@ -222,19 +229,24 @@ class _FrameWriter:
         self,
         cameras: Mapping[str, CameraInput],
         camera_ids: Mapping[str, int],
-        columns: Mapping[int, list[bytes]],
+        columns: Mapping[int, wire.Ragged],
     ) -> None:
+        carried = {k: v for k, v in cameras.items() if isinstance(v, CarriedVideo)}
+        for key, video in carried.items():
+            count = len(video.samples.sizes)
+            if count != self.rows:
+                raise DatasetError(
+                    f"{self.label}: camera {key}: {count} video frames but the table "
+                    f"has {self.rows} rows"
+                )
+        if len(carried) == len(cameras):
+            self._write_carried(carried, camera_ids, columns)
+            return
         units: dict[str, Iterator[list[Bytes]]] = {}
         feeds: dict[str, CameraFeed] = {}
         try:
             for key, source in cameras.items():
                 if isinstance(source, CarriedVideo):
-                    count = len(source.samples.sizes)
-                    if count != self.rows:
-                        raise DatasetError(
-                            f"{self.label}: camera {key}: {count} video frames but the table "
-                            f"has {self.rows} rows"
-                        )
                     units[key] = access_units(source.path, source.samples, self.label)
                 else:
                     feeds[key] = CameraFeed(iter(source), f"eva-mcap-decode-{key}")
@@ -247,15 +259,69 @@ class _FrameWriter:
                 if close is not None:
                     close()
 
+    def _write_carried(
+        self,
+        cameras: Mapping[str, CarriedVideo],
+        camera_ids: Mapping[str, int],
+        columns: Mapping[int, wire.Ragged],
+    ) -> None:
+        """Every camera carried: the messages of as many frame indices as every camera's read
+        window holds at once, built and framed with numpy (``wire``, ``add_messages``)."""
+        readers: dict[str, AccessUnitReader] = {}
+        try:
+            for key, video in cameras.items():
+                readers[key] = AccessUnitReader(video.path, video.samples, self.label)
+            column_rows = [series.to_list() for series in columns.values()]
+            slots = np.array([*columns, *(camera_ids[key] for key in cameras)], np.int64)
+            if not len(slots):
+                return
+            # After the data: nothing for a column, the format for a camera (the same each frame).
+            tail_lengths = np.array(
+                [0] * len(column_rows) + [len(foxglove.COMPRESSED_VIDEO_TAIL)] * len(cameras)
+            )
+            tail_bytes = np.frombuffer(foxglove.COMPRESSED_VIDEO_TAIL * len(cameras), np.uint8)
+            first = 0
+            while first < self.rows:
+                last = min([r.batch_end(first) for r in readers.values()] + [self.rows])
+                batches = [reader.read(first, last) for reader in readers.values()]
+                count = last - first
+                times = self.time_array[first:last]
+                heads = [wire.Ragged.empty(count)] * len(column_rows) + [
+                    foxglove.compressed_video_heads(
+                        times, key, batch.sizes, batch.prefix, batch.prefixed
+                    )
+                    for key, batch in zip(cameras, batches, strict=True)
+                ]
+                # A column's JSON is copied as a message's data (by slice, not byte by byte).
+                columns_now = [rows[first:last] for rows in column_rows]
+                datas: list[Bytes] = [
+                    data
+                    for frame in zip(*columns_now, *(b.units for b in batches), strict=True)
+                    for data in frame
+                ]
+                self.writer.add_messages(
+                    np.tile(slots, count),
+                    np.repeat(np.arange(first, last), len(slots)),
+                    np.repeat(times, len(slots)),
+                    wire.interleave(heads),
+                    datas,
+                    wire.Ragged(np.tile(tail_bytes, count), np.tile(tail_lengths, count)),
+                )
+                first = last
+        finally:
+            for reader in readers.values():
+                reader.close()
+
     def _write_from(
         self,
         keys: list[str],
         camera_ids: Mapping[str, int],
-        columns: Mapping[int, list[bytes]],
+        columns: Mapping[int, wire.Ragged],
         units: Mapping[str, Iterator[list[Bytes]]],
         feeds: Mapping[str, CameraFeed],
     ) -> None:
         writer, times, rows = self.writer, self.times, self.rows
+        column_lists = {channel_id: series.to_list() for channel_id, series in columns.items()}
         batches: dict[str, np.ndarray] = {}
         positions: dict[str, int] = {key: 0 for key in feeds}
         frame_index = 0
@@ -274,7 +340,7 @@ class _FrameWriter:
             count = min([len(batches[k]) - positions[k] for k in feeds] + [rows - frame_index])
             for _ in range(count):
                 t = times[frame_index]
-                for channel_id, payloads in columns.items():
+                for channel_id, payloads in column_lists.items():
                     writer.add_message(channel_id, frame_index, t, t, payloads[frame_index])
                 for key in keys:
                     if key in units:

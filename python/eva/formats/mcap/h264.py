@@ -26,15 +26,19 @@ import numpy as np
 
 from eva.dataset.errors import DatasetError
 from eva.dataset.mp4box import VideoSamples
-from eva.formats.mcap.records import Bytes
+from eva.formats.mcap.records import Bytes, SpareBuffers
 
 # Sample entries whose samples are H.264 NAL units framed by avcC's length size.
 H264_FOURCCS = (b"avc1", b"avc3")
 START_CODE = b"\x00\x00\x00\x01"
 NAL_SPS = 7
 NAL_PPS = 8
+_START_CODE = np.frombuffer(START_CODE, np.uint8)
+_LENGTH_BYTES = np.arange(4)
 # Bytes of samples read per pread (a sample larger than this is read alone).
 WINDOW = 4 << 20
+# Read windows of finished files, for the next file's cameras (no page faults on each read).
+spare_windows = SpareBuffers(keep=4)
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ def carry_problem(samples: VideoSamples) -> str | None:
     return None
 
 
-def _annexb_in_place(window: bytearray, start: int, end: int) -> bool:
+def annexb_in_place(window: bytearray, start: int, end: int) -> bool:
     """Overwrite the 4-byte NAL lengths of the sample ``window[start:end]`` with start codes;
     return whether it holds an SPS. ValueError when the lengths do not add up."""
     has_sps = False
@@ -118,50 +122,148 @@ def _annexb_copy(sample: memoryview, length_size: int) -> tuple[bytes, bool]:
     return bytes(out), has_sps
 
 
+def annexb_in_place_batch(window: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``annexb_in_place`` of every sample ``window[starts[i]:ends[i]]`` at once (one numpy
+    step per NAL unit position, not per unit); return whether each holds an SPS. ValueError
+    (naming the sample's place in ``starts``, as ``(index, message)`` args) for the first sample
+    whose lengths do not add up."""
+    pos = np.asarray(starts, np.int64).copy()
+    ends = np.asarray(ends, np.int64)
+    limit = len(window)
+    has_sps = np.zeros(len(pos), bool)
+    failed: dict[int, str] = {}
+    active = np.flatnonzero(pos < ends)
+    while active.size:
+        p, e = pos[active], ends[active]
+        if int(p.max()) + 4 <= limit:
+            heads = p[:, None] + _LENGTH_BYTES
+            size = window[heads].view(">u4")[:, 0].astype(np.int64)
+        else:  # a length cut off by the window reads as its bytes so far (as a slice does)
+            size = np.zeros(active.size, np.int64)
+            for i in range(4):
+                inside = p + i < limit
+                byte = window[np.minimum(p + i, limit - 1)].astype(np.int64)
+                size = np.where(inside, size << 8 | byte, size)
+        ok = (size != 0) & (p + 4 + size <= e)
+        if not ok.all():
+            for k in np.flatnonzero(~ok).tolist():
+                sample = int(active[k])
+                failed[sample] = (
+                    f"NAL unit of {size[k]} bytes at sample byte {p[k] - starts[sample]}"
+                )
+            active, p, size = active[ok], p[ok], size[ok]
+        has_sps[active] |= window[p + 4] & 0x1F == NAL_SPS
+        window[p[:, None] + _LENGTH_BYTES] = _START_CODE
+        pos[active] = nxt = p + 4 + size
+        active = active[nxt < ends[active]]
+    if failed:
+        first = min(failed)
+        raise ValueError(first, failed[first])
+    return has_sps
+
+
+@dataclass(frozen=True)
+class UnitBatch:
+    """Consecutive samples of a track as Annex B access units: frame *i*'s data is
+    ``prefix`` (``avcC``'s SPS/PPS) where ``prefixed[i]``, then ``units[i]`` (a view of the
+    reader's window, valid until its next ``read``)."""
+
+    units: list[Bytes]
+    sizes: np.ndarray  # int64 bytes of each unit (without the prefix)
+    prefixed: np.ndarray  # bool: a keyframe without an SPS of its own
+    prefix: bytes
+
+
+class AccessUnitReader:
+    """Batches of a carried track's samples, in decode order, as Annex B access units: one
+    ``pread`` per run of samples adjacent in the file, the NAL lengths turned into start codes
+    in the read window itself (4-byte lengths; 1- and 2-byte ones are rebuilt sample by
+    sample). ``DatasetError`` (naming ``label``) for a file shorter than its sample table or a
+    sample whose NAL lengths do not add up."""
+
+    def __init__(self, path: Path, samples: VideoSamples, label: str) -> None:
+        self.path, self.samples, self.label = path, samples, label
+        self.config = parse_avcc(samples.entry.config)
+        sizes = samples.sizes
+        # At most WINDOW bytes (a short video gets a buffer of its own size), never smaller
+        # than the largest sample.
+        # (A spare window of the previous file may be larger: batches are then longer.)
+        largest = int(sizes.max()) if len(sizes) else 0
+        self.window = spare_windows.take(max(largest, min(WINDOW, int(sizes.sum()))), True)
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            spare_windows.give_back([self.window])
+
+    def batch_end(self, first: int) -> int:
+        """The end of the longest batch from ``first`` whose samples fit the window together."""
+        sizes = self.samples.sizes
+        reach = np.cumsum(sizes[first:])
+        return first + max(1, int(np.searchsorted(reach, len(self.window), side="right")))
+
+    def read(self, first: int, last: int) -> UnitBatch:
+        """Samples ``first`` to ``last - 1`` (together at most the window, or a single one)."""
+        offsets = self.samples.offsets[first:last].astype(np.int64)
+        sizes = self.samples.sizes[first:last].astype(np.int64)
+        view = memoryview(self.window)
+        # Runs of samples that follow each other in the file: one read each, back to back.
+        breaks = np.flatnonzero(offsets[1:] != offsets[:-1] + sizes[:-1]) + 1
+        run_firsts = np.concatenate([[0], breaks]).tolist()
+        run_lasts = [*breaks.tolist(), len(sizes)]
+        starts = np.zeros(len(sizes), np.int64)
+        at = 0
+        for a, b in zip(run_firsts, run_lasts, strict=True):
+            span = int(offsets[b - 1] + sizes[b - 1] - offsets[a])
+            if os.preadv(self.fd, [view[at : at + span]], int(offsets[a])) != span:
+                raise DatasetError(f"{self.label}: {self.path}: ends inside sample {first + b - 1}")
+            starts[a:b] = at + offsets[a:b] - offsets[a]
+            at += span
+        ends = starts + sizes
+        try:
+            if self.config.length_size == 4:
+                has_sps = annexb_in_place_batch(np.frombuffer(self.window, np.uint8), starts, ends)
+                bounds = zip(starts.tolist(), ends.tolist(), strict=True)
+                units: list[Bytes] = [view[a:b] for a, b in bounds]
+            else:
+                units, has_sps = self._copies(view, starts, ends)
+                sizes = np.fromiter(map(len, units), np.int64, len(units))
+        except ValueError as e:
+            index, why = e.args
+            raise DatasetError(
+                f"{self.label}: {self.path}: sample {first + index}: {why}"
+            ) from None
+        prefixed = self.samples.keyframes[first:last] & ~has_sps
+        return UnitBatch(units, sizes, prefixed, self.config.parameter_sets)
+
+    def _copies(
+        self, view: memoryview, starts: np.ndarray, ends: np.ndarray
+    ) -> tuple[list[Bytes], np.ndarray]:
+        units: list[Bytes] = []
+        has_sps = np.zeros(len(starts), bool)
+        for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+            try:
+                unit, has_sps[i] = _annexb_copy(view[a:b], self.config.length_size)
+            except ValueError as e:
+                raise ValueError(i, str(e)) from None
+            units.append(unit)
+        return units, has_sps
+
+
 def access_units(path: Path, samples: VideoSamples, label: str) -> Iterator[list[Bytes]]:
     """Every sample of the track, in decode order, as the parts of one Annex B access unit
-    (SPS/PPS first on a keyframe that lacks them). The parts are valid until the next one is
-    asked for (they are views of a reused read window). ``DatasetError`` (naming ``label``) for
-    a file shorter than its sample table or a sample whose NAL lengths do not add up."""
-    config = parse_avcc(samples.entry.config)
-    offsets, sizes, keyframes = samples.offsets, samples.sizes, samples.keyframes
-    count = len(sizes)
-    # A window of at most WINDOW bytes (a short video gets a buffer of its own size), and never
-    # smaller than the largest sample.
-    largest = int(sizes.max()) if count else 0
-    window = bytearray(max(largest, min(WINDOW, int(sizes.sum()))))
-    view = memoryview(window)
-    fd = os.open(path, os.O_RDONLY)
+    (SPS/PPS first on a keyframe that lacks them): ``AccessUnitReader`` one frame at a time.
+    The parts are valid until the next one is asked for."""
+    reader = AccessUnitReader(path, samples, label)
     try:
-        first = 0
+        first, count = 0, len(samples.sizes)
         while first < count:
-            # One read for the samples that follow each other in the file within a window.
-            start = int(offsets[first])
-            last = first + 1
-            while (
-                last < count
-                and offsets[last] == offsets[last - 1] + sizes[last - 1]
-                and offsets[last] + sizes[last] - start <= len(window)
-            ):
-                last += 1
-            span = int(offsets[last - 1] + sizes[last - 1]) - start
-            if os.preadv(fd, [view[:span]], start) != span:
-                raise DatasetError(f"{label}: {path}: ends inside sample {last - 1}")
-            for i in range(first, last):
-                at = int(offsets[i]) - start
-                end = at + int(sizes[i])
-                try:
-                    if config.length_size == 4:
-                        has_sps = _annexb_in_place(window, at, end)
-                        unit: Bytes = view[at:end]
-                    else:
-                        unit, has_sps = _annexb_copy(view[at:end], config.length_size)
-                except ValueError as e:
-                    raise DatasetError(f"{label}: {path}: sample {i}: {e}") from None
-                if keyframes[i] and not has_sps:
-                    yield [config.parameter_sets, unit]
-                else:
-                    yield [unit]
+            last = reader.batch_end(first)
+            batch = reader.read(first, last)
+            for unit, prefixed in zip(batch.units, batch.prefixed.tolist(), strict=True):
+                yield [batch.prefix, unit] if prefixed else [unit]
             first = last
     finally:
-        os.close(fd)
+        reader.close()

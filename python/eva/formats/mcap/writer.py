@@ -47,7 +47,6 @@ from mcap.records import (
     Header,
     McapRecord,
     Message,
-    MessageIndex,
     Schema,
     Statistics,
     SummaryOffset,
@@ -58,12 +57,16 @@ from eva.dataset.errors import naming_write_errors
 from eva.dataset.msgpack_codec import encode_ndarray_into, encoded_ndarray_size
 from eva.formats.mcap.layout import LIBRARY, PROFILE
 from eva.formats.mcap.records import (
+    MESSAGE_HEADER,
     MESSAGE_OVERHEAD,
     Bytes,
     ChunkBuffer,
     StreamRecords,
+    message_index_bytes,
     serialized,
+    spare_buffers,
 )
+from eva.formats.mcap.wire import Ragged, spans
 from eva.formats.options import McapOptions
 
 # Stated once, in the export's options (the writer also serves callers that pass no options).
@@ -84,6 +87,24 @@ class _ChunkState:
     messages: int = 0
     # channel id -> [(log_time, offset in the chunk), ...]
     index: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # the same for messages added in batches: (channel ids, log times, offsets) arrays
+    batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def index_entries(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(channel id, its (log_time, offset) pairs in write order) by channel id."""
+        channels = set(self.index)
+        for batch_channels, _, _ in self.batches:
+            channels.update(np.unique(batch_channels).tolist())
+        for channel_id in sorted(channels):
+            parts = [np.array(self.index.get(channel_id, []), np.int64).reshape(-1, 2)]
+            for batch_channels, times, offsets in self.batches:
+                mine = batch_channels == channel_id
+                parts.append(np.stack([times[mine], offsets[mine]], axis=1))
+            pairs = np.concatenate(parts)
+            if len(parts) > 2 or self.index.get(channel_id):
+                # Offsets grow with the order of writing.
+                pairs = pairs[np.argsort(pairs[:, 1], kind="stable")]
+            yield channel_id, pairs
 
 
 class McapEpisodeWriter:
@@ -122,7 +143,7 @@ class McapEpisodeWriter:
         self._crc = crc
         # Two chunk buffers, reused for every chunk (the second is allocated when first needed);
         # a buffer only grows (once) for a message larger than the chunk size.
-        first = bytearray(self._chunk_size + BUFFER_SLACK)
+        first = spare_buffers.take(self._chunk_size + BUFFER_SLACK)
         self._bufs: list[bytearray | None] = [first, None]
         self._buf_index = 0
         self._records = ChunkBuffer(first)
@@ -130,11 +151,9 @@ class McapEpisodeWriter:
         # chunk and the summary; the helper thread writes chunks and message indexes.
         self._out = StreamRecords()
         self._chunk_out = StreamRecords()
-        self._executor = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="eva-mcap-flush")
-            if background
-            else None
-        )
+        # Started with the first chunk that is not the last (a file of one chunk needs none).
+        self._background = background
+        self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
         self._chunk = _ChunkState()
         self._schemas: list[Schema] = []
@@ -291,12 +310,86 @@ class McapEpisodeWriter:
             ).write(self._records)
         self._account(channel_id, log_time, offset)
 
+    def add_messages(
+        self,
+        channel_ids: np.ndarray,
+        sequences: np.ndarray,
+        log_times: np.ndarray,
+        heads: Ragged,
+        datas: Sequence[Bytes],
+        tails: Ragged,
+    ) -> None:
+        """Append ``len(channel_ids)`` messages in order (publish time = log time): message
+        *i*'s payload is row *i* of ``heads``, ``datas[i]`` and row *i* of ``tails``. The
+        records are framed for a whole chunk's share of the batch at once, with numpy; each
+        data is copied once, straight into the chunk buffer. Chunks fill and flush as they do
+        with ``add_message``."""
+        count = len(channel_ids)
+        data_sizes = np.fromiter(map(len, datas), np.int64, count)
+        records = MESSAGE_OVERHEAD + heads.lengths + data_sizes + tails.lengths
+        head_starts, tail_starts = heads.starts, tails.starts
+        first = 0
+        while first < count:
+            used = self._records.used
+            reach = used + np.cumsum(records[first:])
+            fit = int(np.searchsorted(reach, self._chunk_size, side="right"))
+            if fit == 0 and used:
+                self._flush_chunk()
+                continue
+            last = first + max(fit, 1)  # a record larger than a chunk goes alone
+            self._reserve(int(reach[last - first - 1]) - used)
+            sizes = records[first:last]
+            offsets = np.concatenate([[used], used + np.cumsum(sizes[:-1])])
+            header = np.zeros(last - first, MESSAGE_HEADER)
+            header["opcode"] = Opcode.MESSAGE
+            header["length"] = sizes - 9  # the record's bytes after its opcode and length
+            header["channel"] = channel_ids[first:last]
+            header["sequence"] = sequences[first:last]
+            header["log_time"] = header["publish_time"] = log_times[first:last]
+            buf = np.frombuffer(self._records.buffer, np.uint8)
+            buf[spans(offsets, np.full(last - first, MESSAGE_OVERHEAD))] = header.view(np.uint8)
+            head_at = offsets + MESSAGE_OVERHEAD
+            _scatter(buf, head_at, heads, head_starts, first, last)
+            data_at = head_at + heads.lengths[first:last]
+            buffer = self._records.buffer
+            for i in np.flatnonzero(data_sizes[first:last]).tolist():
+                at = int(data_at[i])
+                buffer[at : at + int(data_sizes[first + i])] = datas[first + i]
+            _scatter(buf, data_at + data_sizes[first:last], tails, tail_starts, first, last)
+            del buf
+            self._records.used = int(offsets[-1] + sizes[-1])
+            self._account_batch(channel_ids[first:last], log_times[first:last], offsets)
+            first = last
+
+    def _account_batch(
+        self, channels: np.ndarray, log_times: np.ndarray, offsets: np.ndarray
+    ) -> None:
+        chunk = self._chunk
+        low, high = int(log_times.min()), int(log_times.max())
+        if chunk.messages == 0:
+            chunk.start_time, chunk.end_time = low, high
+        else:
+            chunk.start_time = min(chunk.start_time, low)
+            chunk.end_time = max(chunk.end_time, high)
+        chunk.messages += len(channels)
+        chunk.batches.append(
+            (np.asarray(channels, np.int64), np.asarray(log_times, np.int64), offsets)
+        )
+        for channel_id, count in zip(*np.unique(channels, return_counts=True), strict=True):
+            self._channel_counts[int(channel_id)] += int(count)
+        self._message_count += len(channels)
+        if self._start_time is None or low < self._start_time:
+            self._start_time = low
+        self._end_time = max(self._end_time, high)
+        if self._records.used >= self._chunk_size:
+            self._flush_chunk()
+
     def _wait_pending(self) -> None:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()  # re-raises a failed write here, in the caller's thread
 
-    def _flush_chunk(self) -> None:
+    def _flush_chunk(self, last: bool = False) -> None:
         chunk = self._chunk
         if chunk.messages == 0:
             return
@@ -305,15 +398,17 @@ class McapEpisodeWriter:
         # The other buffer is free once its flush (the only one in flight) has finished.
         self._wait_pending()
         self._chunk = _ChunkState()
-        if self._executor is None:
+        if last or not self._background:
             self._records.reset()
             self._write_chunk(buffer, chunk)
             return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eva-mcap-flush")
         self._pending = self._executor.submit(self._write_chunk, buffer, chunk)
         self._buf_index ^= 1
         other = self._bufs[self._buf_index]
         if other is None:
-            other = self._bufs[self._buf_index] = bytearray(len(buffer))
+            other = self._bufs[self._buf_index] = spare_buffers.take(len(buffer))
         self._records.reset(other)
 
     def _write_chunk(self, buf: bytearray, chunk: _ChunkState) -> None:
@@ -340,9 +435,9 @@ class McapEpisodeWriter:
             self._pos += chunk_length
         index_start = self._pos
         index_offsets: dict[int, int] = {}
-        for channel_id in sorted(chunk.index):
+        for channel_id, pairs in chunk.index_entries():
             index_offsets[channel_id] = index_start + out.count
-            MessageIndex(channel_id=channel_id, records=chunk.index[channel_id]).write(out)
+            out.write(message_index_bytes(channel_id, pairs))
         index_length = out.write_to(self._stream)
         self._pos += index_length
         self._chunk_indexes.append(
@@ -365,7 +460,7 @@ class McapEpisodeWriter:
         """Flush the last chunk and write DataEnd, the summary and the footer."""
         if self._finished:
             return
-        self._flush_chunk()
+        self._flush_chunk(last=True)
         self._wait_pending()
         self.close()
         self._emit(DataEnd(data_section_crc=0))
@@ -417,8 +512,8 @@ class McapEpisodeWriter:
         self._finished = True
 
     def close(self) -> None:
-        """Stop the helper thread (after its current write); the file is complete only after
-        ``finish()``."""
+        """Stop the helper thread (after its current write) and hand the chunk buffers back
+        for the next file; the file is complete only after ``finish()``."""
         if self._executor is not None:
             pending, self._pending = self._pending, None
             if pending is not None:
@@ -426,6 +521,10 @@ class McapEpisodeWriter:
                     pending.result()
             self._executor.shutdown(wait=True)
             self._executor = None
+        # No thread writes from them now; a message added after this gets a buffer of its own.
+        spare_buffers.give_back([b for b in self._bufs if b is not None])
+        self._bufs = [None, None]
+        self._records.reset(bytearray())
 
 
 @contextlib.contextmanager
@@ -436,10 +535,11 @@ def episode_file(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     profile: str = PROFILE,
     library: str = LIBRARY,
+    background: bool = True,
 ) -> Iterator[McapEpisodeWriter]:
     """A writer on a new file at ``path`` (its directory made), finished when the block ends;
     when the block (or the finish) fails, the partial file is removed and the error raised,
-    a write error naming the file."""
+    a write error naming the file. ``background``: as ``McapEpisodeWriter``'s."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with naming_write_errors(path), open(path, "wb") as stream:
@@ -449,6 +549,7 @@ def episode_file(
                 chunk_size=chunk_size,
                 profile=profile,
                 library=library,
+                background=background,
             )
             try:
                 yield writer
@@ -470,3 +571,14 @@ def _make_compressor(compression: str) -> Any:
     import lz4.frame
 
     return lz4.frame.compress
+
+
+def _scatter(
+    buf: np.ndarray, at: np.ndarray, rows: Ragged, starts: np.ndarray, first: int, last: int
+) -> None:
+    """Rows ``first`` to ``last - 1`` of ``rows`` (row starts ``starts``) into ``buf`` at ``at``."""
+    lengths = rows.lengths[first:last]
+    begin = int(starts[first])
+    end = int(starts[last - 1] + lengths[-1])
+    if end > begin:
+        buf[spans(at, lengths)] = rows.flat[begin:end]
