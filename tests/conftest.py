@@ -24,7 +24,16 @@ from eva.capture.synthetic import write_synthetic_dataset
 
 # Every kernel in eva_fast; the native pass must have all of them, or it would silently test the
 # references twice (tests of a native variant skip only when EVA_PUREPYTHON=1 asks for that).
-NATIVE_KERNELS = ("_buildinfo", "stats", "ring", "shm_ring", "align", "rgb", "msgpack_image")
+NATIVE_KERNELS = (
+    "_buildinfo",
+    "stats",
+    "ring",
+    "shm_ring",
+    "align",
+    "rgb",
+    "msgpack_image",
+    "float_repr",
+)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
