@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from eva.dataset.errors import DatasetError
 
@@ -246,3 +246,164 @@ class FormatModule(Protocol):
         """Totals against the physical files plus a real read of one state, one action and one
         image frame per episode with the format's own reader (shared checks:
         ``eva.formats._verify``)."""
+
+
+# ---- per-episode formats: one output file per episode, written as independent tasks -----------
+
+
+@dataclass(frozen=True)
+class EpisodeTask:
+    """One output episode file to write: everything a worker process needs besides the source
+    dataset itself, small and picklable. The file is a pure function of these fields and the
+    source's files (``eva.export.executors`` runs tasks serially or on a process pool)."""
+
+    source: Path  # the source dataset root
+    subset: str
+    index: int  # output episode index
+    source_index: int
+    label: str  # names the episode in errors and warnings
+    path: str  # the file, relative to ``subset_dir``
+    subset_dir: Path  # the subset's staging directory
+    length: int  # rows, from episodes.jsonl
+    index_offset: int  # the output ``index`` of its first row
+    task_remap: Mapping[int, int]
+    row: Mapping[str, object]  # its episodes.jsonl row in the subset
+    video_keys: tuple[str, ...]
+    fps: int | float | None  # the subset info's fps, as stored (None: the source reader's)
+    options: ExportOptions
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """What a task hands back to the driver (picklable): the file it wrote and what the
+    subset's finish and the progress need."""
+
+    subset: str
+    index: int
+    path: str
+    bytes: int
+    current: str  # the progress line's "current"
+    warnings: tuple[str, ...] = ()  # episode warnings, reported in episode order
+    # (name, reason) pairs the format's finish counts over the subset's episodes (mcap
+    # foxglove: the cameras written decoded, and why)
+    counted: tuple[tuple[str, str], ...] = ()
+
+
+class EpisodeWriterSession(Protocol):
+    """Writes episode tasks in one process, reusing its buffers from one episode to the next
+    (memory stays bounded per process, whatever the episode count)."""
+
+    def write(self, task: EpisodeTask) -> EpisodeResult: ...
+
+    def close(self) -> None: ...
+
+
+def no_subset_warnings(meta: SubsetMeta, results: Sequence[EpisodeResult]) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class EpisodeFormat:
+    """How a per-episode format (one file per episode plus metadata: hdf5, mcap) cuts a subset
+    into tasks and finishes it; the module's ``EPISODES``. Its ``write_subset`` runs the tasks
+    serially; ``eva.export.executors`` runs the same tasks, sessions and finish on a pool.
+
+    ``path(index, chunks_size)``: an episode's file; ``label``: a template with ``{subset}``,
+    ``{index}`` and ``{source_index}`` naming it in errors; ``check_options``: in the driver,
+    before any task (refuses options it cannot use); ``subset_info``: the subset's info.json;
+    ``subset_warnings``: the warnings about the whole subset, after the episodes' own.
+    """
+
+    path: Callable[[int, int], str]
+    label: str
+    open_episode_writer: Callable[[DatasetReader, ExportOptions], EpisodeWriterSession]
+    check_options: Callable[[ExportOptions], object]
+    subset_info: Callable[[SubsetMeta, ExportOptions], dict[str, Any]]
+    subset_warnings: Callable[[SubsetMeta, Sequence[EpisodeResult]], list[str]] = no_subset_warnings
+
+    def episode_tasks(
+        self, reader: DatasetReader, meta: SubsetMeta, subset_dir: Path, options: ExportOptions
+    ) -> list[EpisodeTask]:
+        """The subset's tasks in output order."""
+        from eva.dataset.layout import DEFAULT_CHUNKS_SIZE
+
+        self.check_options(options)
+        chunks_size = int(meta.info.get("chunks_size", DEFAULT_CHUNKS_SIZE))
+        fps = meta.info.get("fps")
+        return [
+            EpisodeTask(
+                source=Path(reader.root),
+                subset=meta.subset,
+                index=new,
+                source_index=src,
+                label=self.label.format(subset=meta.subset, index=new, source_index=src),
+                path=self.path(new, chunks_size),
+                subset_dir=Path(subset_dir),
+                length=meta.lengths[new],
+                index_offset=meta.index_offsets[new],
+                task_remap=dict(meta.task_remap),
+                row=dict(meta.episodes[new]),
+                video_keys=tuple(meta.video_keys),
+                fps=fps if isinstance(fps, int | float) and not isinstance(fps, bool) else None,
+                options=options,
+            )
+            for new, src in enumerate(meta.source_episode_indices)
+        ]
+
+    def finish_subset(
+        self,
+        meta: SubsetMeta,
+        subset_dir: Path,
+        results: Sequence[EpisodeResult],
+        progress: ProgressSink,
+        options: ExportOptions,
+    ) -> None:
+        """After every task of the subset (``results`` in output order): the warnings, then the
+        common metadata."""
+        from eva.dataset.subset import write_common_meta
+
+        report_warnings(progress, results)
+        for line in self.subset_warnings(meta, results):
+            progress(warning=line)
+        write_common_meta(Path(subset_dir), meta, self.subset_info(meta, options))
+
+    def write_subset(
+        self,
+        reader: DatasetReader,
+        meta: SubsetMeta,
+        staging_dir: Path,
+        progress: ProgressSink,
+        options: ExportOptions,
+    ) -> None:
+        """``FormatModule.write_subset``, serially in this process."""
+        tasks = self.episode_tasks(reader, meta, staging_dir, options)
+        results = run_serially(tasks, self.open_episode_writer(reader, options), progress)
+        self.finish_subset(meta, staging_dir, results, progress, options)
+
+
+def report_result(progress: ProgressSink, result: EpisodeResult) -> None:
+    """One finished episode file in the progress counts."""
+    progress(episodes=1, files=1, bytes=result.bytes, current=result.current)
+
+
+def report_warnings(progress: ProgressSink, results: Sequence[EpisodeResult]) -> None:
+    """The episodes' warnings in output order (whatever order the tasks finished in)."""
+    for result in results:
+        for line in result.warnings:
+            progress(warning=line)
+
+
+def run_serially(
+    tasks: Sequence[EpisodeTask], session: EpisodeWriterSession, progress: ProgressSink
+) -> list[EpisodeResult]:
+    """Every task in this process, in order, through one session (closed at the end): what a
+    format's ``write_subset`` does, and what the serial executor does."""
+    results = []
+    try:
+        for task in tasks:
+            result = session.write(task)
+            report_result(progress, result)
+            results.append(result)
+    finally:
+        session.close()
+    return results

@@ -65,8 +65,10 @@ from eva.formats.hdf5.items import (
 from eva.formats.hdf5.reader import Hdf5Episode, read_episode
 from eva.formats.hdf5.verify import verify
 from eva.formats.hdf5.writer import (
+    EPISODES,
     BatchBuffers,
     EpisodeWriter,
+    Hdf5EpisodeSession,
     ImageWriteStats,
     episode_path,
     export_info,
@@ -77,6 +79,7 @@ from eva.formats.options import MAX_BATCH_BYTES, Hdf5Options, parse_compression
 OPTIONS = Hdf5Options  # this format's options (eva.formats.base.FormatModule)
 
 __all__ = [
+    "EPISODES",
     "EPISODE_PATH",
     "FORMAT_NAME",
     "GROUPS",
@@ -88,6 +91,7 @@ __all__ = [
     "EpisodeWriter",
     "FrameConverter",
     "Hdf5Episode",
+    "Hdf5EpisodeSession",
     "Hdf5Options",
     "ImageWriteStats",
     "YuvTables",

@@ -25,10 +25,9 @@ from eva.dataset.reader import DatasetReader
 from eva.dataset.rgb import FrameConverter
 from eva.dataset.subset import SubsetMeta
 from eva.formats._decode import VideoOpenError, open_video
-from eva.formats.base import ExportOptions
+from eva.formats.base import EpisodeFormat, EpisodeResult, EpisodeTask, ExportOptions
 from eva.formats.hdf5.items import EPISODE_PATH, FORMAT_NAME, ITEM_NAME, write_mapping
 from eva.formats.options import Hdf5Options
-from eva.progress import ProgressSink
 
 # HDF5's error text carries the errno of a failed write: "... errno = 28, error message ...".
 _HDF5_ERRNO = re.compile(r"\berrno = (\d+)")
@@ -327,54 +326,49 @@ def export_info(source_info: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-def write_subset(
-    reader: DatasetReader,
-    meta: SubsetMeta,
-    staging_dir: Path,
-    progress: ProgressSink,
-    options: ExportOptions,
-) -> None:
-    """Write one quality subset (``SubsetMeta``) of the source ``reader`` as HDF5 episode files
-    plus the common metadata into ``staging_dir``."""
-    from eva.dataset.subset import write_common_meta
+class Hdf5EpisodeSession:
+    """Writes HDF5 episode tasks from one reader; one ``EpisodeWriter`` (its batch buffers,
+    converter and compression threads) serves every episode."""
 
-    staging_dir = Path(staging_dir)
-    opts = options.format_options(Hdf5Options)
-    info = export_info(meta.info)
-    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
-    fps = meta.info.get("fps", getattr(reader, "fps", None))
-    with EpisodeWriter(opts) as writer:
-        _write_episodes(writer, reader, meta, staging_dir, progress, chunks_size, fps)
-    write_common_meta(staging_dir, meta, info)
+    def __init__(self, reader: DatasetReader, options: ExportOptions) -> None:
+        self.reader = reader
+        self.writer = EpisodeWriter(options.format_options(Hdf5Options))
 
+    def write(self, task: EpisodeTask) -> EpisodeResult:
+        from eva.dataset.subset import rewrite_index_columns
 
-def _write_episodes(
-    writer: EpisodeWriter,
-    reader: DatasetReader,
-    meta: SubsetMeta,
-    staging_dir: Path,
-    progress: ProgressSink,
-    chunks_size: int,
-    fps: object,
-) -> None:
-    from eva.dataset.subset import rewrite_index_columns
-
-    for new, src in enumerate(meta.source_episode_indices):
-        label = f"{meta.subset} episode {new} (source episode {src})"
+        reader, src, new = self.reader, task.source_index, task.index
         table = reader.read_table(src)
-        if table.num_rows != meta.lengths[new]:
+        if table.num_rows != task.length:
             raise DatasetError(
                 f"{reader.data_path(src)}: episode {src}: {table.num_rows} rows but "
-                f"episodes.jsonl length {meta.lengths[new]}"
+                f"episodes.jsonl length {task.length}"
             )
-        table = rewrite_index_columns(table, new, meta.index_offsets[new], meta.task_remap)
-        videos = {key: Path(reader.video_path(src, key)) for key in meta.video_keys}
-        rel = episode_path(new, chunks_size)
-        size = writer.write_episode(
-            staging_dir / rel,
+        table = rewrite_index_columns(table, new, task.index_offset, dict(task.task_remap))
+        videos = {key: Path(reader.video_path(src, key)) for key in task.video_keys}
+        fps = task.fps if task.fps is not None else getattr(reader, "fps", None)
+        size = self.writer.write_episode(
+            task.subset_dir / task.path,
             columns=table,
             videos=videos,
-            metadata={**meta.episodes[new], "fps": fps},
-            label=label,
+            metadata={**task.row, "fps": fps},
+            label=task.label,
         )
-        progress(episodes=1, files=1, bytes=size, current=f"{meta.subset}/{rel}")
+        return EpisodeResult(task.subset, new, task.path, size, f"{task.subset}/{task.path}")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def subset_info(meta: SubsetMeta, options: ExportOptions) -> dict[str, Any]:
+    return export_info(meta.info)
+
+
+EPISODES = EpisodeFormat(
+    path=episode_path,
+    label="{subset} episode {index} (source episode {source_index})",
+    open_episode_writer=Hdf5EpisodeSession,
+    check_options=lambda options: options.format_options(Hdf5Options),
+    subset_info=subset_info,
+)
+write_subset = EPISODES.write_subset

@@ -19,7 +19,9 @@ as Annex B access units), ``foxglove_export`` (``write_foxglove_episode``, the s
 from __future__ import annotations
 
 from eva.formats.mcap.export import (
+    EPISODES,
     CameraFeed,
+    McapEpisodeSession,
     camera_batches,
     episode_payload,
     write_episode_file,
@@ -57,6 +59,7 @@ from eva.formats.options import McapOptions
 OPTIONS = McapOptions  # this format's options (eva.formats.base.FormatModule)
 
 __all__ = [
+    "EPISODES",
     "COMPRESSIONS",
     "DATA_PATH",
     "DEFAULT_CHUNK_SIZE",
@@ -75,6 +78,7 @@ __all__ = [
     "ZSTD_LEVEL",
     "CameraFeed",
     "McapEpisode",
+    "McapEpisodeSession",
     "McapEpisodeWriter",
     "McapOptions",
     "camera_batches",

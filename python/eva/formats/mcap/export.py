@@ -11,18 +11,17 @@ import os
 import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from eva.dataset import layout as dataset_layout
 from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import encoded_ndarray_size, packb
 from eva.dataset.video import FrameSizeError
+from eva.formats.base import EpisodeFormat, EpisodeResult, EpisodeTask
 from eva.formats.mcap.layout import (
     EPISODE_SCHEMA_DATA,
     EPISODE_SCHEMA_ENCODING,
@@ -43,7 +42,6 @@ from eva.formats.mcap.writer import (
 )
 from eva.formats.options import FOXGLOVE_EXTRA_MISSING, McapOptions
 from eva.formats.options import FOXGLOVE_MODULES as FOXGLOVE_IMPORTS
-from eva.progress import ProgressSink
 
 if TYPE_CHECKING:
     from eva.dataset.reader import DatasetReader
@@ -260,33 +258,32 @@ def _write_frames_from(
             frame_index += 1
 
 
-@dataclass(frozen=True)
-class SubsetEpisode:
-    """One output episode of a subset: its index, its source episode, its renumbered table and
-    its file (relative to the subset directory)."""
-
-    index: int
-    source_index: int
-    label: str
-    table: pa.Table
-    path: str
+def check_options(options: ExportOptions) -> None:
+    """Options of another format, or the foxglove profile without its extra: refused in the
+    driver, before any task runs."""
+    if options.format_options(McapOptions).profile == FOXGLOVE_PROFILE:
+        foxglove_session_class()
 
 
-def subset_episodes(reader: DatasetReader, meta: SubsetMeta) -> Iterator[SubsetEpisode]:
-    """The subset's episodes in output order, each table read (and renumbered) when reached."""
+def foxglove_session_class() -> type[McapEpisodeSession]:
+    """The foxglove profile's session (``eva.formats.mcap.foxglove_export``), or the one-line
+    error naming the extra it needs."""
+    try:
+        from eva.formats.mcap.foxglove_export import FoxgloveEpisodeSession
+    except ImportError as e:
+        if e.name is not None and e.name.split(".")[0] in (*FOXGLOVE_IMPORTS, "google"):
+            raise DatasetError(f"mcap profile {FOXGLOVE_EXTRA_MISSING}") from None
+        raise
+    return FoxgloveEpisodeSession
+
+
+def episode_table(reader: DatasetReader, task: EpisodeTask) -> pa.Table:
+    """The task's source table with its index columns renumbered for the subset."""
     from eva.dataset.subset import rewrite_index_columns
 
-    chunks_size = int(meta.info.get("chunks_size", dataset_layout.DEFAULT_CHUNKS_SIZE))
-    for new_index, source_index in enumerate(meta.source_episode_indices):
-        table = rewrite_index_columns(
-            reader.read_table(source_index),
-            new_index,
-            meta.index_offsets[new_index],
-            meta.task_remap,
-        )
-        label = f"episode {new_index} (source episode {source_index})"
-        rel = episode_path(new_index, chunks_size)
-        yield SubsetEpisode(new_index, source_index, label, table, rel)
+    return rewrite_index_columns(
+        reader.read_table(task.source_index), task.index, task.index_offset, dict(task.task_remap)
+    )
 
 
 def decode_buffers(
@@ -302,54 +299,88 @@ def decode_buffers(
     return buffers
 
 
-def write_subset(
-    reader: DatasetReader,
-    meta: SubsetMeta,
-    staging_dir: Path,
-    progress: ProgressSink,
-    options: ExportOptions,
-) -> None:
-    """Write one quality subset (``SubsetMeta``) of the source ``reader`` as MCAP episode files
-    plus the common metadata into ``staging_dir``, with the profile, chunk compression, chunk
-    size and decode batch size of ``McapOptions`` (the foxglove profile:
-    ``eva.formats.mcap.foxglove_export``)."""
-    from eva.dataset.subset import write_common_meta
+class McapEpisodeSession:
+    """Writes MCAP episode tasks (eva-client profile) from one reader; the cameras' decode
+    buffers are made once, for the first episode, and reused by every later one."""
 
-    opts = options.format_options(McapOptions)
-    if opts.profile == FOXGLOVE_PROFILE:
-        try:
-            from eva.formats.mcap.foxglove_export import write_foxglove_subset
-        except ImportError as e:
-            if e.name is not None and e.name.split(".")[0] in (*FOXGLOVE_IMPORTS, "google"):
-                raise DatasetError(f"mcap profile {FOXGLOVE_EXTRA_MISSING}") from None
-            raise
-        write_foxglove_subset(reader, meta, Path(staging_dir), progress, opts)
-        return
-    batch_size = opts.batch_size
-    staging_dir = Path(staging_dir)
-    video_keys = list(meta.video_keys)
-    image_features = [k for k, f in reader.features.items() if f.get("dtype") == "image"]
-    buffers = decode_buffers(reader, video_keys, batch_size)
-    for episode in subset_episodes(reader, meta):
-        batches: dict[str, Iterator[np.ndarray]] = {}
-        for key in video_keys:
-            batches[key] = camera_batches(
-                reader, episode.source_index, key, batch_size, buffers, episode.label
+    def __init__(self, reader: DatasetReader, options: ExportOptions) -> None:
+        self.reader = reader
+        self.opts = options.format_options(McapOptions)
+        self.image_features = [k for k, f in reader.features.items() if f.get("dtype") == "image"]
+        self.buffers: dict[str, np.ndarray] | None = None
+
+    def camera_buffers(self, task: EpisodeTask) -> dict[str, np.ndarray]:
+        if self.buffers is None:
+            self.buffers = decode_buffers(self.reader, task.video_keys, self.opts.batch_size)
+        return self.buffers
+
+    def write(self, task: EpisodeTask) -> EpisodeResult:
+        reader, opts = self.reader, self.opts
+        buffers = self.camera_buffers(task)
+        batches = {
+            key: camera_batches(
+                reader, task.source_index, key, opts.batch_size, buffers, task.label
             )
-        progress(current=f"{meta.subset}: {episode.path}")
+            for key in task.video_keys
+        }
         size = write_episode_file(
-            staging_dir / episode.path,
-            table=episode.table,
-            metadata=meta.episodes[episode.index],
+            task.subset_dir / task.path,
+            table=episode_table(reader, task),
+            metadata=task.row,
             fps=reader.fps,
             frame_batches=batches,
-            image_features=image_features,
-            episode_label=episode.label,
+            image_features=self.image_features,
+            episode_label=task.label,
             compression=opts.compression,
             chunk_size=opts.chunk_size,
         )
-        progress(episodes=1, files=1, bytes=size)
-    write_common_meta(staging_dir, meta, export_info(meta.info))
+        return EpisodeResult(task.subset, task.index, task.path, size, result_current(task))
+
+    def close(self) -> None:
+        self.buffers = None
+
+
+def result_current(task: EpisodeTask) -> str:
+    return f"{task.subset}: {task.path}"
+
+
+def open_episode_writer(reader: DatasetReader, options: ExportOptions) -> McapEpisodeSession:
+    """The session of the options' profile."""
+    if options.format_options(McapOptions).profile == FOXGLOVE_PROFILE:
+        return foxglove_session_class()(reader, options)
+    return McapEpisodeSession(reader, options)
+
+
+def subset_info(meta: SubsetMeta, options: ExportOptions) -> dict[str, object]:
+    return export_info(meta.info, options.format_options(McapOptions).profile)
+
+
+def decoded_camera_warnings(meta: SubsetMeta, results: Sequence[EpisodeResult]) -> list[str]:
+    """Foxglove: one warning per (camera, reason) of the cameras written decoded."""
+    decoded: dict[tuple[str, str], int] = {}  # (camera, why) -> episodes written decoded
+    for result in results:
+        for pair in result.counted:
+            decoded[pair] = decoded.get(pair, 0) + 1
+    total = len(meta.source_episode_indices)
+    return [
+        f"{meta.subset}: camera {key}: {why}: written decoded as foxglove.RawImage rgb8 in "
+        f"{count} of {total} episodes"
+        for (key, why), count in decoded.items()
+    ]
+
+
+# The subset as one task per episode file (eva.formats.base.EpisodeFormat); write_subset writes
+# it serially with the profile, chunk compression, chunk size and decode batch size of
+# McapOptions (the foxglove profile: eva.formats.mcap.foxglove_export).
+EPISODES = EpisodeFormat(
+    path=episode_path,
+    label="episode {index} (source episode {source_index})",
+    open_episode_writer=open_episode_writer,
+    check_options=check_options,
+    subset_info=subset_info,
+    subset_warnings=decoded_camera_warnings,
+)
+write_subset = EPISODES.write_subset
 
 
 def camera_batches(

@@ -28,11 +28,17 @@ from foxglove_schemas_protobuf.RawImage_pb2 import RawImage
 from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.mp4box import Mp4Error, VideoSamples, read_video_samples
+from eva.formats.base import EpisodeResult, EpisodeTask
 from eva.formats.mcap import foxglove, wire
-from eva.formats.mcap.export import CameraFeed, camera_batches, decode_buffers, subset_episodes
+from eva.formats.mcap.export import (
+    CameraFeed,
+    McapEpisodeSession,
+    camera_batches,
+    episode_table,
+    result_current,
+)
 from eva.formats.mcap.h264 import AccessUnitReader, access_units, carry_problem
 from eva.formats.mcap.json_rows import json_rows
-from eva.formats.mcap.layout import FOXGLOVE_PROFILE, export_info
 from eva.formats.mcap.records import Bytes
 from eva.formats.mcap.writer import (
     DEFAULT_CHUNK_SIZE,
@@ -40,12 +46,9 @@ from eva.formats.mcap.writer import (
     McapEpisodeWriter,
     episode_file,
 )
-from eva.formats.options import McapOptions
-from eva.progress import ProgressSink
 
 if TYPE_CHECKING:
-    from eva.dataset.reader import DatasetReader
-    from eva.dataset.subset import SubsetMeta
+    pass
 
 
 @dataclass(frozen=True)
@@ -371,30 +374,17 @@ class _FrameWriter:
         return batch
 
 
-def write_foxglove_subset(
-    reader: DatasetReader,
-    meta: SubsetMeta,
-    staging_dir: Path,
-    progress: ProgressSink,
-    opts: McapOptions,
-) -> None:
-    """``write_subset`` of the foxglove profile: each camera carried from its MP4 where it can
-    be, else decoded; one warning per (camera, reason) of the decoded ones, and the other
-    episode-level warnings, go to ``progress``."""
-    from eva.dataset.subset import write_common_meta
+class FoxgloveEpisodeSession(McapEpisodeSession):
+    """Writes MCAP episode tasks in the foxglove profile: each camera carried from its MP4
+    where it can be, else decoded (into the session's reused buffers). The result counts each
+    decoded camera with its reason, and carries the episode's other warnings."""
 
-    video_keys = list(meta.video_keys)
-    image_features = [k for k, f in reader.features.items() if f.get("dtype") == "image"]
-    buffers: dict[str, np.ndarray] | None = None
-    decoded: dict[tuple[str, str], int] = {}  # (camera, why) -> episodes written decoded
-
-    def warn(line: str) -> None:
-        progress(warning=f"{meta.subset}: {line}")
-
-    for episode in subset_episodes(reader, meta):
+    def write(self, task: EpisodeTask) -> EpisodeResult:
+        reader, opts = self.reader, self.opts
         cameras: dict[str, CameraInput] = {}
-        for key in video_keys:
-            path = reader.video_path(episode.source_index, key)
+        decoded: list[tuple[str, str]] = []
+        for key in task.video_keys:
+            path = reader.video_path(task.source_index, key)
             try:
                 samples = read_video_samples(path)
                 why = carry_problem(samples)
@@ -403,34 +393,38 @@ def write_foxglove_subset(
             if why is None:
                 cameras[key] = CarriedVideo(path, samples)
                 continue
-            decoded[(key, why)] = decoded.get((key, why), 0) + 1
-            if buffers is None:
-                buffers = decode_buffers(reader, video_keys, opts.batch_size)
+            decoded.append((key, why))
             cameras[key] = camera_batches(
-                reader, episode.source_index, key, opts.batch_size, buffers, episode.label
+                reader,
+                task.source_index,
+                key,
+                opts.batch_size,
+                self.camera_buffers(task),
+                task.label,
             )
-        progress(current=f"{meta.subset}: {episode.path}")
         content = EpisodeContent(
-            episode.table,
-            meta.episodes[episode.index],
+            episode_table(reader, task),
+            task.row,
             reader.fps,
             reader.features,
-            image_features,
-            episode.label,
+            self.image_features,
+            task.label,
         )
+        warnings: list[str] = []
         size = write_foxglove_episode(
-            staging_dir / episode.path,
+            task.subset_dir / task.path,
             content,
             cameras,
             compression=opts.compression,
             chunk_size=opts.chunk_size,
-            warn=warn,
+            warn=lambda line: warnings.append(f"{task.subset}: {line}"),
         )
-        progress(episodes=1, files=1, bytes=size)
-    total = len(meta.source_episode_indices)
-    for (key, why), count in decoded.items():
-        warn(
-            f"camera {key}: {why}: written decoded as foxglove.RawImage rgb8 in {count} of "
-            f"{total} episodes"
+        return EpisodeResult(
+            task.subset,
+            task.index,
+            task.path,
+            size,
+            result_current(task),
+            warnings=tuple(warnings),
+            counted=tuple(decoded),
         )
-    write_common_meta(staging_dir, meta, export_info(meta.info, FOXGLOVE_PROFILE))
