@@ -46,7 +46,9 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _manifest(export_root: Path) -> dict[str, str]:
+def export_manifest(export_root: Path) -> dict[str, str]:
+    """Every output file of the export roots below ``export_root`` -> its digest (run records
+    and run fields left out; also used by tests/test_export_executors.py)."""
     files: dict[str, str] = {}
     for path in sorted(export_root.rglob("*")):
         if not path.is_file() or path.name in RUN_RECORDS or path.name.endswith(".lock"):
@@ -55,16 +57,23 @@ def _manifest(export_root: Path) -> dict[str, str]:
     return files
 
 
-def test_outputs_match_the_recorded_manifest(tmp_path: Path, lerobot_fixture_dir: Path) -> None:
+def judged_fixture_copy(tmp_path: Path, fixture: Path) -> Path:
+    """A copy of the LeRobot fixture at ``tmp_path/raw`` with episode 1 judged "fail" (so both
+    subsets hold an episode)."""
     source = tmp_path / "raw"
-    shutil.copytree(lerobot_fixture_dir, source)
+    shutil.copytree(fixture, source)
     episodes = source / "meta" / "episodes.jsonl"
     rows = [json.loads(line) for line in episodes.read_text(encoding="utf-8").splitlines()]
     rows[1]["qc_verdict"] = "fail"
     episodes.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return source
+
+
+def test_outputs_match_the_recorded_manifest(tmp_path: Path, lerobot_fixture_dir: Path) -> None:
+    source = judged_fixture_copy(tmp_path, lerobot_fixture_dir)
     for fmt in FORMATS:
         export_dataset(source, fmt)
-    files = _manifest(tmp_path / "export")
+    files = export_manifest(tmp_path / "export")
     assert {p.split("/")[0] for p in files} == set(FORMATS)
     assert any(p.startswith("lerobot_v3/rejected/") for p in files)
 

@@ -39,7 +39,9 @@ from eva.dataset.columns import fixed_size_values
 from eva.dataset.errors import DatasetError, error_line, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, build_subset_meta, write_staged_json
+from eva.export.executors import EXECUTORS
 from eva.export.registry import ExportOptions, load_format
+from eva.formats.base import EpisodeFormat
 from eva.jobs import (
     EXPORT_JOB,
     Job,
@@ -288,6 +290,39 @@ def _new_job(root: Path, source: Path, fmt: str, job_id: str | None) -> Job:
     return job
 
 
+def write_episode_subsets(
+    fmt: str,
+    episodes: EpisodeFormat,
+    reader: DatasetReader,
+    metas: dict[str, SubsetMeta],
+    staging: Path,
+    progress: Progress,
+    options: ExportOptions,
+    executor: str,
+    workers: int | None,
+) -> set[str]:
+    """Both subsets of a per-episode format: every episode file as one task, all on
+    ``executor``, then each subset's finish (warnings, common metadata) here, in the driver."""
+    from eva.export.executors import run_episode_tasks  # a pool is only made if needed
+
+    tasks = {s: episodes.episode_tasks(reader, metas[s], staging / s, options) for s in SUBSETS}
+    every = [task for subset in SUBSETS for task in tasks[subset]]
+    results = run_episode_tasks(
+        fmt, episodes, reader, every, progress, options=options, executor=executor, workers=workers
+    )
+    for subset in SUBSETS:
+        subset_dir = staging / subset
+        with naming_write_errors(subset_dir):
+            episodes.finish_subset(
+                metas[subset],
+                subset_dir,
+                [r for r in results if r.subset == subset],
+                progress,
+                options,
+            )
+    return set(SUBSETS)
+
+
 def export_dataset(
     source_dir: Path | str,
     fmt: str,
@@ -296,11 +331,18 @@ def export_dataset(
     on_progress: Callable[[Progress, Job], None] | None = None,
     exchange: bool = True,
     job_id: str | None = None,
+    executor: str = "serial",
+    workers: int | None = None,
 ) -> ExportResult:
     """Run one quality export of ``source_dir`` to ``fmt``; returns where the pair went.
 
     ``job_id`` names the job (and the pair's ``export_id``) when the caller has announced it
     already, as the console does; by default a new one is made.
+
+    ``executor``: where a per-episode format's (hdf5, mcap) episode files are written:
+    ``serial`` (this process) or ``processes`` (a pool of ``workers``, default the free cores;
+    ``eva.export.executors``). The output is the same either way; the other formats are
+    written serially.
 
     Raises ``DatasetError`` (bad source, busy lock, unavailable format) or the writer's error;
     in every failure case the previously published pair is left as it was.
@@ -308,6 +350,8 @@ def export_dataset(
     fmt = layout.normalize_format(fmt)
     module = load_format(fmt)
     options = options or ExportOptions()
+    if executor not in EXECUTORS:
+        raise DatasetError(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}")
     source = Path(source_dir).resolve()
     if not source.is_dir():
         raise DatasetError(f"{source}: source dataset directory does not exist")
@@ -359,11 +403,21 @@ def export_dataset(
             listener(progress)
             staging = make_staging(root, job.job_id)
             for subset in SUBSETS:
+                (staging / subset).mkdir()
+            episodes = getattr(module, "EPISODES", None)
+            written = (
+                write_episode_subsets(
+                    fmt, episodes, reader, metas, staging, progress, options, executor, workers
+                )
+                if isinstance(episodes, EpisodeFormat)
+                else set()
+            )
+            for subset in SUBSETS:
                 subset_dir = staging / subset
-                subset_dir.mkdir()
-                # a write that fails (a full disk) names its file, whatever the format
-                with naming_write_errors(subset_dir):
-                    module.write_subset(reader, metas[subset], subset_dir, progress, options)
+                if subset not in written:
+                    # a write that fails (a full disk) names its file, whatever the format
+                    with naming_write_errors(subset_dir):
+                        module.write_subset(reader, metas[subset], subset_dir, progress, options)
                 write_staged_json(
                     subset_dir / layout.QUALITY_SPLIT,
                     quality_split_record(

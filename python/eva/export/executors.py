@@ -1,0 +1,252 @@
+"""Where an export's per-episode tasks run: in this process, or on a local process pool.
+
+A per-episode format (``eva.formats.base.EpisodeFormat``: hdf5, mcap) cuts each subset into
+``EpisodeTask``\\ s, one output episode file each. ``run_episode_tasks`` runs them:
+
+- ``serial``: one session in this process, tasks in output order;
+- ``processes``: a ``ProcessPoolExecutor`` (spawn context: a worker starts from a fresh
+  interpreter, with this process's environment, e.g. ``EVA_PUREPYTHON``). Each worker opens the
+  source once and keeps one session (its reused buffers: memory bounded per worker) for all the
+  tasks it is given.
+
+Either way a task writes its file into the staging directory and hands back a small
+``EpisodeResult``; the progress counts (episodes, files, bytes) follow the results as they
+arrive, and the driver (``eva.export.pipeline``) finishes each subset and publishes the pair.
+The files do not depend on the executor: a task is a pure function of its fields and the
+source's files.
+
+A task that fails stops the export: its ``DatasetError`` as it is (it names file, episode and
+field), any other error as a ``DatasetError`` naming the episode. A worker that dies (killed,
+out of memory) fails the export naming the episodes being written at the time. In both cases the
+other workers are stopped before the error is raised, so nothing writes into the staging
+directory once the pipeline removes it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eva.dataset.errors import DatasetError, error_line, naming_write_errors
+from eva.dataset.reader import DatasetReader
+from eva.formats.base import (
+    EpisodeFormat,
+    EpisodeResult,
+    EpisodeTask,
+    EpisodeWriterSession,
+    ExportOptions,
+    report_result,
+)
+from eva.progress import ProgressSink
+
+EXECUTORS = ("serial", "processes")
+# A task's slot in the shared status array: not started, or done; else the pid writing it.
+NOT_STARTED, DONE = 0, -1
+
+
+def free_cores() -> int:
+    """The cores this process may run on."""
+    with contextlib.suppress(AttributeError, OSError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_executor() -> str:
+    """``processes`` when more than one core is free, else ``serial``."""
+    return "processes" if free_cores() > 1 else "serial"
+
+
+def episode_name(task: EpisodeTask) -> str:
+    """The episode as errors name it: its label, with its subset."""
+    return task.label if task.label.startswith(task.subset) else f"{task.subset} {task.label}"
+
+
+def write_task(session: EpisodeWriterSession, task: EpisodeTask) -> EpisodeResult:
+    """One task through ``session``; a write failure names its file, any other error that is
+    not a ``DatasetError`` is one naming the episode."""
+    try:
+        with naming_write_errors(task.subset_dir):
+            return session.write(task)
+    except DatasetError:
+        raise
+    except Exception as e:
+        raise DatasetError(f"{episode_name(task)}: {error_line(e)}") from e
+
+
+def run_episode_tasks(
+    fmt: str,
+    episodes: EpisodeFormat,
+    reader: DatasetReader,
+    tasks: Sequence[EpisodeTask],
+    progress: ProgressSink,
+    *,
+    options: ExportOptions,
+    executor: str = "serial",
+    workers: int | None = None,
+) -> list[EpisodeResult]:
+    """Run ``tasks`` (every subset's) and return their results in task order. ``workers``: the
+    pool's size (default: the free cores; never more than the tasks); a pool of one is the
+    serial executor."""
+    if executor not in EXECUTORS:
+        raise DatasetError(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}")
+    count = min(workers or free_cores(), len(tasks))
+    if executor == "serial" or count <= 1:
+        session = episodes.open_episode_writer(reader, options)
+        results = []
+        try:
+            for task in tasks:
+                results.append(write_task(session, task))
+                report_result(progress, results[-1])
+        finally:
+            session.close()
+        return results
+    return ProcessRun(fmt, reader.root, options, tasks, count).run(progress)
+
+
+# ---- the process pool ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """A task's error as it travels back to the driver: the exception itself when it survives
+    pickling, else its one line."""
+
+    error: BaseException | None
+    line: str
+
+
+class ProcessRun:
+    """One export's tasks on a process pool of ``count`` workers."""
+
+    def __init__(
+        self,
+        fmt: str,
+        source: Path,
+        options: ExportOptions,
+        tasks: Sequence[EpisodeTask],
+        count: int,
+    ) -> None:
+        self.tasks = list(tasks)
+        self.context = multiprocessing.get_context("spawn")
+        # Per task: NOT_STARTED, DONE or the pid of the worker writing it (no lock: one writer
+        # per slot); per worker, its pid.
+        self.status = self.context.RawArray("q", len(self.tasks))
+        self.pids = self.context.Array("q", count)
+        self.pool = ProcessPoolExecutor(
+            max_workers=count,
+            mp_context=self.context,
+            initializer=start_worker,
+            initargs=(fmt, str(source), options, self.status, self.pids),
+        )
+
+    def run(self, progress: ProgressSink) -> list[EpisodeResult]:
+        results: dict[int, EpisodeResult] = {}
+        try:
+            pending: set[Future[EpisodeResult | TaskFailure]] = set()
+            numbers: dict[Future[EpisodeResult | TaskFailure], int] = {}
+            for number, task in enumerate(self.tasks):
+                future = self.pool.submit(run_task, number, task)
+                numbers[future] = number
+                pending.add(future)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=numbers.__getitem__):
+                    outcome = self.outcome(future, numbers[future])
+                    results[numbers[future]] = outcome
+                    report_result(progress, outcome)
+        except BaseException:
+            self.stop()
+            raise
+        self.pool.shutdown()
+        return [results[number] for number in range(len(self.tasks))]
+
+    def outcome(self, future: Future[EpisodeResult | TaskFailure], number: int) -> EpisodeResult:
+        try:
+            outcome = future.result()
+        except BrokenProcessPool:
+            self.stop()
+            raise self.death_error() from None
+        if isinstance(outcome, EpisodeResult):
+            return outcome
+        task = self.tasks[number]
+        if isinstance(outcome.error, DatasetError):
+            raise outcome.error
+        if outcome.error is not None:
+            raise DatasetError(f"{episode_name(task)}: {outcome.line}") from outcome.error
+        raise DatasetError(f"{episode_name(task)}: {outcome.line}")
+
+    def stop(self) -> None:
+        """Stop every worker now (the tasks they are writing are abandoned) and wait for them."""
+        for pid in self.pids[:]:
+            if pid > 0:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
+        # One shutdown that waits: it joins the workers (a first one that does not wait would
+        # forget them, and the staging directory could be removed under a live one).
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def death_error(self) -> DatasetError:
+        running = [episode_name(self.tasks[n]) for n, state in enumerate(self.status) if state > 0]
+        where = f" while writing {', '.join(running)}" if running else " between episodes"
+        return DatasetError(
+            f"export worker process died (killed, or out of memory){where}; nothing was published"
+        )
+
+
+# ---- in the worker process ------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    session: EpisodeWriterSession
+    status: Any  # the shared per-task status array
+
+
+WORKER: list[Worker] = []  # this process's worker, once start_worker ran
+
+
+def start_worker(fmt: str, source: str, options: ExportOptions, status: Any, pids: Any) -> None:
+    """Pool initializer: open the source and one session for all this worker's tasks."""
+    from eva.export.registry import load_format
+
+    # Ctrl-C reaches the whole process group: the driver alone handles it (it stops the pool).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with pids.get_lock():
+        slot = next(i for i, pid in enumerate(pids) if pid == 0)
+        pids[slot] = os.getpid()
+    episodes = getattr(load_format(fmt), "EPISODES")  # noqa: B009 - checked by the driver
+    session = episodes.open_episode_writer(DatasetReader(source), options)
+    atexit.register(session.close)
+    WORKER.append(Worker(session, status))
+
+
+def run_task(number: int, task: EpisodeTask) -> EpisodeResult | TaskFailure:
+    """One task in a worker; its error comes back as a ``TaskFailure``."""
+    worker = WORKER[0]
+    worker.status[number] = os.getpid()
+    try:
+        return write_task(worker.session, task)
+    except Exception as e:
+        return TaskFailure(travelling(e), str(e) if isinstance(e, DatasetError) else error_line(e))
+    finally:
+        worker.status[number] = DONE
+
+
+def travelling(error: BaseException) -> BaseException | None:
+    """``error`` if it pickles and unpickles (an exception class whose constructor takes other
+    arguments does not), else None."""
+    try:
+        copy = pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any failure means: send the line only
+        return None
+    return copy if isinstance(copy, BaseException) else None
