@@ -144,3 +144,20 @@ def test_an_unknown_executor_is_refused_before_anything_is_written(tmp_path: Pat
     with pytest.raises(DatasetError, match="executor 'threads': use one of serial, processes"):
         export_dataset(source, "hdf5", executor="threads")
     assert not layout.export_root(source, "hdf5").exists()
+
+
+def test_eva_export_takes_the_executor_and_its_workers(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from eva.cli import main
+
+    source = _synthetic_source(tmp_path)
+    for executor in ("serial", "processes"):
+        args = ["export", str(source), "--format", "hdf5", "--executor", executor, "--json"]
+        result = CliRunner().invoke(main, [*args, "--workers", "2"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output.splitlines()[-1])["event"] == "completed"
+    refused = CliRunner().invoke(
+        main, ["export", str(source), "--format", "hdf5", "--workers", "0"]
+    )
+    assert refused.exit_code == 2 and "--workers" in refused.output

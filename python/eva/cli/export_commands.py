@@ -107,12 +107,35 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
 )
 @_format_options
 @click.option(
+    "--executor",
+    type=click.Choice(["serial", "processes"]),
+    default=None,
+    help="Where the episode files of hdf5 and mcap are written: serial (this process) or "
+    "processes (a local process pool). Default: processes when more than one core is free, "
+    "else serial. The output is the same either way; lerobot_v21 and lerobot_v3 are always "
+    "written serially.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Processes of --executor processes (default: the free cores).",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
     help="One JSON object per event on stdout (progress, then completed or failed).",
 )
-def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any) -> None:
+def export_command(
+    dataset: Path,
+    fmt: str,
+    executor: str | None,
+    workers: int | None,
+    as_json: bool,
+    **option_values: Any,
+) -> None:
     """Split DATASET into accepted/rejected and export both as FMT, published as a pair.
 
     \b
@@ -121,10 +144,12 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
     Examples:
       eva export demo-data/logs/pick_cube/raw --format v3
       eva export demo-data/logs/pick_cube/raw --format mcap --mcap-compression zstd --json
+      eva export demo-data/logs/pick_cube/raw --format hdf5 --executor processes --workers 4
     """
     import time
 
     from eva.dataset.errors import DatasetError
+    from eva.export.executors import default_executor
     from eva.export.pipeline import export_dataset
 
     on_interrupt(
@@ -159,6 +184,8 @@ def export_command(dataset: Path, fmt: str, as_json: bool, **option_values: Any)
             fmt,
             options=_export_options(fmt, option_values),
             on_progress=on_progress,
+            executor=executor or default_executor(),
+            workers=workers,
         )
     except DatasetError as e:
         bar.close()
