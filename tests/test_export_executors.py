@@ -3,12 +3,15 @@ failed task or a killed worker fails the job naming the episode, with nothing pu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from eva.capture.synthetic import write_synthetic_dataset
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
+from eva.export.executors import default_executor, free_cores
 from eva.export.pipeline import export_dataset
 from eva.formats.base import ExportOptions
 from eva.formats.options import McapOptions
@@ -161,3 +165,67 @@ def test_eva_export_takes_the_executor_and_its_workers(tmp_path: Path) -> None:
         main, ["export", str(source), "--format", "hdf5", "--workers", "0"]
     )
     assert refused.exit_code == 2 and "--workers" in refused.output
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            text = Path(f"/proc/{pid}/task/{thread}/children").read_text(encoding="ascii")
+            found.update(int(child) for child in text.split())
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return ""
+
+
+def test_ctrl_c_stops_the_pool_and_publishes_nothing(tmp_path: Path) -> None:
+    source = write_synthetic_dataset(
+        tmp_path / "raw", episodes=8, frames=150, cameras=2, width=320, height=240, seed=7
+    )
+    argv = [sys.executable, "-m", "eva.cli", "export", str(source), "--format", "hdf5"]
+    process = subprocess.Popen(
+        [*argv, "--executor", "processes", "--workers", "2", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, like a terminal's foreground job
+    )
+    assert process.stdout is not None
+    children: dict[int, str] = {}  # pid -> its command line, read while it runs
+    for line in process.stdout:
+        children |= {pid: _cmdline(pid) for pid in _children(process.pid) - set(children)}
+        if json.loads(line).get("episodes", 0) >= 1:
+            break  # an episode is done: the workers are writing the next ones
+    os.killpg(process.pid, signal.SIGINT)  # Ctrl-C reaches the driver and its workers
+    _, err = process.communicate(timeout=60)
+    if process.returncode == 0:
+        pytest.skip("the export finished before the interrupt")
+    assert process.returncode == 130, err
+    assert "Traceback" not in err, err
+    # No pool worker outlives the driver (it joins them before exiting); multiprocessing's
+    # resource tracker may, until it reads the end of its pipe.
+    workers = [pid for pid, line in children.items() if "spawn_main" in line]
+    assert workers, children
+    assert not [pid for pid in workers if _alive(pid)], children
+    root = layout.export_root(source, "hdf5")
+    assert not (root / "accepted").exists()
+    assert [name for name in _leftovers(root) if not name.endswith(".lock")] == []
+
+
+def test_the_default_executor_follows_the_format_and_the_free_cores() -> None:
+    cores = free_cores()
+    assert default_executor("v21") == default_executor("lerobot_v3") == "serial"
+    assert default_executor("h5") == ("processes" if cores >= 2 else "serial")
+    assert default_executor("mcap") == ("processes" if cores >= 4 else "serial")

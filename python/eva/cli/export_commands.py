@@ -111,8 +111,8 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
     type=click.Choice(["serial", "processes"]),
     default=None,
     help="Where the episode files of hdf5 and mcap are written: serial (this process) or "
-    "processes (a local process pool). Default: processes when more than one core is free, "
-    "else serial. The output is the same either way; lerobot_v21 and lerobot_v3 are always "
+    "processes (a local process pool). Default: processes from 2 free cores for hdf5, from 4 "
+    "for mcap (which decodes its cameras on threads already), else serial. The output is the same either way; lerobot_v21 and lerobot_v3 are always "
     "written serially.",
 )
 @click.option(
@@ -184,7 +184,7 @@ def export_command(
             fmt,
             options=_export_options(fmt, option_values),
             on_progress=on_progress,
-            executor=executor or default_executor(),
+            executor=executor or default_executor(fmt),
             workers=workers,
         )
     except DatasetError as e:

@@ -24,6 +24,24 @@ from eva.dataset import mp4box
 from eva.dataset.errors import DatasetError
 from eva.dataset.rgb import FrameConverter
 
+# Threads per decoder in this process; None: FFmpeg's own choice (one per core).
+_decode_threads: list[int | None] = [None]
+
+
+def set_decode_threads(count: int | None) -> None:
+    """Threads of every decoder this process opens from now on (None: FFmpeg's default, one per
+    core). A process pool's worker takes its share of the cores, so that workers times
+    decoders do not oversubscribe them (the frames decoded are the same either way)."""
+    _decode_threads[0] = count
+
+
+def use_decode_threads(stream: av.video.stream.VideoStream) -> None:
+    """Frame/slice threading on ``stream``'s decoder, with this process's thread count."""
+    stream.thread_type = "AUTO"
+    if _decode_threads[0] is not None:
+        stream.codec_context.thread_count = _decode_threads[0]
+
+
 SUPPORTED_CODECS = ("libx264", "libsvtav1")
 X264_PRESETS = (
     "ultrafast", "superfast", "veryfast", "faster", "fast",
@@ -316,7 +334,7 @@ def count_decoded_frames(path: Path) -> int:
         try:
             strict = _strict_decoder(stream)
             if strict is None:
-                stream.thread_type = "AUTO"
+                use_decode_threads(stream)
                 return sum(1 for _ in container.decode(stream))
             count = 0
             for packet in container.demux(stream):
@@ -343,7 +361,7 @@ def iter_frame_batches(
     path = Path(path)
     with _open_input(path) as container:
         stream = _video_stream(container, path)
-        stream.thread_type = "AUTO"
+        use_decode_threads(stream)
         height, width = stream.codec_context.height, stream.codec_context.width
         if out is None:
             out = np.empty((batch_size, height, width, 3), dtype=np.uint8)

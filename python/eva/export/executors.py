@@ -61,9 +61,16 @@ def free_cores() -> int:
     return os.cpu_count() or 1
 
 
-def default_executor() -> str:
-    """``processes`` when more than one core is free, else ``serial``."""
-    return "processes" if free_cores() > 1 else "serial"
+def default_executor(fmt: str) -> str:
+    """``processes`` when the format writes per-episode tasks and at least its
+    ``pool_from_cores`` cores are free (hdf5: 2, mcap: 4), else ``serial``."""
+    from eva.dataset.layout import normalize_format
+    from eva.export.registry import load_format
+
+    episodes = getattr(load_format(normalize_format(fmt)), "EPISODES", None)
+    if isinstance(episodes, EpisodeFormat) and free_cores() >= episodes.pool_from_cores:
+        return "processes"
+    return "serial"
 
 
 def episode_name(task: EpisodeTask) -> str:
@@ -146,7 +153,7 @@ class ProcessRun:
             max_workers=count,
             mp_context=self.context,
             initializer=start_worker,
-            initargs=(fmt, str(source), options, self.status, self.pids),
+            initargs=(fmt, str(source), options, self.status, self.pids, decoder_threads(count)),
         )
 
     def run(self, progress: ProgressSink) -> list[EpisodeResult]:
@@ -215,9 +222,21 @@ class Worker:
 WORKER: list[Worker] = []  # this process's worker, once start_worker ran
 
 
-def start_worker(fmt: str, source: str, options: ExportOptions, status: Any, pids: Any) -> None:
+def decoder_threads(workers: int) -> int:
+    """Threads per video decoder in each of ``workers`` processes: their share of the free
+    cores. FFmpeg's default (one thread per core in every decoder) oversubscribes the cores
+    ``workers`` times over; the MCAP export also decodes its cameras on threads of their own."""
+    return max(1, free_cores() // workers)
+
+
+def start_worker(
+    fmt: str, source: str, options: ExportOptions, status: Any, pids: Any, threads: int
+) -> None:
     """Pool initializer: open the source and one session for all this worker's tasks."""
+    from eva.dataset.video import set_decode_threads
     from eva.export.registry import load_format
+
+    set_decode_threads(threads)
 
     # Ctrl-C reaches the whole process group: the driver alone handles it (it stops the pool).
     signal.signal(signal.SIGINT, signal.SIG_IGN)

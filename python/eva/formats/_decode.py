@@ -53,7 +53,7 @@ def decode_frame_times(path: Path) -> list[float]:
     """Presentation time (seconds) of every decoded frame of ``path``, in order."""
     container, stream = open_video(path)
     with container:
-        stream.thread_type = "AUTO"
+        video.use_decode_threads(stream)
         return [frame_time(frame) for frame in container.decode(stream)]
 
 
@@ -61,7 +61,7 @@ def decode_frames(path: Path) -> Iterator[tuple[float, np.ndarray]]:
     """Every frame of ``path`` in order as (presentation time in seconds, (H, W, 3) uint8 RGB)."""
     container, stream = open_video(path)
     with container:
-        stream.thread_type = "AUTO"
+        video.use_decode_threads(stream)
         reformatter = VideoReformatter()
         for frame in container.decode(stream):
             yield frame_time(frame), reformatter.reformat(frame, format="rgb24").to_ndarray()

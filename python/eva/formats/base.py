@@ -311,7 +311,9 @@ class EpisodeFormat:
     ``path(index, chunks_size)``: an episode's file; ``label``: a template with ``{subset}``,
     ``{index}`` and ``{source_index}`` naming it in errors; ``check_options``: in the driver,
     before any task (refuses options it cannot use); ``subset_info``: the subset's info.json;
-    ``subset_warnings``: the warnings about the whole subset, after the episodes' own.
+    ``subset_warnings``: the warnings about the whole subset, after the episodes' own;
+    ``pool_from_cores``: the free cores from which a process pool is the default executor (a
+    format whose one process already keeps several cores busy gains from a pool only beyond).
     """
 
     path: Callable[[int, int], str]
@@ -320,6 +322,7 @@ class EpisodeFormat:
     check_options: Callable[[ExportOptions], object]
     subset_info: Callable[[SubsetMeta, ExportOptions], dict[str, Any]]
     subset_warnings: Callable[[SubsetMeta, Sequence[EpisodeResult]], list[str]] = no_subset_warnings
+    pool_from_cores: int = 2
 
     def episode_tasks(
         self, reader: DatasetReader, meta: SubsetMeta, subset_dir: Path, options: ExportOptions

@@ -24,6 +24,7 @@ from eva.dataset.errors import DatasetError, WriteError, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.rgb import FrameConverter
 from eva.dataset.subset import SubsetMeta
+from eva.dataset.video import use_decode_threads
 from eva.formats._decode import VideoOpenError, open_video
 from eva.formats.base import EpisodeFormat, EpisodeResult, EpisodeTask, ExportOptions
 from eva.formats.hdf5.items import EPISODE_PATH, FORMAT_NAME, ITEM_NAME, write_mapping
@@ -162,7 +163,7 @@ class EpisodeWriter:
         decoder: threading.Thread | None = None
         written = 0
         try:
-            stream.thread_type = "AUTO"
+            use_decode_threads(stream)
             frames = container.decode(stream)
             try:
                 first = next(frames, None)

@@ -371,7 +371,9 @@ def decoded_camera_warnings(meta: SubsetMeta, results: Sequence[EpisodeResult]) 
 
 # The subset as one task per episode file (eva.formats.base.EpisodeFormat); write_subset writes
 # it serially with the profile, chunk compression, chunk size and decode batch size of
-# McapOptions (the foxglove profile: eva.formats.mcap.foxglove_export).
+# McapOptions (the foxglove profile: eva.formats.mcap.foxglove_export). One MCAP export already
+# decodes its cameras on a thread each and compresses chunks on another (two cores busy): a pool
+# is the default from 4 free cores (on 2 it measured slower than serial, bench/README.md).
 EPISODES = EpisodeFormat(
     path=episode_path,
     label="episode {index} (source episode {source_index})",
@@ -379,6 +381,7 @@ EPISODES = EpisodeFormat(
     check_options=check_options,
     subset_info=subset_info,
     subset_warnings=decoded_camera_warnings,
+    pool_from_cores=4,
 )
 write_subset = EPISODES.write_subset
 
