@@ -19,7 +19,7 @@ $(PY):
 # Dependencies are installed once; the native core is rebuilt (incrementally) when sources change.
 $(VENV)/.eva-deps: pyproject.toml | $(PY)
 	$(PIP) install -q numpy pyarrow av h5py mcap zstandard lz4 msgpack paramiko click rich starlette uvicorn httptools uvloop pyzmq \
-	    foxglove-schemas-protobuf mcap-protobuf-support \
+	    foxglove-schemas-protobuf mcap-protobuf-support ray \
 	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff mypy types-paramiko httpx selenium
 	touch $@
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,12 @@ def test_a_failing_task_fails_the_job_naming_the_episode(tmp_path: Path, executo
     assert job is not None and job.state == "failed" and job.error == message
 
 
-def test_a_killed_worker_fails_the_job_naming_the_episode(tmp_path: Path) -> None:
+def killed_worker_export(
+    tmp_path: Path, kill: Callable[[], int], **run: Any
+) -> tuple[str, list[int]]:
+    """An hdf5 export of 8 episodes on 2 workers whose ``kill`` (it kills a worker, returns its
+    pid) runs once the first episode is done: the job's error, once checked that it failed
+    with the previous pair published and no staging left; and the pid killed."""
     source = write_synthetic_dataset(
         tmp_path / "raw", episodes=8, frames=90, cameras=2, width=160, height=120, seed=5
     )
@@ -122,24 +128,32 @@ def test_a_killed_worker_fails_the_job_naming_the_episode(tmp_path: Path) -> Non
     def kill_a_worker(progress: Progress, _job: Any) -> None:
         # The first finished episode: the workers are busy with the next ones; kill one.
         if progress.episodes >= 1 and not killed:
-            workers = multiprocessing.active_children()
-            assert workers
-            killed.append(workers[0].pid or 0)
-            os.kill(killed[0], signal.SIGKILL)
+            killed.append(kill())
 
     with pytest.raises(DatasetError) as raised:
-        export_dataset(source, "hdf5", executor="processes", workers=2, on_progress=kill_a_worker)
+        export_dataset(source, "hdf5", workers=2, on_progress=kill_a_worker, **run)
     message = str(raised.value)
     assert killed
+    assert _published_id(root) == previous
+    assert _leftovers(root) == before
+    job = read_job(root / EXPORT_JOB)
+    assert job is not None and job.state == "failed" and job.error == message
+    return message, killed
+
+
+def test_a_killed_worker_fails_the_job_naming_the_episode(tmp_path: Path) -> None:
+    def kill() -> int:
+        workers = multiprocessing.active_children()
+        assert workers
+        os.kill(workers[0].pid or 0, signal.SIGKILL)
+        return workers[0].pid or 0
+
+    message, _ = killed_worker_export(tmp_path, kill, executor="processes")
     assert re.search(
         r"worker process died \(killed, or out of memory\) while writing "
         r"accepted episode \d+ \(source episode \d+\)",
         message,
     ), message
-    assert _published_id(root) == previous
-    assert _leftovers(root) == before
-    job = read_job(root / EXPORT_JOB)
-    assert job is not None and job.state == "failed" and job.error == message
     assert not multiprocessing.active_children()  # the pool is gone
 
 

@@ -108,10 +108,10 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
 @_format_options
 @click.option(
     "--executor",
-    type=click.Choice(["serial", "processes"]),
+    type=click.Choice(["serial", "processes", "ray"]),
     default=None,
     help="Where the episode files of hdf5 and mcap are written: serial (this process) or "
-    "processes (a local process pool). Default: processes from 2 free cores for hdf5, from 4 "
+    "processes (a local process pool) or ray (a Ray cluster, pip install 'eva[ray]'). Default: processes from 2 free cores for hdf5, from 4 "
     "for mcap (which decodes its cameras on threads already), else serial. The output is the same either way; lerobot_v21 and lerobot_v3 are always "
     "written serially.",
 )
@@ -120,7 +120,22 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
     type=click.IntRange(min=1),
     default=None,
     metavar="N",
-    help="Processes of --executor processes (default: the free cores).",
+    help="Processes of --executor processes (default: the free cores), actors of --executor "
+    "ray (default: the cluster's CPUs).",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    metavar="ADDRESS",
+    help="The Ray cluster of --executor ray (host:port, or ray://host:port); default: "
+    "$RAY_ADDRESS, else a local Ray started for this export.",
+)
+@click.option(
+    "--incremental",
+    is_flag=True,
+    help="hdf5 and mcap: link every episode file whose fingerprint (source files' size, mtime, "
+    "inode; the episode's row and verdict; the options) matches the published pair's, and "
+    "write only the rest. The result is the same bytes as a full export.",
 )
 @click.option(
     "--json",
@@ -133,6 +148,8 @@ def export_command(
     fmt: str,
     executor: str | None,
     workers: int | None,
+    ray_address: str | None,
+    incremental: bool,
     as_json: bool,
     **option_values: Any,
 ) -> None:
@@ -145,6 +162,7 @@ def export_command(
       eva export demo-data/logs/pick_cube/raw --format v3
       eva export demo-data/logs/pick_cube/raw --format mcap --mcap-compression zstd --json
       eva export demo-data/logs/pick_cube/raw --format hdf5 --executor processes --workers 4
+      eva export demo-data/logs/pick_cube/raw --format mcap --incremental
     """
     import time
 
@@ -186,6 +204,8 @@ def export_command(
             on_progress=on_progress,
             executor=executor or default_executor(fmt),
             workers=workers,
+            incremental=incremental,
+            ray_address=ray_address,
         )
     except DatasetError as e:
         bar.close()
@@ -211,6 +231,8 @@ def export_command(
         "accepted_frames": result.metas["accepted"].total_frames,
         "rejected_episodes": result.metas["rejected"].total_episodes,
         "rejected_frames": result.metas["rejected"].total_frames,
+        "episodes_reused": result.job.episodes_reused,
+        "episodes_rewritten": result.job.episodes_rewritten,
         "recovered": result.recovered,
         "warnings": result.job.warnings,
     }
@@ -229,6 +251,11 @@ def export_command(
         f"rejected: {summary['rejected_dir']} ({summary['rejected_episodes']} episodes, "
         f"{summary['rejected_frames']} frames)"
     )
+    if incremental:
+        say(
+            f"episodes: {result.job.episodes_reused} reused, "
+            f"{result.job.episodes_rewritten} rewritten"
+        )
     for subset in ("accepted", "rejected"):
         files = [p for p in Path(str(summary[f"{subset}_dir"])).rglob("*") if p.is_file()]
         size = human_bytes(sum(p.stat().st_size for p in files))

@@ -1,4 +1,5 @@
-"""Where an export's per-episode tasks run: in this process, or on a local process pool.
+"""Where an export's per-episode tasks run: in this process, on a local process pool, or on a
+Ray cluster (``eva.export.ray_run``).
 
 A per-episode format (``eva.formats.base.EpisodeFormat``: hdf5, mcap) cuts each subset into
 ``EpisodeTask``\\ s, one output episode file each. ``run_episode_tasks`` runs them:
@@ -49,7 +50,7 @@ from eva.formats.base import (
 )
 from eva.progress import ProgressSink
 
-EXECUTORS = ("serial", "processes")
+EXECUTORS = ("serial", "processes", "ray")
 # A task's slot in the shared status array: not started, or done; else the pid writing it.
 NOT_STARTED, DONE = 0, -1
 
@@ -100,12 +101,19 @@ def run_episode_tasks(
     options: ExportOptions,
     executor: str = "serial",
     workers: int | None = None,
+    ray_address: str | None = None,
 ) -> list[EpisodeResult]:
     """Run ``tasks`` (every subset's) and return their results in task order. ``workers``: the
-    pool's size (default: the free cores; never more than the tasks); a pool of one is the
-    serial executor."""
+    pool's size (default: the free cores, or the Ray cluster's CPUs; never more than the
+    tasks); a pool of one is the serial executor. ``ray_address``: the ``ray`` executor's
+    cluster (``eva.export.ray_run``)."""
     if executor not in EXECUTORS:
         raise DatasetError(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}")
+    batch = TaskBatch(fmt, Path(reader.root), options, tasks)
+    if executor == "ray" and tasks:
+        from eva.export.ray_run import RayRun
+
+        return RayRun(batch, workers, ray_address).run(progress)
     count = min(workers or free_cores(), len(tasks))
     if executor == "serial" or count <= 1:
         session = episodes.open_episode_writer(reader, options)
@@ -117,7 +125,7 @@ def run_episode_tasks(
         finally:
             session.close()
         return results
-    return ProcessRun(fmt, reader.root, options, tasks, count).run(progress)
+    return ProcessRun(batch, count).run(progress)
 
 
 # ---- the process pool ---------------------------------------------------------------------------
@@ -132,18 +140,39 @@ class TaskFailure:
     line: str
 
 
+def failure_of(error: Exception) -> TaskFailure:
+    """``error``, raised by a task in a worker, as it travels back."""
+    line = str(error) if isinstance(error, DatasetError) else error_line(error)
+    return TaskFailure(travelling(error), line)
+
+
+def task_error(failure: TaskFailure, task: EpisodeTask) -> DatasetError:
+    """The error the driver raises for ``failure``: a ``DatasetError`` as it is, any other one
+    naming the episode."""
+    if isinstance(failure.error, DatasetError):
+        return failure.error
+    error = DatasetError(f"{episode_name(task)}: {failure.line}")
+    error.__cause__ = failure.error
+    return error
+
+
+@dataclass(frozen=True)
+class TaskBatch:
+    """What every worker of an executor is given: the format, the source, the options, and
+    the tasks to spread over them."""
+
+    fmt: str
+    source: Path
+    options: ExportOptions
+    tasks: Sequence[EpisodeTask]
+
+
 class ProcessRun:
     """One export's tasks on a process pool of ``count`` workers."""
 
-    def __init__(
-        self,
-        fmt: str,
-        source: Path,
-        options: ExportOptions,
-        tasks: Sequence[EpisodeTask],
-        count: int,
-    ) -> None:
-        self.tasks = list(tasks)
+    def __init__(self, batch: TaskBatch, count: int) -> None:
+        fmt, source, options = batch.fmt, batch.source, batch.options
+        self.tasks = list(batch.tasks)
         self.context = multiprocessing.get_context("spawn")
         # Per task: NOT_STARTED, DONE or the pid of the worker writing it (no lock: one writer
         # per slot); per worker, its pid.
@@ -185,12 +214,7 @@ class ProcessRun:
             raise self.death_error() from None
         if isinstance(outcome, EpisodeResult):
             return outcome
-        task = self.tasks[number]
-        if isinstance(outcome.error, DatasetError):
-            raise outcome.error
-        if outcome.error is not None:
-            raise DatasetError(f"{episode_name(task)}: {outcome.line}") from outcome.error
-        raise DatasetError(f"{episode_name(task)}: {outcome.line}")
+        raise task_error(outcome, self.tasks[number])
 
     def stop(self) -> None:
         """Stop every worker now (the tasks they are writing are abandoned) and wait for them."""
@@ -256,7 +280,7 @@ def run_task(number: int, task: EpisodeTask) -> EpisodeResult | TaskFailure:
     try:
         return write_task(worker.session, task)
     except Exception as e:
-        return TaskFailure(travelling(e), str(e) if isinstance(e, DatasetError) else error_line(e))
+        return failure_of(e)
     finally:
         worker.status[number] = DONE
 

@@ -41,7 +41,7 @@ from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, build_subset_meta, write_staged_json
 from eva.export.executors import EXECUTORS
 from eva.export.registry import ExportOptions, load_format
-from eva.formats.base import EpisodeFormat
+from eva.formats.base import EpisodeFormat, EpisodeResult, report_result
 from eva.jobs import (
     EXPORT_JOB,
     Job,
@@ -295,32 +295,71 @@ def write_episode_subsets(
     episodes: EpisodeFormat,
     reader: DatasetReader,
     metas: dict[str, SubsetMeta],
+    root: Path,
     staging: Path,
     progress: Progress,
     options: ExportOptions,
-    executor: str,
-    workers: int | None,
-) -> set[str]:
-    """Both subsets of a per-episode format: every episode file as one task, all on
-    ``executor``, then each subset's finish (warnings, common metadata) here, in the driver."""
+    run: ExportRun,
+) -> int:
+    """Both subsets of a per-episode format: every episode file as one task, the ones whose
+    published file can be reused (``run.incremental``) linked, the others run on
+    ``run.executor``; then the fingerprints and each subset's finish (warnings, common
+    metadata) here, in the driver. Returns the episodes reused."""
+    from eva.export import incremental as inc
     from eva.export.executors import run_episode_tasks  # a pool is only made if needed
 
     tasks = {s: episodes.episode_tasks(reader, metas[s], staging / s, options) for s in SUBSETS}
     every = [task for subset in SUBSETS for task in tasks[subset]]
-    results = run_episode_tasks(
-        fmt, episodes, reader, every, progress, options=options, executor=executor, workers=workers
-    )
+    plan = inc.EpisodePlan.of(fmt, reader, every, options, root, run.incremental)
+    results: dict[int, EpisodeResult] = {}
+    for number, entry in plan.reused.items():
+        inc.link_published(root, every[number])
+        results[number] = inc.reused_result(every[number], entry)
+        report_result(progress, results[number])
+    if plan.rewrite:
+        written = run_episode_tasks(
+            fmt,
+            episodes,
+            reader,
+            [every[number] for number in plan.rewrite],
+            progress,
+            options=options,
+            executor=run.executor,
+            workers=run.workers,
+            ray_address=run.ray_address,
+        )
+        results.update(zip(plan.rewrite, written, strict=True))
+    ordered = [results[number] for number in range(len(every))]
+    entries = {
+        inc.record_key(task): inc.fingerprint_entry(
+            plan.fingerprints[inc.record_key(task)], task.subset_dir / task.path, result
+        )
+        for task, result in zip(every, ordered, strict=True)
+    }
+    with naming_write_errors(staging):
+        inc.write_fingerprints(staging, entries)
     for subset in SUBSETS:
         subset_dir = staging / subset
         with naming_write_errors(subset_dir):
             episodes.finish_subset(
                 metas[subset],
                 subset_dir,
-                [r for r in results if r.subset == subset],
+                [r for r in ordered if r.subset == subset],
                 progress,
                 options,
             )
-    return set(SUBSETS)
+    return len(plan.reused)
+
+
+@dataclass(frozen=True)
+class ExportRun:
+    """How an export runs, beside what it writes: where its tasks go and whether it reuses the
+    published pair's unchanged episode files (the output is the same bytes either way)."""
+
+    executor: str = "serial"
+    workers: int | None = None
+    incremental: bool = False
+    ray_address: str | None = None
 
 
 def export_dataset(
@@ -333,6 +372,8 @@ def export_dataset(
     job_id: str | None = None,
     executor: str = "serial",
     workers: int | None = None,
+    incremental: bool = False,
+    ray_address: str | None = None,
 ) -> ExportResult:
     """Run one quality export of ``source_dir`` to ``fmt``; returns where the pair went.
 
@@ -340,9 +381,12 @@ def export_dataset(
     already, as the console does; by default a new one is made.
 
     ``executor``: where a per-episode format's (hdf5, mcap) episode files are written:
-    ``serial`` (this process) or ``processes`` (a pool of ``workers``, default the free cores;
-    ``eva.export.executors``). The output is the same either way; the other formats are
-    written serially.
+    ``serial`` (this process), ``processes`` (a pool of ``workers``, default the free cores;
+    ``eva.export.executors``) or ``ray`` (actors on the Ray cluster at ``ray_address``, else
+    ``RAY_ADDRESS``, else a local one; ``eva.export.ray_run``). The output is the same either way; the other formats are
+    written serially. ``incremental``: a per-episode format's episode files whose fingerprint
+    matches the published pair's are linked from it instead of written again
+    (``eva.export.incremental``); the job counts them (``episodes_reused``).
 
     Raises ``DatasetError`` (bad source, busy lock, unavailable format) or the writer's error;
     in every failure case the previously published pair is left as it was.
@@ -352,6 +396,10 @@ def export_dataset(
     options = options or ExportOptions()
     if executor not in EXECUTORS:
         raise DatasetError(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}")
+    if executor == "ray":
+        from eva.export.ray_run import import_ray
+
+        import_ray()  # without the extra: its one line, before anything is written
     source = Path(source_dir).resolve()
     if not source.is_dir():
         raise DatasetError(f"{source}: source dataset directory does not exist")
@@ -405,16 +453,16 @@ def export_dataset(
             for subset in SUBSETS:
                 (staging / subset).mkdir()
             episodes = getattr(module, "EPISODES", None)
-            written = (
-                write_episode_subsets(
-                    fmt, episodes, reader, metas, staging, progress, options, executor, workers
+            per_episode = isinstance(episodes, EpisodeFormat)
+            reused = 0
+            if isinstance(episodes, EpisodeFormat):
+                run = ExportRun(executor, workers, incremental, ray_address)
+                reused = write_episode_subsets(
+                    fmt, episodes, reader, metas, root, staging, progress, options, run
                 )
-                if isinstance(episodes, EpisodeFormat)
-                else set()
-            )
             for subset in SUBSETS:
                 subset_dir = staging / subset
-                if subset not in written:
+                if not per_episode:
                     # a write that fails (a full disk) names its file, whatever the format
                     with naming_write_errors(subset_dir):
                         module.write_subset(reader, metas[subset], subset_dir, progress, options)
@@ -426,6 +474,8 @@ def export_dataset(
                 )
                 progress(files=1)
             job.set_progress(progress)
+            job.episodes_reused = reused
+            job.episodes_rewritten = sum(m.total_episodes for m in metas.values()) - reused
             job.complete()
             with naming_write_errors(staging / EXPORT_JOB):
                 write_job(staging / EXPORT_JOB, job, durable=False)

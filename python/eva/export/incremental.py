@@ -1,0 +1,244 @@
+"""Incremental re-export of the per-episode formats (hdf5, mcap): reuse what has not changed.
+
+Every export of a per-episode format records, beside ``job.json`` in the published pair,
+``fingerprints.json``: per output episode file, the fingerprint of everything the file is made
+of (``episode_fingerprint``), the file's own identity when it was written, and what its task
+handed back to the driver (bytes, warnings, counted pairs), so that a reused episode reports
+exactly what a rewritten one would.
+
+``eva export --incremental`` (``export_dataset(incremental=True)``) reads the published record
+under the export lock. An episode whose fingerprint matches, at the same output path, and whose
+published file still has the identity recorded, is hard-linked from the published pair into the
+new staging directory (a reflink, then a copy, where a hard link cannot be made); every other
+episode is a task for the executor. The subsets' common metadata is always rewritten. The staged
+pair is then published exactly as a full export's, so the result is byte-identical to one.
+
+The fingerprint (SHA-256 over canonical JSON) covers:
+
+- eva's version and this record's version (an upgrade rewrites everything);
+- the format and its options (``ExportOptions`` without ``durable``);
+- the task: subset, output and source index, path, length, index offset, task remap, the
+  episode's ``episodes.jsonl`` row (verdict included), video keys, fps;
+- the source's ``info.json`` without its totals and splits (features, fps, path templates), and
+  its tasks;
+- each source file of the episode (its parquet, its videos) by identity: size, ``st_mtime_ns``,
+  inode and device. Identity, not a content hash: hashing would read every source byte, which
+  costs what decoding does not (a rewrite in place that keeps size and mtime is not seen; any
+  eva write replaces files and so changes the inode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eva import __version__
+from eva.dataset.atomic import atomic_write_json
+from eva.dataset.errors import DatasetError
+from eva.dataset.reader import DatasetReader
+from eva.formats.base import EpisodeResult, EpisodeTask, ExportOptions
+
+FINGERPRINTS = "fingerprints.json"  # in the export root, beside job.json
+FINGERPRINT_VERSION = 1
+# info.json fields that change when episodes are added: no episode file depends on them.
+INFO_TOTALS = ("total_episodes", "total_frames", "total_videos", "total_chunks", "splits")
+FICLONE = 0x40049409  # ioctl: share the source file's extents (btrfs, xfs)
+
+
+def file_identity(path: Path) -> list[object]:
+    """A source file as the fingerprint sees it: name, size, mtime_ns, inode, device."""
+    st = os.stat(path)
+    return [path.name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+
+
+def output_identity(path: Path) -> list[int]:
+    """A written episode file: size, mtime_ns, inode (a hard link keeps all three)."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What every episode's fingerprint shares: eva, the format and options, the source's
+    metadata (one digest, computed once per export)."""
+
+    digest: str
+
+    @classmethod
+    def of(cls, fmt: str, reader: DatasetReader, options: ExportOptions) -> SourceContext:
+        opts = {k: v for k, v in dataclasses.asdict(options).items() if k != "durable"}
+        info = {k: v for k, v in reader.info.items() if k not in INFO_TOTALS}
+        shared = {
+            "eva": __version__,
+            "version": FINGERPRINT_VERSION,
+            "format": fmt,
+            "format_options": type(options.format).__name__ if options.format else None,
+            "options": opts,
+            "info": info,
+            "tasks": {str(k): v for k, v in sorted(reader.tasks.items())},
+        }
+        return cls(_digest(shared))
+
+
+def episode_fingerprint(context: SourceContext, reader: DatasetReader, task: EpisodeTask) -> str:
+    """The fingerprint of ``task``'s output file (module docstring: what it covers)."""
+    src = task.source_index
+    files = [reader.data_path(src), *(reader.video_path(src, k) for k in task.video_keys)]
+    return _digest(
+        {
+            "context": context.digest,
+            "subset": task.subset,
+            "index": task.index,
+            "source_index": src,
+            "path": task.path,
+            "length": task.length,
+            "index_offset": task.index_offset,
+            "task_remap": sorted(task.task_remap.items()),
+            "row": task.row,
+            "video_keys": task.video_keys,
+            "fps": task.fps,
+            "files": [file_identity(Path(f)) for f in files],
+        }
+    )
+
+
+def _digest(value: object) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# ---- the record ---------------------------------------------------------------------------------
+
+
+def record_key(task: EpisodeTask) -> str:
+    return f"{task.subset}/{task.path}"
+
+
+def read_fingerprints(root: Path) -> dict[str, dict[str, Any]]:
+    """The published pair's record (empty when there is none, or it does not parse: then
+    nothing is reused)."""
+    try:
+        data = json.loads((Path(root) / FINGERPRINTS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != FINGERPRINT_VERSION:
+        return {}
+    episodes = data.get("episodes")
+    return episodes if isinstance(episodes, dict) else {}
+
+
+def fingerprint_entry(fingerprint: str, staged: Path, result: EpisodeResult) -> dict[str, Any]:
+    return {
+        "fingerprint": fingerprint,
+        "file": output_identity(staged),
+        "bytes": result.bytes,
+        "current": result.current,
+        "warnings": list(result.warnings),
+        "counted": [list(pair) for pair in result.counted],
+    }
+
+
+def write_fingerprints(staging: Path, entries: Mapping[str, dict[str, Any]]) -> None:
+    atomic_write_json(
+        Path(staging) / FINGERPRINTS,
+        {"version": FINGERPRINT_VERSION, "episodes": dict(entries)},
+        durable=False,
+    )
+
+
+def reused_result(task: EpisodeTask, entry: Mapping[str, Any]) -> EpisodeResult:
+    """The result the task handed back when its file was written."""
+    return EpisodeResult(
+        task.subset,
+        task.index,
+        task.path,
+        int(entry["bytes"]),
+        str(entry["current"]),
+        tuple(str(w) for w in entry.get("warnings", ())),
+        tuple((str(a), str(b)) for a, b in entry.get("counted", ())),
+    )
+
+
+# ---- reuse --------------------------------------------------------------------------------------
+
+
+def reusable(
+    root: Path, published: Mapping[str, dict[str, Any]], task: EpisodeTask, fingerprint: str
+) -> dict[str, Any] | None:
+    """The published entry of ``task`` when its file can be reused as it is, else None."""
+    entry = published.get(record_key(task))
+    if not isinstance(entry, dict) or entry.get("fingerprint") != fingerprint:
+        return None
+    try:
+        if output_identity(Path(root) / task.subset / task.path) != entry.get("file"):
+            return None  # the published file was replaced or touched since it was written
+    except OSError:
+        return None
+    return entry
+
+
+def link_published(root: Path, task: EpisodeTask) -> None:
+    """The published file of ``task`` into the staging directory: a hard link, else a reflink,
+    else a copy (the bytes are the same whichever)."""
+    published = Path(root) / task.subset / task.path
+    staged = task.subset_dir / task.path
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(published, staged)
+        return
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise DatasetError(f"{staged}: cannot link {published} ({e.strerror})") from None
+    with open(published, "rb") as src, open(staged, "wb") as dst:
+        try:
+            fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
+            return
+        except OSError:
+            pass
+        shutil.copyfileobj(src, dst, 1 << 20)
+    with contextlib.suppress(OSError):
+        shutil.copystat(published, staged)
+
+
+@dataclass
+class EpisodePlan:
+    """Which tasks an export writes and which it reuses, with every task's fingerprint."""
+
+    fingerprints: dict[str, str]  # record key -> fingerprint
+    reused: dict[int, dict[str, Any]]  # task number -> published entry
+    rewrite: list[int]  # task numbers to run
+
+    @classmethod
+    def of(
+        cls,
+        fmt: str,
+        reader: DatasetReader,
+        tasks: Sequence[EpisodeTask],
+        options: ExportOptions,
+        root: Path,
+        incremental: bool,
+    ) -> EpisodePlan:
+        context = SourceContext.of(fmt, reader, options)
+        published = read_fingerprints(root) if incremental else {}
+        fingerprints: dict[str, str] = {}
+        reused: dict[int, dict[str, Any]] = {}
+        rewrite: list[int] = []
+        for number, task in enumerate(tasks):
+            fingerprint = episode_fingerprint(context, reader, task)
+            fingerprints[record_key(task)] = fingerprint
+            entry = reusable(root, published, task, fingerprint) if published else None
+            if entry is None:
+                rewrite.append(number)
+            else:
+                reused[number] = entry
+        return cls(fingerprints, reused, rewrite)

@@ -1,0 +1,169 @@
+"""The ray executor on a real local Ray cluster (a head and a second node, on 127.0.0.1): the same
+bytes as a serial export in every per-episode format, and a killed actor fails the job naming
+the episode, with nothing published."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_export_executors import CONFIGS, _synthetic_source, killed_worker_export
+from test_golden_exports import export_manifest
+
+from eva.dataset import layout
+from eva.export.pipeline import export_dataset
+
+pytestmark = pytest.mark.ray
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ray_node(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """``ray start --block``: the node's processes live as long as it does, in its own session
+    (stopped by its process group, never by ``ray stop``, which stops every Ray on the host)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [RAY, "start", "--block", "--node-ip-address", "127.0.0.1", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _cluster_cpus(address: str) -> int:
+    code = (
+        f"import ray, logging; ray.init(address={address!r}, logging_level=logging.ERROR, "
+        "log_to_driver=False); print(int(ray.cluster_resources().get('CPU', 0)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    ).stdout
+    return int(out.split()[-1]) if out.split() else 0
+
+
+def _stop(node: subprocess.Popen[bytes]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(node.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            node.wait(timeout=30)
+            time.sleep(1)  # the node's own processes, after the ray start that waits on them
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A head node with 2 CPUs and a second node with 1, on 127.0.0.1; its address."""
+    temp = Path(tempfile.mkdtemp(prefix="eva-ray-", dir="/tmp"))  # short: Ray's socket paths
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    head = _ray_node(
+        [
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp}",
+        ],
+        temp / "head.log",
+    )
+    nodes = [head]
+    try:
+        deadline = time.monotonic() + 120
+        while _cluster_cpus(address) < 2:
+            assert head.poll() is None, (temp / "head.log").read_text(errors="replace")
+            assert time.monotonic() < deadline, "the Ray head did not start"
+            time.sleep(1)
+        nodes.append(_ray_node([f"--address={address}", "--num-cpus=1"], temp / "worker.log"))
+        while _cluster_cpus(address) < 3:
+            assert nodes[1].poll() is None, (temp / "worker.log").read_text(errors="replace")
+            assert time.monotonic() < deadline, "the second Ray node did not join"
+            time.sleep(1)
+        yield address
+    finally:
+        for node in reversed(nodes):
+            _stop(node)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_ray_writes_the_same_bytes_as_serial(tmp_path: Path, ray_cluster: str, config: str) -> None:
+    fmt, options = CONFIGS[config]
+    source = _synthetic_source(tmp_path)
+    root = layout.export_root(source, fmt)
+    serial = export_dataset(source, fmt, options=options, executor="serial")
+    serial_tree = export_manifest(root)
+    remote = export_dataset(source, fmt, options=options, executor="ray", ray_address=ray_cluster)
+    assert export_manifest(root) == serial_tree
+    assert remote.job.warnings == serial.job.warnings
+    counts = {k: v for k, v in serial.job.progress.items() if k != "current"}
+    assert {k: v for k, v in remote.job.progress.items() if k != "current"} == counts
+
+
+def _actor_pids() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if line.startswith(b"ray::EpisodeActor"):
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_a_killed_ray_actor_fails_the_job_naming_the_episode(
+    tmp_path: Path, ray_cluster: str
+) -> None:
+    def kill() -> int:
+        actors = _actor_pids()
+        assert actors
+        os.kill(actors[0], signal.SIGKILL)
+        return actors[0]
+
+    message, _ = killed_worker_export(tmp_path, kill, executor="ray", ray_address=ray_cluster)
+    assert re.search(
+        r"export worker \(Ray actor\) died while writing accepted episode \d+ "
+        r"\(source episode \d+\) \(\w+\); nothing was published",
+        message,
+    ), message
+    deadline = time.monotonic() + 30
+    while _actor_pids() and time.monotonic() < deadline:  # the other actor, killed by the driver
+        time.sleep(0.2)
+    assert not _actor_pids()
+
+
+def test_without_ray_the_executor_is_a_one_line_error_naming_the_extra(tmp_path: Path) -> None:
+    source = _synthetic_source(tmp_path)
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # as if the extra were not installed
+        "from eva.cli import main; main()"
+    )
+    argv = ["export", str(source), "--format", "hdf5", "--executor", "ray", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stderr
+    failed = json.loads(done.stdout.splitlines()[-1])
+    assert failed == {"event": "failed", "error": "executor ray needs Ray: pip install 'eva[ray]'"}
+    assert not layout.export_root(source, "hdf5").exists()
