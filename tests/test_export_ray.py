@@ -1,12 +1,15 @@
-"""The ray executor on a real local Ray cluster (a head and a second node, on 127.0.0.1): the same
+"""The ray executor on a real local Ray cluster (a head and a second node, on the loopback): the same
 bytes as a serial export in every per-episode format, and a killed actor fails the job naming
 the episode, with nothing published."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +33,7 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 def _free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.2", 0))
         return int(s.getsockname()[1])
 
 
@@ -39,7 +42,7 @@ def _ray_node(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     (stopped by its process group, never by ``ray stop``, which stops every Ray on the host)."""
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [RAY, "start", "--block", "--node-ip-address", "127.0.0.1", *args],
+            [RAY, "start", "--block", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -58,27 +61,51 @@ def _cluster_cpus(address: str) -> int:
 
 
 def _stop(node: subprocess.Popen[bytes]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(node.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            node.wait(timeout=30)
-            time.sleep(1)  # the node's own processes, after the ray start that waits on them
-        except subprocess.TimeoutExpired:
-            continue
+    """The node's process group: SIGTERM (ray start drains and stops its processes), then
+    SIGKILL for whatever is left after 10 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(node.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _group_alive(node.pid):
+        node.poll()
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(node.pid, signal.SIGKILL)
+    node.wait(timeout=30)
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (entry / "stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    return True
+    return False
 
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
-    """A head node with 2 CPUs and a second node with 1, on 127.0.0.1; its address."""
+    """A head node with 2 CPUs on 127.0.0.2 and a second node with 1 on 127.0.0.3; its address.
+
+    Loopback addresses other than 127.0.0.1: Ray replaces a node address of 127.0.0.1 (or
+    localhost) by the host's routable one, and every node and driver then talks to that."""
+    with pytest.MonkeyPatch.context() as env:
+        # Ray's token authentication, with a token of this cluster's own (drivers read it too)
+        env.setenv("RAY_AUTH_MODE", "token")
+        env.setenv("RAY_AUTH_TOKEN", secrets.token_hex(16))
+        env.delenv("RAY_ADDRESS", raising=False)
+        yield from _cluster()
+
+
+def _cluster() -> Iterator[str]:
     temp = Path(tempfile.mkdtemp(prefix="eva-ray-", dir="/tmp"))  # short: Ray's socket paths
     port = _free_port()
-    address = f"127.0.0.1:{port}"
+    address = f"127.0.0.2:{port}"
     head = _ray_node(
         [
             "--head",
+            "--node-ip-address=127.0.0.2",
             f"--port={port}",
             "--num-cpus=2",
             "--include-dashboard=false",
@@ -89,12 +116,13 @@ def ray_cluster() -> Iterator[str]:
     )
     nodes = [head]
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while _cluster_cpus(address) < 2:
             assert head.poll() is None, (temp / "head.log").read_text(errors="replace")
             assert time.monotonic() < deadline, "the Ray head did not start"
             time.sleep(1)
-        nodes.append(_ray_node([f"--address={address}", "--num-cpus=1"], temp / "worker.log"))
+        second = [f"--address={address}", "--node-ip-address=127.0.0.3", "--num-cpus=1"]
+        nodes.append(_ray_node(second, temp / "worker.log"))
         while _cluster_cpus(address) < 3:
             assert nodes[1].poll() is None, (temp / "worker.log").read_text(errors="replace")
             assert time.monotonic() < deadline, "the second Ray node did not join"
@@ -103,6 +131,7 @@ def ray_cluster() -> Iterator[str]:
     finally:
         for node in reversed(nodes):
             _stop(node)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
