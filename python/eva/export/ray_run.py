@@ -2,7 +2,7 @@
 ``eva[ray]``).
 
 The driver connects to ``--ray-address`` (else ``RAY_ADDRESS``; else it starts a local Ray for
-this export alone) and makes one actor per worker (one CPU each; default: the cluster's CPUs,
+this export alone; a process already connected by its own ``ray.init`` uses that connection) and makes one actor per worker (one CPU each; default: the cluster's CPUs,
 never more than the tasks). Like a pool worker, an actor opens the source once and keeps one
 session (memory bounded per actor) for every task it is given, one task at a time. Workers read
 the source and write into the staging directory by their absolute paths: every node must see
@@ -77,15 +77,18 @@ class RayRun:
         self.tasks = list(batch.tasks)
         address = address or os.environ.get("RAY_ADDRESS") or "local"
         environ = {k: os.environ[k] for k in FORWARDED_ENVIRON if k in os.environ}
+        # A caller already connected (its own ray.init) keeps its connection; ours is closed.
+        self.connected = not self.ray.is_initialized()
         try:
-            self.ray.init(
-                address=address,
-                runtime_env={"env_vars": environ} if environ else None,
-                include_dashboard=False if address == "local" else None,
-                log_to_driver=False,
-                logging_level=logging.ERROR,
-                configure_logging=True,
-            )
+            if self.connected:
+                self.ray.init(
+                    address=address,
+                    runtime_env={"env_vars": environ} if environ else None,
+                    include_dashboard=False if address == "local" else None,
+                    log_to_driver=False,
+                    logging_level=logging.ERROR,
+                    configure_logging=True,
+                )
         except Exception as e:  # noqa: BLE001 - Ray's own error types; one line either way
             raise DatasetError(f"ray cluster {address}: cannot connect ({e})") from None
         cpus = int(self.ray.cluster_resources().get("CPU", 1))
@@ -142,4 +145,5 @@ class RayRun:
             # the actor is dead: its task fails, which is what is waited for here
             with contextlib.suppress(Exception):
                 ray.get(ref)
-        ray.shutdown()
+        if self.connected:
+            ray.shutdown()

@@ -1,0 +1,188 @@
+"""Datasets beyond one machine: executors and incremental re-export on the realistic corpus.
+
+Rows (``bench/README.md``, "Scale", has the model of how these times scale):
+
+* ``<fmt> processes vs serial`` / ``<fmt> ray vs serial``: a full export of the ``high`` corpus
+  (quick: 8 ep x 3 cams x 150 frames; full: 40 x 3 x 400) on a pool of one worker per free core,
+  and on a Ray cluster of this machine (a head started once, as ``ray start`` would, with one CPU
+  per free core; its start-up is not counted), against the serial executor; the note has the
+  core count and the per-episode time the model uses;
+* ``<fmt> incremental, last verdict changed`` / ``middle verdict changed``: on the 40-episode
+  corpus (either mode: that is what the issue measures), one episode's verdict changed and
+  ``--incremental`` against a full export of the changed source: time and episode files written
+  (the last episode moves no other; the middle one renumbers the later half of both subsets);
+* ``ray fixed overhead, 1 episode``: a 1-episode hdf5 export on the running cluster, and with a
+  local Ray started for the export (``--executor ray`` without an address), against serial.
+
+    python bench/bench_scale.py [--full]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus import FULL, QUICK, CorpusParams, ensure_corpus  # noqa: E402
+
+from eva.dataset import layout  # noqa: E402
+from eva.export.executors import free_cores  # noqa: E402
+from eva.export.pipeline import ExportResult, export_dataset  # noqa: E402
+
+FORMATS = ("hdf5", "mcap")
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _row(name: str, value: float, baseline: float, unit: str, note: str) -> dict[str, Any]:
+    ratio = baseline / value if value else 0.0
+    return {"name": name, "value": value, "baseline": baseline, "ratio": ratio, "unit": unit,
+            "note": note}  # fmt: skip
+
+
+def _timed(source: Path, fmt: str, **run: Any) -> tuple[float, ExportResult]:
+    """One export of ``source`` (``export_dataset``'s keywords): its seconds and its result."""
+    start = time.perf_counter()
+    result = export_dataset(source, fmt, **run)
+    return time.perf_counter() - start, result
+
+
+def _source_copy(params: CorpusParams, into: Path, verdicts: bool = True) -> Path:
+    """A writable copy of the cached corpus, every episode judged "pass"."""
+    raw = ensure_corpus("high", params)
+    source = into / "raw"
+    shutil.copytree(raw, source)
+    if verdicts:
+        for episode in range(params.episodes):
+            _set_verdict(source, episode, "pass")
+    return source
+
+
+def _set_verdict(source: Path, episode: int, verdict: str) -> None:
+    path = source / layout.EPISODES
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    rows[episode]["qc_verdict"] = verdict
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+@contextmanager
+def ray_head(cpus: int, into: Path) -> Iterator[str]:
+    """A Ray head on 127.0.0.2 (Ray rewrites 127.0.0.1 to the routable address), stopped by its
+    process group; its address."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+    environ = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.urandom(16).hex()}
+    temp = Path(tempfile.mkdtemp(prefix="eva-ray-", dir="/tmp"))
+    argv = [RAY, "start", "--block", "--head", "--node-ip-address=127.0.0.2", f"--port={port}",
+            f"--num-cpus={cpus}", "--include-dashboard=false", "--disable-usage-stats",
+            f"--temp-dir={temp}"]  # fmt: skip
+    with open(into / "ray-head.log", "ab") as log:
+        head = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environ,
+                                start_new_session=True)  # fmt: skip
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    os.environ.update({k: environ[k] for k in saved})
+    try:
+        time.sleep(15)  # the head's processes up (the first export waits for it otherwise)
+        yield f"127.0.0.2:{port}"
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(head.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(10 if sig == signal.SIGTERM else 1)
+        head.wait()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def executor_rows(params: CorpusParams, tmp: Path, address: str) -> list[dict[str, Any]]:
+    cores = free_cores()
+    source = _source_copy(params, tmp / "executors")
+    frames = params.episodes * params.frames * params.cameras
+    rows = []
+    for fmt in FORMATS:
+        serial_s, _ = _timed(source, fmt, executor="serial")
+        per_episode = serial_s / params.episodes
+        for executor in ("processes", "ray"):
+            seconds, _ = _timed(source, fmt, executor=executor, workers=cores, ray_address=address)
+            rows.append(
+                _row(f"{fmt} {executor} vs serial", seconds, serial_s, "s",
+                     f"{params.describe()}, {cores} cores, {cores} workers; serial "
+                     f"{frames / serial_s:.0f} frames/s, {per_episode:.2f} s/episode")
+            )  # fmt: skip
+    return rows
+
+
+def incremental_rows(tmp: Path) -> list[dict[str, Any]]:
+    params = FULL
+    rows = []
+    for fmt in FORMATS:
+        source = _source_copy(params, tmp / f"incremental-{fmt}")
+        export_dataset(source, fmt)
+        for where, episode in (("last", params.episodes - 1), ("middle", params.episodes // 2)):
+            _set_verdict(source, episode, "fail")
+            inc_s, inc = _timed(source, fmt, incremental=True)
+            full_s, full = _timed(source, fmt)
+            rows.append(
+                _row(f"{fmt} incremental, {where} verdict changed", inc_s, full_s, "s",
+                     f"{params.describe()}: {inc.job.episodes_rewritten} of "
+                     f"{params.episodes} episode files written "
+                     f"({inc.job.episodes_reused} linked); full export {full_s:.1f} s")
+            )  # fmt: skip
+            rows.append(
+                _row(f"{fmt} incremental files written, {where}", inc.job.episodes_rewritten,
+                     full.job.episodes_rewritten, "files", "episode files, incremental vs full")
+            )  # fmt: skip
+            _set_verdict(source, episode, "pass")
+            export_dataset(source, fmt)
+    return rows
+
+
+def ray_overhead_rows(tmp: Path, address: str) -> list[dict[str, Any]]:
+    params = CorpusParams(episodes=1, frames=QUICK.frames)
+    source = _source_copy(params, tmp / "one")
+    serial_s, _ = _timed(source, "hdf5", executor="serial")
+    running_s, _ = _timed(source, "hdf5", executor="ray", ray_address=address)
+    saved = os.environ.pop("RAY_ADDRESS", None)
+    local_s, _ = _timed(source, "hdf5", executor="ray")
+    if saved is not None:
+        os.environ["RAY_ADDRESS"] = saved
+    note = f"hdf5, {params.describe()}"
+    return [
+        _row("ray fixed overhead, 1 episode, running cluster", running_s, serial_s, "s", note),
+        _row("ray fixed overhead, 1 episode, local Ray started", local_s, serial_s, "s", note),
+    ]
+
+
+def report(quick: bool = True) -> list[dict[str, Any]]:
+    tmp = Path(tempfile.mkdtemp(prefix="eva-bench-scale-"))
+    try:
+        with ray_head(free_cores(), tmp) as address:
+            rows = executor_rows(QUICK if quick else FULL, tmp, address)
+            rows += ray_overhead_rows(tmp, address)
+        rows += incremental_rows(tmp)
+        return rows
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    # one JSON row per line (bench/run_all.py prints the aligned table)
+    print("\n".join(json.dumps(row) for row in report(quick="--full" not in sys.argv)))
