@@ -3,12 +3,13 @@
 Rows (``bench/README.md``, "Scale", has the model of how these times scale):
 
 * ``<fmt> processes vs serial`` / ``<fmt> ray vs serial``: a full export of the ``high`` corpus
-  (quick: 8 ep x 3 cams x 150 frames; full: 40 x 3 x 400) on a pool of one worker per free core,
+  (quick: 8 ep x 3 cams x 150 frames; full: 40 x 3 x 400, whose HDF5 pair is 44 GB of decoded
+  frames: mind the disk) on a pool of one worker per free core,
   and on a Ray cluster of this machine (a head started once, as ``ray start`` would, with one CPU
   per free core; its start-up is not counted), against the serial executor; the note has the
   core count and the per-episode time the model uses;
-* ``<fmt> incremental, last verdict changed`` / ``middle verdict changed``: on the 40-episode
-  corpus (either mode: that is what the issue measures), one episode's verdict changed and
+* ``<fmt> incremental, last verdict changed`` / ``middle verdict changed``: on a synthetic
+  dataset of 40 episodes (``INCREMENTAL``; either mode), one episode's verdict changed and
   ``--incremental`` against a full export of the changed source: time and episode files written
   (the last episode moves no other; the middle one renumbers the later half of both subsets);
 * ``ray fixed overhead, 1 episode``: a 1-episode hdf5 export on the running cluster, and with a
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpus import FULL, QUICK, CorpusParams, ensure_corpus  # noqa: E402
 
+from eva.capture.synthetic import write_synthetic_dataset  # noqa: E402
 from eva.dataset import layout  # noqa: E402
 from eva.export.executors import free_cores  # noqa: E402
 from eva.export.pipeline import ExportResult, export_dataset  # noqa: E402
@@ -130,20 +132,32 @@ def executor_rows(params: CorpusParams, tmp: Path, address: str) -> list[dict[st
     return rows
 
 
+# The incremental rows' source: 40 episodes as the issue counts them, small enough that the
+# decoded frames of two HDF5 pairs fit the disk (the 40 x 3 x 400 corpus at 640x480 is 44 GB per
+# HDF5 pair, uncompressed).
+INCREMENTAL = {"episodes": 40, "frames": 60, "cameras": 3, "width": 320, "height": 240}
+
+
 def incremental_rows(tmp: Path) -> list[dict[str, Any]]:
-    params = FULL
+    episodes = INCREMENTAL["episodes"]
+    shape = "{episodes} ep x {cameras} cams x {frames} frames {width}x{height}".format(
+        **INCREMENTAL
+    )
     rows = []
     for fmt in FORMATS:
-        source = _source_copy(params, tmp / f"incremental-{fmt}")
+        source = write_synthetic_dataset(
+            tmp / f"incremental-{fmt}" / "raw", qc_verdicts=["pass"] * episodes, seed=11,
+            **INCREMENTAL,
+        )  # fmt: skip
         export_dataset(source, fmt)
-        for where, episode in (("last", params.episodes - 1), ("middle", params.episodes // 2)):
+        for where, episode in (("last", episodes - 1), ("middle", episodes // 2)):
             _set_verdict(source, episode, "fail")
             inc_s, inc = _timed(source, fmt, incremental=True)
             full_s, full = _timed(source, fmt)
             rows.append(
                 _row(f"{fmt} incremental, {where} verdict changed", inc_s, full_s, "s",
-                     f"{params.describe()}: {inc.job.episodes_rewritten} of "
-                     f"{params.episodes} episode files written "
+                     f"{shape}: {inc.job.episodes_rewritten} of "
+                     f"{episodes} episode files written "
                      f"({inc.job.episodes_reused} linked); full export {full_s:.1f} s")
             )  # fmt: skip
             rows.append(
@@ -152,6 +166,7 @@ def incremental_rows(tmp: Path) -> list[dict[str, Any]]:
             )  # fmt: skip
             _set_verdict(source, episode, "pass")
             export_dataset(source, fmt)
+        shutil.rmtree(source.parent)
     return rows
 
 
@@ -171,13 +186,21 @@ def ray_overhead_rows(tmp: Path, address: str) -> list[dict[str, Any]]:
     ]
 
 
+def _show(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows on stderr as they are measured (a long run keeps what it measured)."""
+    for row in rows:
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
 def report(quick: bool = True) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="eva-bench-scale-"))
     try:
+        rows = incremental_rows(tmp)
+        _show(rows)
         with ray_head(free_cores(), tmp) as address:
-            rows = executor_rows(QUICK if quick else FULL, tmp, address)
-            rows += ray_overhead_rows(tmp, address)
-        rows += incremental_rows(tmp)
+            rows += _show(ray_overhead_rows(tmp, address))
+            rows += _show(executor_rows(QUICK if quick else FULL, tmp, address))
         return rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
