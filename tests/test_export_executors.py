@@ -179,6 +179,13 @@ def test_eva_export_takes_the_executor_and_its_workers(tmp_path: Path) -> None:
         main, ["export", str(source), "--format", "hdf5", "--workers", "0"]
     )
     assert refused.exit_code == 2 and "--workers" in refused.output
+    mixed = CliRunner().invoke(
+        main,
+        ["export", str(source), "--format", "hdf5", "--executor", "serial", "--ray-address", "x"],
+    )
+    assert (
+        mixed.exit_code == 2 and "--ray-address is for --executor ray, not serial" in mixed.output
+    )
 
 
 def _children(pid: int) -> set[int]:
@@ -243,3 +250,21 @@ def test_the_default_executor_follows_the_format_and_the_free_cores() -> None:
     assert default_executor("v21") == default_executor("lerobot_v3") == "serial"
     assert default_executor("h5") == ("processes" if cores >= 2 else "serial")
     assert default_executor("mcap") == ("processes" if cores >= 4 else "serial")
+
+
+def test_a_script_without_a_main_guard_is_told_so(tmp_path: Path) -> None:
+    source = _synthetic_source(tmp_path)
+    script = tmp_path / "export_script.py"
+    script.write_text(
+        "from eva.export.pipeline import export_dataset\n"
+        f"export_dataset({str(source)!r}, 'hdf5', executor='processes', workers=2)\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("eva.dataset.errors.DatasetError: export worker processes failed to")
+    assert "if __name__ == '__main__':" in last
+    assert not (layout.export_root(source, "hdf5") / "accepted").exists()

@@ -127,8 +127,8 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
     "--ray-address",
     default=None,
     metavar="ADDRESS",
-    help="The Ray cluster of --executor ray (host:port, or ray://host:port); default: "
-    "$RAY_ADDRESS, else a local Ray started for this export.",
+    help="The Ray cluster of --executor ray (host:port, or ray://host:port; given alone it "
+    "implies --executor ray); default: $RAY_ADDRESS, else a local Ray started for this export.",
 )
 @click.option(
     "--incremental",
@@ -170,6 +170,8 @@ def export_command(
     from eva.export.executors import default_executor
     from eva.export.pipeline import export_dataset
 
+    if ray_address and executor not in (None, "ray"):
+        raise click.UsageError(f"--ray-address is for --executor ray, not {executor}")
     on_interrupt(
         "the published pair is unchanged; the next export (or eva cleanup) removes the staging"
     )
@@ -202,7 +204,7 @@ def export_command(
             fmt,
             options=_export_options(fmt, option_values),
             on_progress=on_progress,
-            executor=executor or default_executor(fmt),
+            executor=executor or ("ray" if ray_address else default_executor(fmt)),
             workers=workers,
             incremental=incremental,
             ray_address=ray_address,

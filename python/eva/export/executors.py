@@ -227,6 +227,15 @@ class ProcessRun:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def death_error(self) -> DatasetError:
+        if all(state == NOT_STARTED for state in self.status):
+            # No task began: the workers failed to start (their traceback is on stderr). The
+            # usual cause: a script that runs the export at import time, which every spawned
+            # worker then runs again as it imports the script.
+            return DatasetError(
+                "export worker processes failed to start (their error is above); a script "
+                "exporting with executor='processes' must do so under "
+                "`if __name__ == '__main__':`; nothing was published"
+            )
         running = [episode_name(self.tasks[n]) for n, state in enumerate(self.status) if state > 0]
         where = f" while writing {', '.join(running)}" if running else " between episodes"
         return DatasetError(
