@@ -9,6 +9,7 @@ library. Exit codes, the same for every command: 0 ok, 1 the work failed or the 
 from __future__ import annotations
 
 import importlib
+import signal
 from typing import Any
 
 import click
@@ -104,6 +105,9 @@ class EvaGroup(click.Group):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
+            # The work is stopped and cleaned up; a second SIGINT now (a repeated Ctrl-C) must
+            # not kill the process on its way out and turn exit 130 into death by signal.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             note = ctx.meta.get("eva.interrupt_note", "nothing was changed")
             say(f"eva: interrupted: {note}", err=True)
             raise SystemExit(EXIT_INTERRUPTED) from None
