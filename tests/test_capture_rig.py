@@ -159,11 +159,10 @@ def test_ffmpeg_udp_camera_and_zmq_state(tmp_path: Path, caplog: pytest.LogCaptu
             assert rig.check() == []
             # eva reads the UDP socket itself: frames carry the kernel's arrival times
             assert "h264 160x120, kernel receive timestamps" in caplog.text
-            if os.geteuid() == 0:  # permitted: the receiving threads are real-time, decoding not
+            if os.geteuid() == 0:  # permitted: the kernel stamps, so decoding need not be real-time
                 (cam,) = [g for g in rig.groups if "observation.images.front" in g.names]
                 policies = thread_policies(cam.process.pid)
-                assert policies[cam.process.pid] == (os.SCHED_OTHER, -10)  # decodes
-                assert sum(p == os.SCHED_FIFO for p, _ in policies.values()) >= 1  # receives
+                assert policies[cam.process.pid] == (os.SCHED_OTHER, -10)  # receives and decodes
             job = record(recorder, 3.0)
         assert job["quality"] == "green", job["quality_issues"]
         frames = job["frames"]

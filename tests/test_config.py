@@ -194,6 +194,26 @@ def test_stream_sources(tmp_path: Path) -> None:
     assert action.source.stall_timeout_s == 0.5
     assert state.source.group_key() != action.source.group_key()
     assert front.source.priority == "high"  # the default
+    assert state.source.batch_s == 0.02  # the default: one wake-up for a few messages
+
+
+@pytest.mark.parametrize(
+    ("batch", "message"),
+    [
+        ("-0.1", "source.batch_s: must be >= 0.0"),
+        ("1.5", "source.batch_s: must be at most half of stall_timeout_s"),
+    ],
+)
+def test_bad_zmq_batch_names_the_key(tmp_path: Path, batch: str, message: str) -> None:
+    path = tmp_path / "rig.toml"
+    path.write_text(
+        "[collection]\n[collection.tasks]\npick = ['p']\n[[collection.vectors]]\n"
+        'name = "observation.state"\ndim = 2\n'
+        f'source = {{ kind = "zmq", endpoint = "tcp://127.0.0.1:1", batch_s = {batch} }}\n'
+    )
+    with pytest.raises(ConfigError, match="collection.vectors\\[0\\]") as info:
+        load_config(path)
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(

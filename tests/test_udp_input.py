@@ -23,11 +23,13 @@ from eva.capture.udp_input import (
 )
 
 
-def bound_input(read_timeout: float = 2.0) -> TimestampedUdpInput:
+def bound_input(
+    read_timeout: float = 2.0, stop: threading.Event | None = None
+) -> TimestampedUdpInput:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    return TimestampedUdpInput(UdpTarget("127.0.0.1", port, 1 << 20), read_timeout)
+    return TimestampedUdpInput(UdpTarget("127.0.0.1", port, 1 << 20), read_timeout, stop)
 
 
 @pytest.mark.parametrize(
@@ -104,6 +106,19 @@ def test_a_silent_socket_times_out_naming_the_input() -> None:
         udp.close()
 
 
+def test_a_stop_ends_a_waiting_read_as_the_end_of_the_stream() -> None:
+    """The camera's one thread waits in ``read``: a stop must end it (``b""``, FFmpeg's EOF)
+    long before the stall timeout, with no error."""
+    stop = threading.Event()
+    udp = bound_input(read_timeout=30.0, stop=stop)
+    try:
+        threading.Timer(0.2, stop.set).start()
+        assert udp.read(1000) == b""
+        assert stop.is_set()
+    finally:
+        udp.close()
+
+
 def test_pyav_demuxes_mpegts_from_it_with_packet_arrivals() -> None:
     """Each demuxed packet's ``pos`` leads to the arrival of the datagram its PES starts in."""
     udp = bound_input()
@@ -153,3 +168,35 @@ def test_pyav_demuxes_mpegts_from_it_with_packet_arrivals() -> None:
     # each frame's stamp follows its own send, not a later frame's
     sent = np.asarray(sends[: len(stamps)])
     assert np.all(stamps >= sent) and np.all(stamps[:-1] < sent[1:])
+
+
+@pytest.mark.parametrize(
+    ("url", "fmt", "device"),
+    [
+        ("/dev/video0", None, True),
+        ("/dev/video2", "v4l2", True),
+        ("/dev/v4l/by-id/usb-cam-video-index0", "video4linux2", True),
+        ("/dev/v4l/by-id/usb-cam-video-index0", None, False),  # FFmpeg's probe: checked on open
+        ("rtsp://127.0.0.1/cam", None, False),
+        ("/dev/video0", "mjpeg", False),
+    ],
+)
+def test_v4l2_inputs_are_recognised(url: str, fmt: str | None, device: bool) -> None:
+    from eva.capture.source_worker import is_v4l2_input
+
+    assert is_v4l2_input(url, fmt) is device
+
+
+def test_a_v4l2_packets_pts_is_its_capture_time_when_on_the_wall_clock() -> None:
+    """FFmpeg's V4L2 demuxer (``timestamps=mono2abs``) puts the driver's buffer timestamp,
+    converted to the wall clock, into each packet's pts in microseconds."""
+    from eva.capture.source_worker import device_time
+
+    now = time.time()
+    packet = av.Packet(b"\x00" * 16)
+    packet.time_base = Fraction(1, 1_000_000)
+    packet.pts = int((now - 0.040) * 1_000_000)  # captured 40 ms before it was read
+    assert device_time(packet, now) == pytest.approx(now - 0.040, abs=1e-6)
+    packet.pts = int(12_345.0 * 1_000_000)  # CLOCK_MONOTONIC (seconds since boot): not used
+    assert device_time(packet, now) is None
+    assert device_time(av.Packet(b"\x00"), now) is None  # no pts at all

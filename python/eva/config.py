@@ -68,6 +68,9 @@ SOURCE_KINDS = ("ffmpeg", "zmq", "python", "sim")
 # normal: as started; high: nice -10; realtime: SCHED_FIFO (each falls back to the one before it,
 # with a warning, where the host does not permit it)
 SOURCE_PRIORITIES = ("normal", "high", "realtime")
+# A ZeroMQ source wakes at most this often (its messages carry their sender's time, so waking
+# for each one would only cost CPU: on small VMs a wake-up costs more than handling a message)
+ZMQ_BATCH_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ class SourceConfig:
       ``realtime`` plays a file at its own pace; ``latency_s`` is subtracted from the receipt time;
       ``kernel_timestamps`` (unicast ``udp://``): eva reads the socket, the kernel stamps arrivals.
     - ``zmq`` (vectors): a SUB socket on ``endpoint``, messages ``[topic, msgpack({"t", "value"})]``
-      with ``topic`` (default: the stream name).
+      with ``topic`` (default: the stream name); ``batch_s``: the source process wakes at most
+      this often and takes every waiting message (they keep their sender's ``t``).
     - ``python``: ``object = "package.module:Factory"`` called with ``args`` gives a source
       object with ``samples()``; streams naming the same object and args share one instance.
     - ``sim``: the simulated rig.
@@ -99,6 +103,7 @@ class SourceConfig:
     kernel_timestamps: bool = True
     endpoint: str | None = None
     topic: str | None = None
+    batch_s: float = ZMQ_BATCH_S
     object: str | None = None
     args: dict[str, Any] = field(default_factory=dict)
     stall_timeout_s: float = 2.0
@@ -485,7 +490,7 @@ def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
 
 _SOURCE_KEYS = {
     "ffmpeg": {"url", "format", "options", "realtime", "latency_s", "kernel_timestamps"},
-    "zmq": {"endpoint", "topic"},
+    "zmq": {"endpoint", "topic", "batch_s"},
     "python": {"object", "args"},
     "sim": set(),
 }
@@ -542,7 +547,12 @@ def _parse_source(r: _Reader, item: Mapping[str, Any], stream: str) -> SourceCon
             raise s.fail(
                 "endpoint", "missing or not a ZeroMQ endpoint (tcp://host:port, ipc://path)"
             )
-        return SourceConfig(kind, endpoint=endpoint, topic=s.get("topic", str, None), **common)
+        batch_s = s.number("batch_s", ZMQ_BATCH_S, minimum=0.0)
+        if batch_s > common["stall_timeout_s"] / 2:
+            raise s.fail("batch_s", "must be at most half of stall_timeout_s")
+        return SourceConfig(
+            kind, endpoint=endpoint, topic=s.get("topic", str, None), batch_s=batch_s, **common
+        )
     if kind == "python":
         target = s.get("object", str, None)
         module, _, attr = (target or "").partition(":")

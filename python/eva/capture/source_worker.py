@@ -38,7 +38,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -49,7 +49,8 @@ REALTIME_PRIORITY = (
 )
 PACKET_QUEUE = 256  # packets received but not yet decoded (~8 s of a 30 fps camera)
 REPORT_EVERY_S = 1.0  # bad samples of one stream are reported at most this often
-ORPHAN_GRACE_S = 2.0  # after the recorder died: time to stop cleanly before exiting anyway
+ORPHAN_GRACE_S = 2.0
+DEVICE_CLOCK_SLACK_S = 1.0  # a device timestamp further than this from receipt is on another clock  # after the recorder died: time to stop cleanly before exiting anyway
 
 
 class _Events:
@@ -133,44 +134,97 @@ def _camera_frames(
     source: dict[str, Any], stream: _Stream, stop: threading.Event, events: _Events
 ) -> Iterator[tuple[float, np.ndarray]]:
     """Decoded frames of an FFmpeg input as (receipt time, (H, W, 3) RGB at the configured size);
-    the frame is a view of one reused buffer, valid until the next one (push copies it).
-
-    Two threads: a receiver demuxes and stamps each packet as the demuxer hands it over, and this
-    (the caller's) thread decodes, converts and pushes. A real-time source process keeps only
-    the receiver (and FFmpeg's socket reader) at ``SCHED_FIFO``: its work per packet is tiny, so
-    it runs the moment data arrives. Decoding, which can take milliseconds a frame, runs at the
-    ordinary priority, where the decoders of several cameras cannot delay each other's
-    receivers (with all of them at one real-time priority, a packet waited for the other
-    cameras' decodes to finish)."""
+    the frame is a view of one reused buffer, valid until the next one (push copies it)."""
     import av
 
     from eva.capture.udp_input import TimestampedUdpInput, demuxer_options, parse_udp_url
-    from eva.dataset.rgb import FrameConverter
 
-    height, width = stream.shape[0], stream.shape[1]
     open_timeout = float(source.get("open_timeout_s", 10.0))
     read_timeout = float(source.get("stall_timeout_s", 2.0))
     options = dict(source.get("options") or {})
     target = parse_udp_url(source["url"], options) if source.get("kernel_timestamps") else None
-    udp: TimestampedUdpInput | None = None
     if target is None:
+        device = is_v4l2_input(source["url"], source.get("format"))
+        if device and not {"timestamps", "ts"} & options.keys():
+            # the driver's buffer timestamps (CLOCK_MONOTONIC), converted by FFmpeg to the wall
+            # clock: when the frame was captured, not when this process got round to it
+            options["timestamps"] = "mono2abs"
         container = av.open(
             source["url"],
             format=source.get("format"),
             options=options,
             timeout=(open_timeout, read_timeout),
         )
-    else:  # eva reads the socket: every datagram's arrival stamped by the kernel
-        udp = TimestampedUdpInput(target, open_timeout)
+        device = device or "video4linux2" in container.format.name.split(",")
+        packets = _demuxed_on_a_thread(container, stop, read_timeout, device, events, stream)
+        stamped = ", device timestamps" if device else ""
+        return _decoded(source, stream, container, packets, events, stamped)
+    # eva reads the socket: every datagram's arrival is stamped by the kernel, so the time a
+    # frame gets does not depend on when this process wakes up, and one thread demuxes,
+    # decodes and pushes (no hand-off between threads per packet: a wake-up on these hosts
+    # costs as much CPU as demuxing the packet)
+    udp = TimestampedUdpInput(target, open_timeout, stop)
+    try:
+        container = av.open(udp, "r", format=source.get("format"), options=demuxer_options(options))
+    except BaseException:
+        udp.close()
+        raise
+    udp.read_timeout = read_timeout
+    _demoted_from_realtime()  # nothing here is timed by this thread's wake-ups
+
+    def demuxed() -> Generator[tuple[float, Any], None, None]:
         try:
-            container = av.open(udp, format=source.get("format"), options=demuxer_options(options))
-        except BaseException:
+            for packet in container.demux(container.streams.video[0]):
+                if stop.is_set():
+                    return
+                arrival = udp.arrival_at(packet.pos)  # the frame's first datagram
+                yield (time.time() if arrival is None else arrival), packet
+        finally:
+            container.close()
             udp.close()
-            raise
-        udp.read_timeout = read_timeout
+
+    return _decoded(source, stream, container, demuxed(), events, ", kernel receive timestamps")
+
+
+def is_v4l2_input(url: str, format: str | None) -> bool:
+    """A V4L2 device, by the demuxer named or, without one, the path FFmpeg would probe as one."""
+    if format is not None:
+        return format in ("v4l2", "video4linux2")
+    return url.startswith("/dev/video")
+
+
+def device_time(packet: Any, now: float) -> float | None:
+    """A V4L2 packet's capture time (its pts: the buffer timestamp, in wall-clock seconds), or
+    None when it is missing or not plausibly on the wall clock (more than DEVICE_CLOCK_SLACK_S
+    from ``now``: a driver with another clock)."""
+    if packet.pts is None or packet.time_base is None:
+        return None
+    t = float(packet.pts * packet.time_base)
+    return t if abs(t - now) <= DEVICE_CLOCK_SLACK_S else None
+
+
+def _demuxed_on_a_thread(
+    container: Any,
+    stop: threading.Event,
+    read_timeout: float,
+    device: bool = False,
+    events: _Events | None = None,
+    stream: _Stream | None = None,
+) -> Generator[tuple[float, Any], None, None]:
+    """Packets of FFmpeg's own input with their receipt times, demuxed on a receiver thread.
+
+    The packet is stamped as the demuxer hands it over, so the receiver must run the moment
+    data arrives: a real-time source process keeps only the receiver (and FFmpeg's socket
+    reader) at ``SCHED_FIFO``, and the caller's thread, which decodes (milliseconds a frame),
+    runs at the ordinary priority, where the decoders of several cameras cannot delay each
+    other's receivers (with all of them at one real-time priority, a packet waited for the
+    other cameras' decodes to finish). A V4L2 device stamps its buffers itself: that time is
+    used (the receipt time where a packet's is implausible, with one warning)."""
     packets: queue.Queue[tuple[float, Any]] = queue.Queue(maxsize=PACKET_QUEUE)
     receiving = threading.Event()
     receiving.set()
+    warned = threading.Event()
+    video = container.streams.video[0]
 
     def receive() -> None:
         """Packets with their receipt times; ``(nan, exception or None)`` ends the queue."""
@@ -178,10 +232,21 @@ def _camera_frames(
         try:
             for packet in container.demux(video):
                 # the receipt time, taken before anything else: decode time varies from frame
-                # to frame (a keyframe costs several P-frames), the arrival does not. From
-                # eva's UDP reader: the kernel's arrival time of the frame's first datagram.
-                arrival = udp.arrival_at(packet.pos) if udp is not None else None
-                item = (time.time() if arrival is None else arrival, packet)
+                # to frame (a keyframe costs several P-frames), the arrival does not
+                received = time.time()
+                if device:
+                    captured = device_time(packet, received)
+                    if captured is not None:
+                        received = captured
+                    elif not warned.is_set() and events is not None:
+                        warned.set()
+                        events.send(
+                            "warning",
+                            stream.name if stream is not None else None,
+                            "the device's buffer timestamps are not on the wall clock: "
+                            "its frames are stamped on receipt",
+                        )
+                item = (received, packet)
                 while receiving.is_set():
                     try:
                         packets.put(item, timeout=0.1)  # the decoder far behind: wait for it
@@ -201,22 +266,8 @@ def _camera_frames(
 
     receiver = threading.Thread(target=receive, name="eva-receive", daemon=True)
     try:
-        video = container.streams.video[0]
-        # slice threads only: frame threads would hold frames back and release them in bursts
-        video.thread_type = "SLICE"
-        stamped = ", kernel receive timestamps" if udp is not None else ""
-        events.send(
-            "opened",
-            stream.name,
-            f"{video.codec_context.name} {video.width}x{video.height}{stamped}",
-        )
         receiver.start()  # inherits this thread's priority (real-time, if granted) ...
         _demoted_from_realtime()  # ... which the decoding thread then gives up
-        latency = float(source.get("latency_s", 0.0))
-        buffer = np.zeros((1, height, width, 3), np.uint8)
-        converter = FrameConverter()
-        started = False
-        pace_origin: tuple[float, float] | None = None
         while not stop.is_set():
             try:
                 received, packet = packets.get(timeout=0.1)
@@ -226,6 +277,42 @@ def _camera_frames(
                 if packet is not None:
                     raise packet
                 return  # the end of the input
+            yield received, packet
+    finally:
+        receiving.clear()
+        # the receiver may be inside a read (at most the stall timeout): the container must
+        # outlive it; a process ending anyway leaves it to the OS
+        receiver.join(read_timeout + 1.0)
+        if not receiver.is_alive():
+            container.close()
+
+
+def _decoded(
+    source: dict[str, Any],
+    stream: _Stream,
+    container: Any,
+    packets: Generator[tuple[float, Any], None, None],
+    events: _Events,
+    stamped: str = "",
+) -> Iterator[tuple[float, np.ndarray]]:
+    """Each packet decoded, scaled to the camera's size and converted to RGB into one reused
+    buffer, with its packet's receipt time minus ``latency_s``."""
+    from eva.dataset.rgb import FrameConverter
+
+    height, width = stream.shape[0], stream.shape[1]
+    video = container.streams.video[0]
+    # slice threads only: frame threads would hold frames back and release them in bursts
+    video.thread_type = "SLICE"
+    events.send(
+        "opened", stream.name, f"{video.codec_context.name} {video.width}x{video.height}{stamped}"
+    )
+    latency = float(source.get("latency_s", 0.0))
+    buffer = np.zeros((1, height, width, 3), np.uint8)
+    converter = FrameConverter()
+    started = False
+    pace_origin: tuple[float, float] | None = None
+    try:
+        for received, packet in packets:
             for frame in packet.decode():
                 t = received
                 if source.get("realtime") and frame.time is not None:
@@ -246,15 +333,7 @@ def _camera_frames(
                     started = True
                 yield t - latency, buffer[0]
     finally:
-        receiving.clear()
-        if receiver.ident is not None:
-            # the receiver may be inside a read (at most the stall timeout): the container must
-            # outlive it; a process ending anyway leaves it to the OS
-            receiver.join(read_timeout + 1.0)
-        if not receiver.is_alive():
-            container.close()
-            if udp is not None:
-                udp.close()
+        packets.close()  # ends the demuxing (its thread, the input) with the frames
 
 
 def _run_ffmpeg(
@@ -286,10 +365,13 @@ def _run_zmq(
     events.send("opened", None, f"zmq {source['endpoint']}")
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
+    batch_s = float(source.get("batch_s", 0.0))
     try:
         while not stop.is_set():
             if not poller.poll(100):
                 continue
+            if batch_s:  # let the batch gather: one wake-up for every message in it
+                stop.wait(batch_s)
             while True:
                 try:
                     parts = socket.recv_multipart(zmq.NOBLOCK)

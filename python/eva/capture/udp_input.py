@@ -25,6 +25,7 @@ import ipaddress
 import select
 import socket
 import struct
+import threading
 import time
 from urllib.parse import parse_qsl, urlsplit
 
@@ -35,6 +36,7 @@ RECEIVE_BUFFER = 8 << 20  # kernel buffer: seconds of video while the demuxer is
 # FFmpeg's UDP options that concern only its own reader (its FIFO thread, its buffer): the
 # kernel buffer above takes their place.
 IGNORED_OPTIONS = {"fifo_size", "overrun_nonfatal", "timeout", "pkt_size", "reuse"}
+STOP_POLL_S = 0.1  # a stalled read notices ``stop`` within this
 KEPT_ARRIVALS = 16384  # datagram arrivals remembered (several seconds of any camera)
 _TIMESPEC = struct.Struct("qq")
 
@@ -87,9 +89,12 @@ class TimestampedUdpInput:
     """The datagrams of one UDP port as a readable byte stream (``read(n)``, for ``av.open``)
     that remembers the kernel's arrival time of the datagram at every byte offset."""
 
-    def __init__(self, target: UdpTarget, read_timeout: float) -> None:
+    def __init__(
+        self, target: UdpTarget, read_timeout: float, stop: threading.Event | None = None
+    ) -> None:
         self.target = target
         self.read_timeout = read_timeout
+        self.stop = stop  # once set, reads end the stream (``b""``) instead of waiting
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
@@ -129,13 +134,22 @@ class TimestampedUdpInput:
         return data
 
     def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes: what has arrived, waiting up to ``read_timeout`` for the first."""
+        """Up to ``n`` bytes: what has arrived, waiting up to ``read_timeout`` for the first;
+        ``b""`` (the end) once ``stop`` is set."""
         if not self.rest:
-            ready, _, _ = select.select([self.sock], [], [], self.read_timeout)
-            if not ready:
-                raise TimeoutError(
-                    f"{self.describe()}: no datagram for {self.read_timeout:g} s (stall timeout)"
-                )
+            deadline = time.monotonic() + self.read_timeout
+            while True:
+                if self.stop is not None and self.stop.is_set():
+                    return b""
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"{self.describe()}: no datagram for {self.read_timeout:g} s "
+                        "(stall timeout)"
+                    )
+                ready, _, _ = select.select([self.sock], [], [], min(left, STOP_POLL_S))
+                if ready:
+                    break
             self.rest = memoryview(self._receive() or b"")
         out = bytearray(self.rest[:n])
         self.rest = self.rest[n:]
