@@ -506,3 +506,30 @@ def test_cli_cleanup_removes_a_crash_leftover_and_reports_json(source: Path) -> 
     assert verify_export(root / "accepted") == [] and verify_export(root / "rejected") == []
     r = CliRunner().invoke(main, ["cleanup", str(source)])
     assert r.exit_code == 0 and "nothing to clean up" in r.output
+
+
+def test_cli_cleanup_that_cannot_repair_the_metadata_does_the_rest_and_exits_1(
+    source: Path,
+) -> None:
+    """A duplicated episode row is not an interrupted save: cleanup still removes a staging
+    leftover, then names what it could not repair and fails (documented exit code 1)."""
+    export_dataset(source, "lerobot_v21")
+    root = layout.export_root(source, "lerobot_v21")
+    leftover = staging_dir(root, "20261130T000000Z-deadbeef")
+    (leftover / "accepted" / "meta").mkdir(parents=True)
+    episodes = source / "meta" / "episodes.jsonl"
+    rows = episodes.read_text().splitlines()
+    episodes.write_text("\n".join([*rows, rows[0]]) + "\n")
+    r = CliRunner().invoke(main, ["cleanup", str(source), "--json"])
+    assert r.exit_code == 1, r.output
+    report = json.loads(r.stdout.splitlines()[0])
+    assert report["actions"]["lerobot_v21"] == [f"removed {leftover}"]
+    assert report["failed"] == [
+        f"metadata not repaired: {episodes}: duplicate episode_index; not repairable"
+    ]
+    assert not leftover.exists()
+    r = CliRunner().invoke(main, ["cleanup", str(source)])
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines() == [
+        f"eva: error: metadata not repaired: {episodes}: duplicate episode_index; not repairable"
+    ]

@@ -384,13 +384,16 @@ def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
         actions = cleanup(dataset, fmt)
     except (DatasetError, ValueError) as e:
         fail(str(e))
+    failed = actions.pop("failed", [])
     if as_json:
-        emit_json({"dataset": str(dataset), "actions": actions})
-        return
-    count = 0
-    for name, lines in actions.items():
-        for line in lines:
-            say(f"{name}: {line}")
-            count += 1
-    if not count:
-        note("nothing to clean up", err=False)
+        emit_json({"dataset": str(dataset), "actions": actions, "failed": failed})
+    else:
+        count = 0
+        for name, lines in actions.items():
+            for line in lines:
+                say(f"{name}: {line}")
+                count += 1
+        if not count and not failed:
+            note("nothing to clean up", err=False)
+    if failed:  # the rest was done; what was not is an error
+        fail(failed[0] + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""))

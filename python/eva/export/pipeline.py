@@ -511,7 +511,8 @@ def export_dataset(
 def cleanup(source_dir: Path | str, fmt: str | None = None) -> dict[str, list[str]]:
     """Recover interrupted publications and remove hidden leftovers, per format (all by default),
     then the raw dataset's stale temporaries (under "raw") and its metadata left behind the
-    committed episodes by an interrupted save (under "metadata", ``eva.dataset.repair``)."""
+    committed episodes by an interrupted save (under "metadata", ``eva.dataset.repair``).
+    What it could not do is listed under "failed" (the caller's exit status says so)."""
     source = Path(source_dir).resolve()
     formats = [layout.normalize_format(fmt)] if fmt else list(layout.FORMATS)
     actions: dict[str, list[str]] = {}
@@ -534,7 +535,8 @@ def cleanup(source_dir: Path | str, fmt: str | None = None) -> dict[str, list[st
         try:
             repaired = repair_metadata(source)
         except DatasetError as e:
-            repaired = [f"metadata not repaired: {e}"]
-        if repaired:
-            actions["metadata"] = repaired
+            actions["failed"] = [f"metadata not repaired: {e}"]
+        else:
+            if repaired:
+                actions["metadata"] = repaired
     return actions
