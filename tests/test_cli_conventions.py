@@ -157,3 +157,22 @@ def test_info_understands_exports(small_dataset: Path, fmt: str) -> None:
     # a later verdict makes it stale
     assert _invoke("qc", str(small_dataset), "0", "--fail").exit_code == 0
     assert "review    STALE: " in _invoke("info", str(accepted)).output
+
+
+def test_progress_shows_names_as_they_are_not_as_markup() -> None:
+    """A file or dataset name holding rich markup ("[red]", "[/]") is printed literally."""
+    import io
+
+    from eva.cli.progress import ProgressBar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    with ProgressBar("x [b]p[/b]", total=2, stream=out) as bar:  # short: an 80-column line
+        bar.update(1, detail="e[red]1[/]")
+        bar.stage("[i]")
+    text = out.getvalue()
+    assert "e[red]1[/]" in text
+    assert "x [b]p[/b]: [i]" in text

@@ -65,7 +65,8 @@ class ProgressBar:
             else [MofNCompleteColumn(), TextColumn("{task.fields[rate]}")]
         )
         self._progress = Progress(
-            TextColumn("{task.description}"),
+            # file and dataset names are shown as they are: "[red]" in a name is not markup
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             TaskProgressColumn(),
             *counted,
@@ -73,7 +74,7 @@ class ProgressBar:
             TimeElapsedColumn(),
             TextColumn("eta"),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[detail]}"),
+            TextColumn("{task.fields[detail]}", markup=False),
             console=Console(file=stream if stream is not None else sys.stderr),
             transient=False,
         )
