@@ -254,6 +254,47 @@ def test_killed_publisher_and_killed_source_process(tmp_path: Path) -> None:
         stop(cam_pub)
 
 
+def test_zmq_streams_of_two_endpoints_share_one_source_process(tmp_path: Path) -> None:
+    """Two endpoints, the same topic on both: one subscriber process, and each stream records
+    its own endpoint's values."""
+    state_port, action_port = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
+    action = (
+        '[[collection.vectors]]\nname = "action"\ndim = 3\n'
+        f'source = {{ kind = "zmq", endpoint = "tcp://127.0.0.1:{action_port}", '
+        'topic = "observation.state", open_timeout_s = 8 }\n'
+    )
+    config = load_config(
+        write_config(tmp_path / "rig.toml", "", zmq_state(state_port) + action)
+    ).collection
+    publishers = [publisher("zmq", state_port, 30, 6), publisher("zmq", action_port, 30, 3)]
+    rig = SourceRig(config)
+    try:
+        (subscriber,) = [g for g in rig.groups if g.source.kind == "zmq"]
+        assert subscriber.names == ["observation.state", "action"]
+        described = rig.describe()
+        assert described["observation.state"] == (
+            f"zmq tcp://127.0.0.1:{state_port} topic 'observation.state'"
+        )
+        assert described["action"] == (
+            f"zmq tcp://127.0.0.1:{action_port} topic 'observation.state'"
+        )
+        with Recorder(config, durable=False, rings=rig.rings) as recorder:
+            rig.attach(recorder)
+            rig.start()
+            assert rig.check() == []
+            job = record(recorder, 2.0)
+    finally:
+        rig.close()
+        for p in publishers:
+            stop(p)
+    assert job["quality"] == "green", job["quality_issues"]
+    reader = DatasetReader(Path(job["dataset_dir"]))
+    grid = reader.read_table(0, ["capture_time"]).column("capture_time").to_numpy()
+    for name, dim in (("observation.state", 6), ("action", 3)):
+        expected = np.array([zmq_value(t, dim) for t in grid])
+        assert np.abs(reader.read_vector(0, name) - expected).max() < 0.02, name
+
+
 def test_malformed_zmq_messages_are_reported(tmp_path: Path) -> None:
     zport = free_port(socket.SOCK_STREAM)
     config = load_config(write_config(tmp_path / "rig.toml", "", zmq_state(zport))).collection

@@ -132,7 +132,10 @@ class SourceConfig:
         if self.kind == "sim":
             return ("sim",)
         if self.kind == "zmq":
-            return ("zmq", self.endpoint)
+            # one subscriber process for every ZeroMQ stream with the same settings, whatever
+            # its endpoint: one wake-up then serves them all (a wake-up, not a message, is
+            # what costs CPU)
+            return ("zmq", self.priority, self.batch_s, self.stall_timeout_s, self.open_timeout_s)
         return ("ffmpeg", self.url, self.format, repr(sorted(self.options.items())))
 
 

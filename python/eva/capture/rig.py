@@ -52,7 +52,7 @@ STOP_GRACE_S = 3.0
 @dataclass
 class _Group:
     source: SourceConfig
-    streams: list[dict[str, Any]]  # name, kind, shape, ring (path), topic
+    streams: list[dict[str, Any]]  # name, kind, shape, ring (path), topic, endpoint
     process: subprocess.Popen[bytes] | None = None
     reader: threading.Thread | None = None
     exit_reported: bool = False
@@ -66,6 +66,9 @@ class _Group:
         return [s["name"] for s in self.streams]
 
     def describe(self) -> str:
+        endpoints = sorted({s["endpoint"] for s in self.streams if s.get("endpoint")})
+        if len(endpoints) > 1:  # a subscriber process of several endpoints
+            return f"zmq {', '.join(endpoints)}"
         return self.source.describe()
 
 
@@ -123,6 +126,7 @@ class SourceRig:
         for path in remove_stale_rings(shm_dir):
             log.warning("removed the ring file of a recorder that is gone: %s", path)
         sources = stream_sources(config)
+        self._sources = sources
         n_cameras = len(config.cameras)
         streams: list[tuple[str, str, tuple[int, ...], np.dtype]] = [
             (c.key, "camera", (c.height, c.width, 3), np.dtype(np.uint8)) for c in config.cameras
@@ -144,6 +148,7 @@ class SourceRig:
                         "shape": list(shape),
                         "ring": str(path),
                         "topic": source.topic if source.kind == "zmq" else None,
+                        "endpoint": source.endpoint if source.kind == "zmq" else None,
                     }
                 )
             for group in self._groups.values():
@@ -164,7 +169,7 @@ class SourceRig:
 
     def describe(self) -> dict[str, str]:
         """stream name -> its source's one-line description (for screens)."""
-        return {name: g.describe() for g in self._groups.values() for name in g.names}
+        return {name: source.describe() for name, source in self._sources.items()}
 
     def start(self) -> SourceRig:
         for group in self._groups.values():

@@ -4,7 +4,10 @@
 
     {"source": {SourceConfig fields}, "fps": 30,
      "streams": [{"name", "kind": "camera"|"vector", "shape": [...], "ring": PATH,
-                  "topic": str|None}, ...]}
+                  "topic": str|None, "endpoint": str|None}, ...]}
+
+One process runs one FFmpeg camera, or every ZeroMQ stream with the same settings (each on its
+own endpoint), or one plugin object, or the simulated rig.
 
 It attaches each stream's ring (``eva.capture.shm_ring``; the recorder created them), then pushes
 every sample with its capture time. Running in its own process, a source is never stalled by the
@@ -92,6 +95,7 @@ class _Stream:
         self.kind: str = spec["kind"]
         self.shape = tuple(int(s) for s in spec["shape"])
         self.topic: str | None = spec.get("topic")
+        self.endpoint: str | None = spec.get("endpoint")
         self.ring = ring
         # EVA_SOURCE_STATS (benchmarks): each push's duration and its wall-clock receipt time
         self.measure = measure
@@ -347,61 +351,76 @@ def _run_ffmpeg(
 def _run_zmq(
     source: dict[str, Any], streams: list[_Stream], stop: threading.Event, events: _Events
 ) -> None:
-    import msgpack
-
+    """Every ZeroMQ stream of this process: one SUB socket per endpoint (a topic names a stream
+    only within its endpoint), all polled by this one thread, which sleeps ``batch_s`` after
+    the first message of a batch so that one wake-up takes every message of every stream."""
     try:
         import zmq
     except ImportError:
         raise RuntimeError("zmq sources need pyzmq: pip install 'eva[rig]'") from None
 
-    by_topic = {(s.topic or s.name).encode(): s for s in streams}
     context = zmq.Context()
-    socket = context.socket(zmq.SUB)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.RCVHWM, 100_000)
-    for topic in by_topic:
-        socket.setsockopt(zmq.SUBSCRIBE, topic)
-    socket.connect(source["endpoint"])
-    events.send("opened", None, f"zmq {source['endpoint']}")
     poller = zmq.Poller()
-    poller.register(socket, zmq.POLLIN)
-    batch_s = float(source.get("batch_s", 0.0))
+    by_endpoint: dict[str, dict[bytes, _Stream]] = {}
+    for stream in streams:
+        topics = by_endpoint.setdefault(stream.endpoint or source["endpoint"], {})
+        topics[(stream.topic or stream.name).encode()] = stream
+    sockets: list[tuple[Any, dict[bytes, _Stream]]] = []
     try:
+        for endpoint, topics in by_endpoint.items():
+            socket = context.socket(zmq.SUB)
+            sockets.append((socket, topics))
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.RCVHWM, 100_000)
+            for topic in topics:
+                socket.setsockopt(zmq.SUBSCRIBE, topic)
+            socket.connect(endpoint)
+            poller.register(socket, zmq.POLLIN)
+            events.send("opened", None, f"zmq {endpoint}")
+        batch_s = float(source.get("batch_s", 0.0))
         while not stop.is_set():
             if not poller.poll(100):
                 continue
             if batch_s:  # let the batch gather: one wake-up for every message in it
                 stop.wait(batch_s)
-            while True:
-                try:
-                    parts = socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                stream = by_topic.get(parts[0]) if parts else None
-                if stream is None:
-                    continue  # a prefix match of another topic
-                try:
-                    if len(parts) != 2:
-                        raise ValueError(f"{len(parts)} frames, expected [topic, payload]")
-                    message = msgpack.unpackb(parts[1], raw=False)
-                    t = float(message["t"])
-                    value = np.asarray(message["value"], dtype=np.float64)
-                except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
-                    events.bad(stream.name, f"malformed message on topic {stream.topic!r}: {e}")
-                    continue
-                if not math.isfinite(t):
-                    events.bad(stream.name, f"time {t!r} is not finite")
-                    continue
-                if value.shape != stream.shape:
-                    events.bad(
-                        stream.name, f"value of shape {value.shape}, expected {stream.shape}"
-                    )
-                    continue
-                # Non-finite values are pushed: the recorder's checks report them (non_finite_value).
-                stream.push(t, value)
+            for socket, topics in sockets:
+                _take_messages(socket, topics, events)
     finally:
-        socket.close(0)
+        for socket, _ in sockets:
+            socket.close(0)
         context.term()
+
+
+def _take_messages(socket: Any, topics: dict[bytes, _Stream], events: _Events) -> None:
+    """Every message waiting on ``socket``, checked and pushed into its stream's ring."""
+    import msgpack
+    import zmq
+
+    while True:
+        try:
+            parts = socket.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        stream = topics.get(parts[0]) if parts else None
+        if stream is None:
+            continue  # a prefix match of another topic
+        try:
+            if len(parts) != 2:
+                raise ValueError(f"{len(parts)} frames, expected [topic, payload]")
+            message = msgpack.unpackb(parts[1], raw=False)
+            t = float(message["t"])
+            value = np.asarray(message["value"], dtype=np.float64)
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
+            events.bad(stream.name, f"malformed message on topic {stream.topic!r}: {e}")
+            continue
+        if not math.isfinite(t):
+            events.bad(stream.name, f"time {t!r} is not finite")
+            continue
+        if value.shape != stream.shape:
+            events.bad(stream.name, f"value of shape {value.shape}, expected {stream.shape}")
+            continue
+        # Non-finite values are pushed: the recorder's checks report them (non_finite_value).
+        stream.push(t, value)
 
 
 def _samples_into(
