@@ -177,6 +177,35 @@ def test_reader_falls_back_to_chunk_000(tmp_path: Path) -> None:
     assert reader.info["video_path"] is None and reader.video_keys == []
 
 
+def test_read_table_gives_exactly_the_columns_asked_for(tmp_path: Path) -> None:
+    """The episode's file read by its own reader: every column, the ones named in their order,
+    a missing one named in a one-line error, and a dotted name that also reads as a nested
+    field's path (a hostile file) still meaning the top-level column."""
+    root = tmp_path / "raw"
+    with _open(root, cameras=[]) as writer:
+        ep = writer.begin_episode("t")
+        ep.add_frames(vectors={"observation.state": np.ones((2, 3)), "action": np.ones((2, 3))})
+        ep.commit()
+    reader = DatasetReader(root)
+    path = reader.data_path(0)
+    full = reader.read_table(0)
+    assert full.equals(pq.read_table(path))
+    picked = reader.read_table(0, ["action", "timestamp"])
+    assert picked.column_names == ["action", "timestamp"]
+    assert picked.equals(pq.read_table(path, columns=["action", "timestamp"]))
+    with pytest.raises(DatasetError, match=r"episode 0: no column 'nope'$"):
+        reader.read_table(0, ["timestamp", "nope"])
+    # a struct "observation" with a field "state" beside the top-level "observation.state"
+    hostile = full.append_column(
+        "observation",
+        pa.array([{"state": 1.0}, {"state": 2.0}], pa.struct([("state", pa.float64())])),
+    )
+    pq.write_table(hostile, path)
+    state = reader.read_table(0, ["observation.state"])
+    assert state.column_names == ["observation.state"]
+    assert state.column(0).equals(full.column("observation.state"))
+
+
 @pytest.mark.parametrize("video_path", ["{video_key:03d}.mp4", 7])
 def test_unusable_video_path_template_names_info_json(tmp_path: Path, video_path: object) -> None:
     """A template that passes the field-name check but cannot format (a numeric spec on the text

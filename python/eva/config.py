@@ -50,6 +50,12 @@ from typing import Any
 from eva.dataset import layout
 from eva.dataset.video import VideoOptions
 
+# re-exported: a stream's source is part of the config
+from eva.source_config import SOURCE_KINDS as SOURCE_KINDS
+from eva.source_config import SOURCE_PRIORITIES as SOURCE_PRIORITIES
+from eva.source_config import ZMQ_BATCH_S as ZMQ_BATCH_S
+from eva.source_config import SourceConfig as SourceConfig
+
 DEFAULT_CAMERAS: tuple[tuple[str, int, int], ...] = (
     ("observation.images.cam_high", 640, 480),
     ("observation.images.cam_left_wrist", 640, 480),
@@ -62,81 +68,6 @@ DEFAULT_WARN_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names the file and the key."""
-
-
-SOURCE_KINDS = ("ffmpeg", "zmq", "python", "sim")
-# normal: as started; high: nice -10; realtime: SCHED_FIFO (each falls back to the one before it,
-# with a warning, where the host does not permit it)
-SOURCE_PRIORITIES = ("normal", "high", "realtime")
-# A ZeroMQ source wakes at most this often (its messages carry their sender's time, so waking
-# for each one would only cost CPU: on small VMs a wake-up costs more than handling a message)
-ZMQ_BATCH_S = 0.02
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    """Where one camera or vector stream comes from (``source = {kind = ...}`` in its table).
-
-    - ``ffmpeg`` (cameras): ``url`` opened by FFmpeg through PyAV (a V4L2/UVC device, RTSP, UDP or
-      RTP, HTTP MJPEG, a file), with ``format`` and ``options`` passed to ``av.open``;
-      ``realtime`` plays a file at its own pace; ``latency_s`` is subtracted from the receipt time;
-      ``kernel_timestamps`` (unicast ``udp://``): eva reads the socket, the kernel stamps arrivals.
-    - ``zmq`` (vectors): a SUB socket on ``endpoint``, messages ``[topic, msgpack({"t", "value"})]``
-      with ``topic`` (default: the stream name); ``batch_s``: the source process wakes at most
-      this often and takes every waiting message (they keep their sender's ``t``).
-    - ``python``: ``object = "package.module:Factory"`` called with ``args`` gives a source
-      object with ``samples()``; streams naming the same object and args share one instance.
-    - ``sim``: the simulated rig.
-    ``stall_timeout_s``: a stream that delivers nothing for this long while recording is reported
-    (a warning and a red ``source_stalled`` flag); ``open_timeout_s``: how long the pre-check
-    waits for the first sample. ``priority``: the source process's CPU scheduling (one of
-    ``SOURCE_PRIORITIES``): a receipt time is only as exact as the process's wake-up when the
-    sample arrives, and on a loaded host an ordinary process wakes milliseconds late.
-    """
-
-    kind: str
-    url: str | None = None
-    format: str | None = None
-    options: dict[str, str] = field(default_factory=dict)
-    realtime: bool = False
-    latency_s: float = 0.0
-    kernel_timestamps: bool = True
-    endpoint: str | None = None
-    topic: str | None = None
-    batch_s: float = ZMQ_BATCH_S
-    object: str | None = None
-    args: dict[str, Any] = field(default_factory=dict)
-    stall_timeout_s: float = 2.0
-    open_timeout_s: float = 10.0
-    priority: str = "high"
-
-    def describe(self) -> str:
-        """One line for status screens: the kind and what it reads."""
-        if self.kind == "ffmpeg":
-            fmt = f" ({self.format})" if self.format else ""
-            return f"ffmpeg {self.url}{fmt}"
-        if self.kind == "zmq":
-            return (
-                f"zmq {self.endpoint} topic {self.topic!r}"
-                if self.topic
-                else f"zmq {self.endpoint}"
-            )
-        if self.kind == "python":
-            return f"python {self.object}"
-        return "sim (simulated rig)"
-
-    def group_key(self) -> tuple[Any, ...]:
-        """Streams with the same key share one source process (one plugin object, one rig)."""
-        if self.kind == "python":
-            return ("python", self.object, repr(sorted(self.args.items())))
-        if self.kind == "sim":
-            return ("sim",)
-        if self.kind == "zmq":
-            # one subscriber process for every ZeroMQ stream with the same settings, whatever
-            # its endpoint: one wake-up then serves them all (a wake-up, not a message, is
-            # what costs CPU)
-            return ("zmq", self.priority, self.batch_s, self.stall_timeout_s, self.open_timeout_s)
-        return ("ffmpeg", self.url, self.format, repr(sorted(self.options.items())))
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,16 @@ _BOOKKEEPING = frozenset(
 )
 
 
+def read_columns(parquet: pq.ParquetFile, path: Path, wanted: list[str]) -> pa.Table:
+    """``wanted`` (top-level column names of the file) from the already open file. Its
+    ``read(columns=)`` resolves names as column paths (a name may select a nested field's
+    children), so the result is checked to be exactly ``wanted``, else read by exact name."""
+    table = parquet.read(columns=wanted, use_threads=False)
+    if table.column_names != wanted:
+        table = pq.read_table(path, columns=wanted)
+    return table
+
+
 class DatasetReader:
     """Read-only view of one raw v2.1 dataset directory."""
 
@@ -303,7 +313,16 @@ class DatasetReader:
         if not path.exists():
             raise DatasetError(f"{path}: episode {episode_index} parquet missing")
         try:
-            return pq.read_table(path, columns=list(columns) if columns is not None else None)
+            # one file, read by its own reader: pq.read_table goes through the dataset layer
+            # (discovery, fragments), which costs more than reading a small episode file
+            with pq.ParquetFile(path) as parquet:
+                if columns is None:
+                    return parquet.read(use_threads=False)
+                present = set(parquet.schema_arrow.names)
+                missing = [c for c in columns if c not in present]
+                if missing:  # ParquetFile.read would leave them out without a word
+                    raise DatasetError(f"{path}: episode {episode_index}: no column {missing[0]!r}")
+                return read_columns(parquet, path, list(columns))
         except (pa.ArrowInvalid, pa.ArrowKeyError, KeyError, OSError) as e:
             raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
 

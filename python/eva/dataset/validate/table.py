@@ -18,7 +18,7 @@ from eva.dataset.columns import (
     list_parent_indices,
     list_values,
 )
-from eva.dataset.reader import DatasetReader
+from eva.dataset.reader import DatasetReader, read_columns
 from eva.dataset.validate.problems import ProblemCollector
 
 __all__ = ["INT64_COLUMNS", "REQUIRED_COLUMNS", "TIMESTAMP_TOLERANCE_S", "check_table"]
@@ -45,16 +45,6 @@ _ARROW_DTYPES: dict[str, pa.DataType] = {
 _NUMBERING_COLUMNS = (*INT64_COLUMNS, "timestamp")
 # LeRobot's default tolerance for timestamp vs frame_index / fps.
 TIMESTAMP_TOLERANCE_S = 1e-4
-
-
-def _read_columns(parquet: pq.ParquetFile, path: Path, wanted: list[str]) -> pa.Table:
-    """``wanted`` (top-level column names of the file) from the already open file. Its
-    ``read(columns=)`` resolves names as column paths (a name may select a nested field's
-    children), so the result is checked to be exactly ``wanted``, else read by exact name."""
-    table = parquet.read(columns=wanted, use_threads=False)
-    if table.column_names != wanted:
-        table = pq.read_table(path, columns=wanted)
-    return table
 
 
 def check_table(
@@ -221,7 +211,7 @@ def _check_feature_columns(
     if not names_to_read:
         return pa.table({})
     try:
-        table = _read_columns(parquet, data_path, names_to_read)
+        table = read_columns(parquet, data_path, names_to_read)
     except (pa.ArrowInvalid, OSError) as e:
         out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
         return None
