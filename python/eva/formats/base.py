@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 from eva.dataset.errors import DatasetError
 
@@ -271,6 +271,32 @@ class EpisodeTask:
     video_keys: tuple[str, ...]
     fps: int | float | None  # the subset info's fps, as stored (None: the source reader's)
     options: ExportOptions
+    other_files: tuple[str, ...] = ()  # the task's other output files (v2.1: its MP4s)
+
+
+class ExportTask(Protocol):
+    """What the executors and the incremental re-export need of a task: an ``EpisodeTask``, or
+    a format's task over several episodes (a v3 shard)."""
+
+    @property
+    def subset(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...  # names the task in errors
+
+    @property
+    def subset_dir(self) -> Path: ...
+
+    @property
+    def path(self) -> str: ...  # its (first) output file, relative to ``subset_dir``
+
+    @property
+    def other_files(self) -> tuple[str, ...]: ...
+
+
+def task_files(task: ExportTask) -> tuple[str, ...]:
+    """Every output file of ``task``, relative to its subset directory."""
+    return (task.path, *task.other_files)
 
 
 @dataclass(frozen=True)
@@ -287,15 +313,113 @@ class EpisodeResult:
     # (name, reason) pairs the format's finish counts over the subset's episodes (mcap
     # foxglove: the cameras written decoded, and why)
     counted: tuple[tuple[str, str], ...] = ()
+    episodes: int = 1  # episodes the task completed (a v3 video shard's are counted by its data)
+    files: int = 1
+
+    def record(self) -> dict[str, Any]:
+        """What the incremental record keeps of the result (JSON), to report a reused task's
+        file as this one (``from_record``)."""
+        return {
+            "bytes": self.bytes,
+            "current": self.current,
+            "warnings": list(self.warnings),
+            "counted": [list(pair) for pair in self.counted],
+            "episodes": self.episodes,
+            "files": self.files,
+        }
+
+    @classmethod
+    def from_record(cls, task: ExportTask, entry: Mapping[str, Any]) -> EpisodeResult:
+        """The result ``record`` kept, for ``task``'s reused file."""
+        return cls(
+            task.subset,
+            int(getattr(task, "index", 0)),
+            task.path,
+            int(entry["bytes"]),
+            str(entry["current"]),
+            tuple(str(w) for w in entry.get("warnings", ())),
+            tuple((str(a), str(b)) for a, b in entry.get("counted", ())),
+            int(entry.get("episodes", 1)),
+            int(entry.get("files", 1)),
+        )
 
 
 class EpisodeWriterSession(Protocol):
-    """Writes episode tasks in one process, reusing its buffers from one episode to the next
-    (memory stays bounded per process, whatever the episode count)."""
+    """Writes tasks in one process, reusing its buffers from one task to the next (memory stays
+    bounded per process, whatever the episode count). ``task``: the format's own kind."""
 
-    def write(self, task: EpisodeTask) -> EpisodeResult: ...
+    def write(self, task: Any) -> EpisodeResult: ...
 
     def close(self) -> None: ...
+
+
+def subset_episode_tasks(
+    reader: DatasetReader,
+    meta: SubsetMeta,
+    subset_dir: Path,
+    options: ExportOptions,
+    path: Callable[[int, int], str],
+    label: str,
+) -> list[EpisodeTask]:
+    """The subset's episodes as tasks in output order (``path`` and ``label``: as
+    ``EpisodeFormat`` takes them)."""
+    from eva.dataset.layout import DEFAULT_CHUNKS_SIZE
+
+    chunks_size = int(meta.info.get("chunks_size", DEFAULT_CHUNKS_SIZE))
+    fps = meta.info.get("fps")
+    return [
+        EpisodeTask(
+            source=Path(reader.root),
+            subset=meta.subset,
+            index=new,
+            source_index=src,
+            label=label.format(subset=meta.subset, index=new, source_index=src),
+            path=path(new, chunks_size),
+            subset_dir=Path(subset_dir),
+            length=meta.lengths[new],
+            index_offset=meta.index_offsets[new],
+            task_remap=dict(meta.task_remap),
+            row=dict(meta.episodes[new]),
+            video_keys=tuple(meta.video_keys),
+            fps=fps if isinstance(fps, int | float) and not isinstance(fps, bool) else None,
+            options=options,
+        )
+        for new, src in enumerate(meta.source_episode_indices)
+    ]
+
+
+class TaskFormat(Protocol):
+    """A format whose subsets are cut into tasks the executors run (``EpisodeFormat``: one
+    file per episode; the v3 format's shards): the module's ``EPISODES`` or ``SHARDS``."""
+
+    @property
+    def pool_from_cores(self) -> int: ...
+
+    def subset_tasks(
+        self, reader: DatasetReader, meta: SubsetMeta, subset_dir: Path, options: ExportOptions
+    ) -> Sequence[ExportTask]: ...
+
+    def open_episode_writer(
+        self, reader: DatasetReader, options: ExportOptions
+    ) -> EpisodeWriterSession: ...
+
+    def finish_subset(
+        self,
+        meta: SubsetMeta,
+        subset_dir: Path,
+        results: Sequence[EpisodeResult],
+        progress: ProgressSink,
+        options: ExportOptions,
+    ) -> None: ...
+
+    def reused_result(self, task: ExportTask, entry: Mapping[str, Any]) -> EpisodeResult: ...
+
+
+def task_format(module: object) -> TaskFormat | None:
+    """The module's ``EPISODES`` or ``SHARDS``: how its subsets are cut into tasks (None: the
+    format writes each subset in one ``write_subset`` call)."""
+    found = getattr(module, "EPISODES", None) or getattr(module, "SHARDS", None)
+    return cast("TaskFormat", found) if found is not None else None
 
 
 def no_subset_warnings(meta: SubsetMeta, results: Sequence[EpisodeResult]) -> list[str]:
@@ -328,30 +452,13 @@ class EpisodeFormat:
         self, reader: DatasetReader, meta: SubsetMeta, subset_dir: Path, options: ExportOptions
     ) -> list[EpisodeTask]:
         """The subset's tasks in output order."""
-        from eva.dataset.layout import DEFAULT_CHUNKS_SIZE
-
         self.check_options(options)
-        chunks_size = int(meta.info.get("chunks_size", DEFAULT_CHUNKS_SIZE))
-        fps = meta.info.get("fps")
-        return [
-            EpisodeTask(
-                source=Path(reader.root),
-                subset=meta.subset,
-                index=new,
-                source_index=src,
-                label=self.label.format(subset=meta.subset, index=new, source_index=src),
-                path=self.path(new, chunks_size),
-                subset_dir=Path(subset_dir),
-                length=meta.lengths[new],
-                index_offset=meta.index_offsets[new],
-                task_remap=dict(meta.task_remap),
-                row=dict(meta.episodes[new]),
-                video_keys=tuple(meta.video_keys),
-                fps=fps if isinstance(fps, int | float) and not isinstance(fps, bool) else None,
-                options=options,
-            )
-            for new, src in enumerate(meta.source_episode_indices)
-        ]
+        return subset_episode_tasks(reader, meta, subset_dir, options, self.path, self.label)
+
+    subset_tasks = episode_tasks  # eva.formats.base.TaskFormat
+
+    def reused_result(self, task: ExportTask, entry: Mapping[str, Any]) -> EpisodeResult:
+        return EpisodeResult.from_record(task, entry)
 
     def finish_subset(
         self,
@@ -385,8 +492,10 @@ class EpisodeFormat:
 
 
 def report_result(progress: ProgressSink, result: EpisodeResult) -> None:
-    """One finished episode file in the progress counts."""
-    progress(episodes=1, files=1, bytes=result.bytes, current=result.current)
+    """One finished task's episodes and files in the progress counts."""
+    progress(
+        episodes=result.episodes, files=result.files, bytes=result.bytes, current=result.current
+    )
 
 
 def report_warnings(progress: ProgressSink, results: Sequence[EpisodeResult]) -> None:
@@ -397,7 +506,7 @@ def report_warnings(progress: ProgressSink, results: Sequence[EpisodeResult]) ->
 
 
 def run_serially(
-    tasks: Sequence[EpisodeTask], session: EpisodeWriterSession, progress: ProgressSink
+    tasks: Sequence[ExportTask], session: EpisodeWriterSession, progress: ProgressSink
 ) -> list[EpisodeResult]:
     """Every task in this process, in order, through one session (closed at the end): what a
     format's ``write_subset`` does, and what the serial executor does."""

@@ -97,7 +97,7 @@ from eva.formats.lerobot_v3.video import (
     VideoConcatError,
     probe,
 )
-from eva.formats.lerobot_v3.writer import write_subset
+from eva.formats.lerobot_v3.writer import SHARDS, write_subset
 from eva.formats.options import LeRobotV3Options
 
 OPTIONS = LeRobotV3Options  # this format's options (eva.formats.base.FormatModule)
@@ -108,6 +108,7 @@ __all__ = [
     "DATA_PATH",
     "EPISODES_PATH",
     "OPTIONS",
+    "SHARDS",
     "TASKS_PARQUET",
     "TIMESTAMP_TOLERANCE_S",
     "VIDEO_PATH",
