@@ -388,31 +388,66 @@ def subset_episode_tasks(
     ]
 
 
+# A task format's parts (``TaskFormat``), as functions.
+SubsetTasks = Callable[["DatasetReader", "SubsetMeta", Path, ExportOptions], Sequence[ExportTask]]
+OpenSession = Callable[["DatasetReader", ExportOptions], EpisodeWriterSession]
+FinishSubset = Callable[
+    ["SubsetMeta", Path, Sequence[EpisodeResult], "ProgressSink", ExportOptions], None
+]
+ReusedResult = Callable[[ExportTask, Mapping[str, Any]], EpisodeResult]
+
+
 class TaskFormat(Protocol):
     """A format whose subsets are cut into tasks the executors run (``EpisodeFormat``: one
-    file per episode; the v3 format's shards): the module's ``EPISODES`` or ``SHARDS``."""
+    file per episode; the v3 format's shards, a ``TaskFunctions``): the module's ``EPISODES``
+    or ``SHARDS``. ``subset_tasks``: in the driver, the subset's tasks in output order;
+    ``open_episode_writer``: a process's session; ``finish_subset``: in the driver, after every
+    task of the subset (results in task order); ``reused_result``: a reused task's result from
+    what its ``EpisodeResult.record`` kept."""
 
     @property
     def pool_from_cores(self) -> int: ...
 
-    def subset_tasks(
-        self, reader: DatasetReader, meta: SubsetMeta, subset_dir: Path, options: ExportOptions
-    ) -> Sequence[ExportTask]: ...
+    @property
+    def subset_tasks(self) -> SubsetTasks: ...
 
-    def open_episode_writer(
-        self, reader: DatasetReader, options: ExportOptions
-    ) -> EpisodeWriterSession: ...
+    @property
+    def open_episode_writer(self) -> OpenSession: ...
 
-    def finish_subset(
+    @property
+    def finish_subset(self) -> FinishSubset: ...
+
+    @property
+    def reused_result(self) -> ReusedResult: ...
+
+
+class SerialWrite:
+    """``FormatModule.write_subset`` of a ``TaskFormat``: every task in this process."""
+
+    def write_subset(
         self,
+        reader: DatasetReader,
         meta: SubsetMeta,
-        subset_dir: Path,
-        results: Sequence[EpisodeResult],
+        staging_dir: Path,
         progress: ProgressSink,
         options: ExportOptions,
-    ) -> None: ...
+    ) -> None:
+        """``FormatModule.write_subset``, serially in this process."""
+        tasks = cast("TaskFormat", self)
+        every = tasks.subset_tasks(reader, meta, staging_dir, options)
+        results = run_serially(every, tasks.open_episode_writer(reader, options), progress)
+        tasks.finish_subset(meta, staging_dir, results, progress, options)
 
-    def reused_result(self, task: ExportTask, entry: Mapping[str, Any]) -> EpisodeResult: ...
+
+@dataclass(frozen=True)
+class TaskFunctions(SerialWrite):
+    """A ``TaskFormat`` made of functions (the v3 format's ``SHARDS``)."""
+
+    subset_tasks: SubsetTasks
+    open_episode_writer: OpenSession
+    finish_subset: FinishSubset
+    reused_result: ReusedResult
+    pool_from_cores: int = 2
 
 
 def task_format(module: object) -> TaskFormat | None:
@@ -427,7 +462,7 @@ def no_subset_warnings(meta: SubsetMeta, results: Sequence[EpisodeResult]) -> li
 
 
 @dataclass(frozen=True)
-class EpisodeFormat:
+class EpisodeFormat(SerialWrite):
     """How a per-episode format (one file per episode plus metadata: hdf5, mcap) cuts a subset
     into tasks and finishes it; the module's ``EPISODES``. Its ``write_subset`` runs the tasks
     serially; ``eva.export.executors`` runs the same tasks, sessions and finish on a pool.
@@ -476,19 +511,6 @@ class EpisodeFormat:
         for line in self.subset_warnings(meta, results):
             progress(warning=line)
         write_common_meta(Path(subset_dir), meta, self.subset_info(meta, options))
-
-    def write_subset(
-        self,
-        reader: DatasetReader,
-        meta: SubsetMeta,
-        staging_dir: Path,
-        progress: ProgressSink,
-        options: ExportOptions,
-    ) -> None:
-        """``FormatModule.write_subset``, serially in this process."""
-        tasks = self.episode_tasks(reader, meta, staging_dir, options)
-        results = run_serially(tasks, self.open_episode_writer(reader, options), progress)
-        self.finish_subset(meta, staging_dir, results, progress, options)
 
 
 def report_result(progress: ProgressSink, result: EpisodeResult) -> None:

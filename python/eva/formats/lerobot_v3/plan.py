@@ -131,16 +131,12 @@ def plan_subset(
         "sample_keyframes": sample,
         "options": options,
     }
-    stats_digest = {
-        new: _digest(meta.episodes_stats.get(new, {})) for new in range(len(episodes))
-    }
+    stats_digest = {new: _digest(meta.episodes_stats.get(new, {})) for new in range(len(episodes))}
     planned: list[tuple[int, int, ShardTask]] = []
     for order, (camera, files) in enumerate([(None, data_files), *cameras.items()]):
         for chunk_index, file_index, members in files:
             template = DATA_PATH if camera is None else VIDEO_PATH
-            path = template.format(
-                video_key=camera, chunk_index=chunk_index, file_index=file_index
-            )
+            path = template.format(video_key=camera, chunk_index=chunk_index, file_index=file_index)
             held = tuple(episodes[i] for i in members)
             label = f"{meta.subset} episodes {members[0]}-{members[-1]} ({path})"
             task = ShardTask(
@@ -175,9 +171,7 @@ def plan_data(
     current = OpenFile()
     for task in episodes:
         size, schema = source_schema(Path(reader.data_path(task.source_index)), task.source_index)
-        if current.episodes and (
-            current.size + size > limit or not schema.equals(current.key)
-        ):
+        if current.episodes and (current.size + size > limit or not schema.equals(current.key)):
             files.append((current.chunk_index, current.file_index, current.episodes))
             current.roll(settings.chunks_size)
         current.episodes.append(task.index)

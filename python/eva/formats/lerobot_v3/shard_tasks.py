@@ -105,6 +105,13 @@ def open_shard_writer(reader: DatasetReader, options: ExportOptions) -> ShardSes
     return ShardSession(reader, options)
 
 
+def written(task: ShardTask, **fields: Any) -> ShardResult:
+    """The result of ``task``'s file, now written."""
+    size = (task.subset_dir / task.path).stat().st_size
+    current = f"{task.subset}/{task.path}"
+    return ShardResult(task.subset, task.episodes[0].index, task.path, size, current, **fields)
+
+
 # ---- data files ---------------------------------------------------------------------------------
 
 
@@ -140,15 +147,7 @@ def write_data_file(reader: DatasetReader, task: ShardTask) -> ShardResult:
     # 16,000 rows) and gives a larger file.
     dictionary = [n for n in DICTIONARY_COLUMNS if n in table.column_names]
     pq.write_table(table, path, compression="snappy", use_dictionary=dictionary)
-    return ShardResult(
-        task.subset,
-        task.episodes[0].index,
-        task.path,
-        path.stat().st_size,
-        f"{task.subset}/{task.path}",
-        episodes=len(task.episodes),
-        rows=tuple(rows),
-    )
+    return written(task, episodes=len(task.episodes), rows=tuple(rows))
 
 
 def episode_table(reader: DatasetReader, episode: EpisodeTask) -> pa.Table:
@@ -223,9 +222,7 @@ def write_video_file(
     pending: dict[int, Future[np.ndarray]] = {}
     try:
         for episode in task.episodes:
-            placed.append(
-                append_video(reader, episode, key, writer, keyframe_limit, params_cache)
-            )
+            placed.append(append_video(reader, episode, key, writer, keyframe_limit, params_cache))
             sample = placed[-1].keyframes
             if sample is not None and sample[1]:  # already the spread sample
                 pending[episode.index] = keyframes.submit(*sample)
@@ -243,12 +240,8 @@ def write_video_file(
         for future in pending.values():
             future.cancel()
         raise
-    return ShardResult(
-        task.subset,
-        task.episodes[0].index,
-        task.path,
-        path.stat().st_size,
-        f"{task.subset}/{task.path}",
+    return written(
+        task,
         episodes=0,  # the data file counts them
         placed=tuple((p.episode, p.from_timestamp, p.to_timestamp) for p in placed),
         histograms=histograms,

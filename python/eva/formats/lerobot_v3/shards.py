@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from eva.dataset.columns import fixed_size_values, list_lengths, list_values
 from eva.dataset.errors import DatasetError
@@ -25,11 +23,8 @@ from eva.dataset.stats import (
     vector_quantiles,
 )
 from eva.formats._decode import decode_frames
-from eva.formats.lerobot_v3.mux import VideoShardWriter, decode_keyframes
-from eva.formats.lerobot_v3.tables import DATA_PATH, DICTIONARY_COLUMNS, MB, VIDEO_PATH, next_file
+from eva.formats.lerobot_v3.mux import decode_keyframes
 from eva.formats.lerobot_v3.video import StreamParams
-from eva.formats.options import LeRobotV3Options
-from eva.progress import ProgressSink
 
 # --------------------------------------------------------------------------------------------------
 # Video files

@@ -5,7 +5,6 @@ quantiles, the dataset-wide quantiles, the metadata files (see ``eva.formats.ler
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +13,10 @@ import pyarrow.parquet as pq
 
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
-from eva.dataset.reader import DatasetReader
 from eva.dataset.stats import DEFAULT_QUANTILES, quantiles_from_histogram
 from eva.dataset.subset import SubsetMeta, write_common_meta, write_staged_json
-from eva.formats.base import (
-    EpisodeResult,
-    EpisodeWriterSession,
-    ExportOptions,
-    ExportTask,
-    run_serially,
-)
-from eva.formats.lerobot_v3.plan import ShardTask, plan_subset
+from eva.formats.base import EpisodeResult, ExportOptions, TaskFunctions
+from eva.formats.lerobot_v3.plan import plan_subset
 from eva.formats.lerobot_v3.shard_tasks import ShardResult, open_shard_writer
 from eva.formats.lerobot_v3.shards import QuantileCollector, column_matrix, numeric_vector_columns
 from eva.formats.lerobot_v3.tables import (
@@ -38,18 +30,6 @@ from eva.formats.lerobot_v3.tables import (
 )
 from eva.formats.options import LeRobotV3Options
 from eva.progress import ProgressSink
-
-
-def write_subset(
-    reader: DatasetReader,
-    meta: SubsetMeta,
-    staging_dir: Path,
-    progress: ProgressSink,
-    options: ExportOptions,
-) -> None:
-    """Write one complete v3.0 subset into ``staging_dir``: every planned file in this
-    process, then the metadata (``eva.formats.base.FormatModule``)."""
-    SHARDS.write_subset(reader, meta, staging_dir, progress, options)
 
 
 def finish_subset(
@@ -94,9 +74,7 @@ def finish_subset(
         row = rows[episode]
         ep_stats = {k: dict(v) for k, v in row.pop("stats").items()}
         for key in video_keys:
-            hist = (
-                meta.image_histograms[episode][key] if recorded else histograms[key].get(episode)
-            )
+            hist = meta.image_histograms[episode][key] if recorded else histograms[key].get(episode)
             if hist is None or int(hist.sum()) == 0:
                 continue
             quantiles.add_histogram(key, hist)
@@ -151,47 +129,10 @@ def file_numbers(path: str) -> tuple[int, int]:
     return int(chunk.removeprefix("chunk-")), int(name.removeprefix("file-").split(".")[0])
 
 
-@dataclass(frozen=True)
-class ShardFormat:
-    """The v3 format's tasks (``eva.formats.base.TaskFormat``, the module's ``SHARDS``): one
-    per planned data or video file, run by any executor; the driver finishes each subset."""
-
-    pool_from_cores: int = 1 << 30  # packet copy: a pool's start costs more than it saves
-
-    def subset_tasks(
-        self, reader: DatasetReader, meta: SubsetMeta, subset_dir: Path, options: ExportOptions
-    ) -> list[ShardTask]:
-        return plan_subset(reader, meta, subset_dir, options)
-
-    def open_episode_writer(
-        self, reader: DatasetReader, options: ExportOptions
-    ) -> EpisodeWriterSession:
-        return open_shard_writer(reader, options)
-
-    def finish_subset(
-        self,
-        meta: SubsetMeta,
-        subset_dir: Path,
-        results: Sequence[EpisodeResult],
-        progress: ProgressSink,
-        options: ExportOptions,
-    ) -> None:
-        finish_subset(meta, subset_dir, results, progress, options)
-
-    def reused_result(self, task: ExportTask, entry: Mapping[str, Any]) -> EpisodeResult:
-        return ShardResult.from_record(task, entry)
-
-    def write_subset(
-        self,
-        reader: DatasetReader,
-        meta: SubsetMeta,
-        staging_dir: Path,
-        progress: ProgressSink,
-        options: ExportOptions,
-    ) -> None:
-        tasks = self.subset_tasks(reader, meta, staging_dir, options)
-        results = run_serially(tasks, self.open_episode_writer(reader, options), progress)
-        self.finish_subset(meta, staging_dir, results, progress, options)
-
-
-SHARDS = ShardFormat()
+# The v3 format's tasks (``eva.formats.base.TaskFormat``): one per planned data or video file,
+# run by any executor; the driver finishes each subset. The default executor stays serial: the
+# files are packet copies, and a pool's start costs more than it saves.
+SHARDS = TaskFunctions(
+    plan_subset, open_shard_writer, finish_subset, ShardResult.from_record, pool_from_cores=1 << 30
+)
+write_subset = SHARDS.write_subset
