@@ -47,6 +47,7 @@ from eva.formats.base import (
     ExportTask,
     TaskFormat,
     report_result,
+    run_ordered,
     task_format,
 )
 from eva.progress import ProgressSink
@@ -118,14 +119,12 @@ def run_episode_tasks(
     count = min(workers or free_cores(), len(tasks))
     if executor == "serial" or count <= 1:
         session = episodes.open_episode_writer(reader, options)
-        results = []
         try:
-            for task in tasks:
-                results.append(write_task(session, task))
-                report_result(progress, results[-1])
+            return run_ordered(
+                lambda task: write_task(session, task), tasks, progress, episodes.serial_threads
+            )
         finally:
             session.close()
-        return results
     return ProcessRun(batch, count).run(progress)
 
 

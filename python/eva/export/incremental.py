@@ -156,7 +156,7 @@ def read_fingerprints(root: Path) -> dict[str, dict[str, Any]]:
 
 def fingerprint_entry(fingerprint: str, task: ExportTask, result: EpisodeResult) -> dict[str, Any]:
     """The record of ``task``'s written files: the fingerprint, each file's identity (its first
-    under ``file``, the others under ``files``) and what its result reports."""
+    under ``file``, the others under ``other_files``) and what its result reports."""
     first, *others = task_files(task)
     entry: dict[str, Any] = {
         "fingerprint": fingerprint,
@@ -164,7 +164,7 @@ def fingerprint_entry(fingerprint: str, task: ExportTask, result: EpisodeResult)
         **result.record(),
     }
     if others:
-        entry["files"] = {rel: output_identity(task.subset_dir / rel) for rel in others}
+        entry["other_files"] = {rel: output_identity(task.subset_dir / rel) for rel in others}
     return entry
 
 
@@ -187,7 +187,7 @@ def reusable(
     if not isinstance(entry, dict) or entry.get("fingerprint") != fingerprint:
         return None
     first, *others = task_files(task)
-    recorded = {first: entry.get("file"), **(entry.get("files") or {})}
+    recorded = {first: entry.get("file"), **(entry.get("other_files") or {})}
     if set(recorded) != {first, *others}:
         return None
     subset = Path(root) / task.subset

@@ -409,6 +409,9 @@ class TaskFormat(Protocol):
     def pool_from_cores(self) -> int: ...
 
     @property
+    def serial_threads(self) -> int: ...
+
+    @property
     def subset_tasks(self) -> SubsetTasks: ...
 
     @property
@@ -435,7 +438,8 @@ class SerialWrite:
         """``FormatModule.write_subset``, serially in this process."""
         tasks = cast("TaskFormat", self)
         every = tasks.subset_tasks(reader, meta, staging_dir, options)
-        results = run_serially(every, tasks.open_episode_writer(reader, options), progress)
+        session = tasks.open_episode_writer(reader, options)
+        results = run_serially(every, session, progress, tasks.serial_threads)
         tasks.finish_subset(meta, staging_dir, results, progress, options)
 
 
@@ -448,6 +452,7 @@ class TaskFunctions(SerialWrite):
     finish_subset: FinishSubset
     reused_result: ReusedResult
     pool_from_cores: int = 2
+    serial_threads: int = 1
 
 
 def task_format(module: object) -> TaskFormat | None:
@@ -472,7 +477,9 @@ class EpisodeFormat(SerialWrite):
     before any task (refuses options it cannot use); ``subset_info``: the subset's info.json;
     ``subset_warnings``: the warnings about the whole subset, after the episodes' own;
     ``pool_from_cores``: the free cores from which a process pool is the default executor (a
-    format whose one process already keeps several cores busy gains from a pool only beyond).
+    format whose one process already keeps several cores busy gains from a pool only beyond);
+    ``serial_threads``: tasks at a time in the serial executor (``run_serially``);
+    ``other_files(index, chunks_size, video_keys)``: an episode's files beside ``path``.
     """
 
     path: Callable[[int, int], str]
@@ -482,13 +489,25 @@ class EpisodeFormat(SerialWrite):
     subset_info: Callable[[SubsetMeta, ExportOptions], dict[str, Any]]
     subset_warnings: Callable[[SubsetMeta, Sequence[EpisodeResult]], list[str]] = no_subset_warnings
     pool_from_cores: int = 2
+    serial_threads: int = 1
+    other_files: Callable[[int, int, tuple[str, ...]], tuple[str, ...]] | None = None
 
     def episode_tasks(
         self, reader: DatasetReader, meta: SubsetMeta, subset_dir: Path, options: ExportOptions
     ) -> list[EpisodeTask]:
         """The subset's tasks in output order."""
         self.check_options(options)
-        return subset_episode_tasks(reader, meta, subset_dir, options, self.path, self.label)
+        tasks = subset_episode_tasks(reader, meta, subset_dir, options, self.path, self.label)
+        if self.other_files is None:
+            return tasks
+        from eva.dataset.layout import DEFAULT_CHUNKS_SIZE
+
+        chunks_size = int(meta.info.get("chunks_size", DEFAULT_CHUNKS_SIZE))
+        keys = tuple(meta.video_keys)
+        return [
+            dataclasses.replace(t, other_files=self.other_files(t.index, chunks_size, keys))
+            for t in tasks
+        ]
 
     subset_tasks = episode_tasks  # eva.formats.base.TaskFormat
 
@@ -510,7 +529,7 @@ class EpisodeFormat(SerialWrite):
         report_warnings(progress, results)
         for line in self.subset_warnings(meta, results):
             progress(warning=line)
-        write_common_meta(Path(subset_dir), meta, self.subset_info(meta, options))
+        progress(files=write_common_meta(Path(subset_dir), meta, self.subset_info(meta, options)))
 
 
 def report_result(progress: ProgressSink, result: EpisodeResult) -> None:
@@ -528,16 +547,45 @@ def report_warnings(progress: ProgressSink, results: Sequence[EpisodeResult]) ->
 
 
 def run_serially(
-    tasks: Sequence[ExportTask], session: EpisodeWriterSession, progress: ProgressSink
+    tasks: Sequence[ExportTask],
+    session: EpisodeWriterSession,
+    progress: ProgressSink,
+    threads: int = 1,
 ) -> list[EpisodeResult]:
-    """Every task in this process, in order, through one session (closed at the end): what a
-    format's ``write_subset`` does, and what the serial executor does."""
-    results = []
+    """Every task in this process through one session (closed at the end): what a format's
+    ``write_subset`` does, and what the serial executor does. ``threads`` > 1: that many tasks
+    at a time on threads (a format whose tasks wait on file I/O and release the GIL, with a
+    session safe to share); results and progress in task order either way."""
     try:
-        for task in tasks:
-            result = session.write(task)
-            report_result(progress, result)
-            results.append(result)
+        return run_ordered(session.write, tasks, progress, threads)
     finally:
         session.close()
+
+
+def run_ordered(
+    write: Callable[[Any], EpisodeResult],
+    tasks: Sequence[ExportTask],
+    progress: ProgressSink,
+    threads: int = 1,
+) -> list[EpisodeResult]:
+    """``write`` of every task, ``threads`` at a time, reported in task order."""
+    results: list[EpisodeResult] = []
+    count = max(1, min(threads, len(tasks)))
+    if count == 1:
+        for task in tasks:
+            results.append(write(task))
+            report_result(progress, results[-1])
+        return results
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="eva-tasks") as pool:
+        futures = [pool.submit(write, task) for task in tasks]
+        try:
+            for future in futures:
+                results.append(future.result())
+                report_result(progress, results[-1])
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
     return results
