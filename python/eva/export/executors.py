@@ -1,10 +1,11 @@
-"""Where an export's per-episode tasks run: in this process, on a local process pool, or on a
+"""Where an export's tasks run: in this process, on a local process pool, or on a
 Ray cluster (``eva.export.ray_run``).
 
-A per-episode format (``eva.formats.base.EpisodeFormat``: hdf5, mcap) cuts each subset into
-``EpisodeTask``\\ s, one output episode file each. ``run_episode_tasks`` runs them:
+A task format (``eva.formats.base.TaskFormat``) cuts each subset into tasks: one output episode
+each for hdf5, mcap and lerobot_v21 (``EpisodeFormat``), one data or video file each for
+lerobot_v3 (planned from the source sizes first). ``run_episode_tasks`` runs them:
 
-- ``serial``: one session in this process, tasks in output order;
+- ``serial``: one session in this process, tasks in output order (``serial_threads`` at a time);
 - ``processes``: a ``ProcessPoolExecutor`` (spawn context: a worker starts from a fresh
   interpreter, with this process's environment, e.g. ``EVA_PUREPYTHON``). Each worker opens the
   source once and keeps one session (its reused buffers: memory bounded per worker) for all the

@@ -1,10 +1,12 @@
-"""Incremental re-export of the per-episode formats (hdf5, mcap): reuse what has not changed.
+"""Incremental re-export of the task formats (hdf5, mcap, lerobot_v21, lerobot_v3): reuse what
+has not changed.
 
-Every export of a per-episode format records, beside ``job.json`` in the published pair,
-``fingerprints.json``: per output episode file, the fingerprint of everything the file is made
-of (``episode_fingerprint``), the file's own identity when it was written, and what its task
-handed back to the driver (bytes, warnings, counted pairs), so that a reused episode reports
-exactly what a rewritten one would.
+Every export of a task format (``eva.formats.base.TaskFormat``) records, beside ``job.json`` in
+the published pair, ``fingerprints.json``: per task (an output episode's files; a v3 data or
+video file), the fingerprint of everything its files are made of (``task_fingerprint``), the
+files' own identity when they were written, and what the task handed back to the driver
+(``EpisodeResult.record``: bytes, warnings, counted pairs; a v3 file's rows, timestamps and
+histograms), so that a reused task reports exactly what a rewritten one would.
 
 ``eva export --incremental`` (``export_dataset(incremental=True)``) reads the published record
 under the export lock. An episode whose fingerprint matches, at the same output path, and whose
@@ -21,6 +23,9 @@ The fingerprint (SHA-256 over canonical JSON) covers:
   episode's ``episodes.jsonl`` row (verdict included), video keys, fps;
 - the source's ``info.json`` without its totals and splits (features, fps, path templates), and
   its tasks;
+- a v3 file: its episodes' fingerprints, its path, the episodes it holds, their stats, and
+  whether it samples keyframes (``ShardTask.layout``); since the plan follows the source sizes
+  in episode order, the files before the first changed episode keep all of it;
 - each source file of the episode (its parquet, its videos) by identity: size, ``st_mtime_ns``,
   inode and device. Identity, not a content hash: hashing would read every source byte, which
   costs what decoding does not (a rewrite in place that keeps size and mtime is not seen; any

@@ -380,13 +380,13 @@ def export_dataset(
     ``job_id`` names the job (and the pair's ``export_id``) when the caller has announced it
     already, as the console does; by default a new one is made.
 
-    ``executor``: where a per-episode format's (hdf5, mcap) episode files are written:
-    ``serial`` (this process), ``processes`` (a pool of ``workers``, default the free cores;
-    ``eva.export.executors``) or ``ray`` (actors on the Ray cluster at ``ray_address``, else
-    ``RAY_ADDRESS``, else a local one; ``eva.export.ray_run``). The output is the same either way; the other formats are
-    written serially. ``incremental``: a per-episode format's episode files whose fingerprint
-    matches the published pair's are linked from it instead of written again
-    (``eva.export.incremental``); the job counts them (``episodes_reused``).
+    ``executor``: where the format's tasks (an episode file each; v3: a data or video file
+    each) are written: ``serial`` (this process), ``processes`` (a pool of ``workers``, default
+    the free cores; ``eva.export.executors``) or ``ray`` (actors on the Ray cluster at
+    ``ray_address``, else ``RAY_ADDRESS``, else a local one; ``eva.export.ray_run``). The
+    output is the same either way. ``incremental``: the tasks whose fingerprint matches the
+    published pair's are linked from it instead of written again (``eva.export.incremental``);
+    the job counts their episodes (``episodes_reused``).
 
     Raises ``DatasetError`` (bad source, busy lock, unavailable format) or the writer's error;
     in every failure case the previously published pair is left as it was.
