@@ -200,6 +200,14 @@ def test_v3_a_middle_verdict_change_gives_the_full_export_bytes(tmp_path: Path) 
     middle, _ = _incremental_then_full(source, "lerobot_v3", V3)
     # accepted episode 0 keeps its index, but its data file now takes accepted episode 1 too
     assert _counts(middle) == (0, 5)
+    # a touched source video: the data file of its episode (accepted 2, with accepted 3) and
+    # its video files are written again, the rest linked
+    reader = DatasetReader(source)
+    video = reader.video_path(2, reader.video_keys[1])
+    st = video.stat()
+    os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    touched, _ = _incremental_then_full(source, "lerobot_v3", V3)
+    assert _counts(touched) == (3, 2)
     # other options: nothing reused
     changed, _ = _incremental_then_full(source, "lerobot_v3")
     assert _counts(changed) == (0, 5)

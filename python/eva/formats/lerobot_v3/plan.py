@@ -125,38 +125,33 @@ def plan_subset(
     cameras = {key: plan_videos(reader, episodes, data_files, key, settings) for key in video_keys}
     recorded = bool(video_keys) and meta.has_all_image_histograms()
     sample = not recorded and not settings.verify_decode and settings.image_quantiles == "keyframes"
-    common = {
-        "tasks": dict(meta.tasks),
-        "features": dict(meta.info.get("features", {})),
-        "sample_keyframes": sample,
-        "options": options,
-    }
-    stats_digest = {new: _digest(meta.episodes_stats.get(new, {})) for new in range(len(episodes))}
+    tasks, features = dict(meta.tasks), dict(meta.info.get("features", {}))
     planned: list[tuple[int, int, ShardTask]] = []
     for order, (camera, files) in enumerate([(None, data_files), *cameras.items()]):
         for chunk_index, file_index, members in files:
             template = DATA_PATH if camera is None else VIDEO_PATH
             path = template.format(video_key=camera, chunk_index=chunk_index, file_index=file_index)
-            held = tuple(episodes[i] for i in members)
-            label = f"{meta.subset} episodes {members[0]}-{members[-1]} ({path})"
+            # a data file holds its episodes' stats (its rows carry them); a video file depends
+            # on whether it samples keyframes
+            stats = tuple(meta.episodes_stats.get(i, {}) for i in members) if not camera else ()
+            depends: dict[str, object] = {"file": path, "episodes": members}
+            depends |= {"stats": _digest(stats)} if not camera else {"sample_keyframes": sample}
             task = ShardTask(
                 source=Path(reader.root),
                 subset=meta.subset,
-                label=label,
+                label=f"{meta.subset} episodes {members[0]}-{members[-1]} ({path})",
                 subset_dir=Path(subset_dir),
                 path=path,
                 chunk_index=chunk_index,
                 file_index=file_index,
                 camera=camera,
-                episodes=held,
-                stats=tuple(meta.episodes_stats.get(i, {}) for i in members),
-                layout={
-                    "file": path,
-                    "episodes": members,
-                    "stats": [stats_digest[i] for i in members],
-                    "sample_keyframes": sample,
-                },
-                **common,  # type: ignore[arg-type]
+                episodes=tuple(episodes[i] for i in members),
+                stats=stats,
+                tasks=tasks,
+                features=features,
+                sample_keyframes=sample,
+                options=options,
+                layout=depends,
             )
             planned.append((members[0], order, task))
     return [task for _, _, task in sorted(planned, key=lambda p: (p[0], p[1]))]
