@@ -13,9 +13,16 @@ Rows (``bench/README.md``, "Scale", has the model of how these times scale):
   ``--incremental`` against a full export of the changed source: time and episode files written
   (the last episode moves no other; the middle one renumbers the later half of both subsets);
 * ``ray fixed overhead, 1 episode``: a 1-episode hdf5 export on the running cluster, and with a
-  local Ray started for the export (``--executor ray`` without an address), against serial.
+  local Ray started for the export (``--executor ray`` without an address), against serial;
+* ``lerobot_v3 ...``: the same executor rows for v3 (one task per data or video file; with the
+  default file sizes the corpus is one data file and one video file per camera and subset, so
+  the rows show the fixed costs), and the incremental rows with the default file sizes and with
+  files of about 5 episodes each (``V3_SMALL_FILES``), counting the shard files written.
 
-    python bench/bench_scale.py [--full]
+    python bench/bench_scale.py [--full] [--formats hdf5,mcap,lerobot_v3]
+
+``--formats``: only those formats' executor and incremental rows (the Ray overhead rows are
+hdf5's: they run when hdf5 is among them).
 """
 
 from __future__ import annotations
@@ -42,8 +49,11 @@ from eva.capture.synthetic import write_synthetic_dataset  # noqa: E402
 from eva.dataset import layout  # noqa: E402
 from eva.export.executors import free_cores  # noqa: E402
 from eva.export.pipeline import ExportResult, export_dataset  # noqa: E402
+from eva.formats.base import ExportOptions  # noqa: E402
+from eva.formats.options import LeRobotV3Options  # noqa: E402
 
-FORMATS = ("hdf5", "mcap")
+FORMATS = ("hdf5", "mcap", "lerobot_v3")
+V3_SMALL_FILES = 5  # episodes per file in the small-files incremental rows
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
@@ -114,12 +124,14 @@ def ray_head(cpus: int, into: Path) -> Iterator[str]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def executor_rows(params: CorpusParams, tmp: Path, address: str) -> list[dict[str, Any]]:
+def executor_rows(
+    params: CorpusParams, tmp: Path, address: str, formats: tuple[str, ...]
+) -> list[dict[str, Any]]:
     cores = free_cores()
     source = _source_copy(params, tmp / "executors")
     frames = params.episodes * params.frames * params.cameras
     rows = []
-    for fmt in FORMATS:
+    for fmt in formats:
         serial_s, _ = _timed(source, fmt, executor="serial")
         per_episode = serial_s / params.episodes
         for executor in ("processes", "ray"):
@@ -138,35 +150,72 @@ def executor_rows(params: CorpusParams, tmp: Path, address: str) -> list[dict[st
 INCREMENTAL = {"episodes": 40, "frames": 60, "cameras": 3, "width": 320, "height": 240}
 
 
-def incremental_rows(tmp: Path) -> list[dict[str, Any]]:
+def incremental_rows(tmp: Path, formats: tuple[str, ...]) -> list[dict[str, Any]]:
     episodes = INCREMENTAL["episodes"]
     shape = "{episodes} ep x {cameras} cams x {frames} frames {width}x{height}".format(
         **INCREMENTAL
     )
     rows = []
-    for fmt in FORMATS:
+    for fmt in formats:
         source = write_synthetic_dataset(
             tmp / f"incremental-{fmt}" / "raw", qc_verdicts=["pass"] * episodes, seed=11,
             **INCREMENTAL,
         )  # fmt: skip
-        export_dataset(source, fmt)
-        for where, episode in (("last", episodes - 1), ("middle", episodes // 2)):
-            _set_verdict(source, episode, "fail")
-            inc_s, inc = _timed(source, fmt, incremental=True)
-            full_s, full = _timed(source, fmt)
-            rows.append(
-                _row(f"{fmt} incremental, {where} verdict changed", inc_s, full_s, "s",
-                     f"{shape}: {inc.job.episodes_rewritten} of "
-                     f"{episodes} episode files written "
-                     f"({inc.job.episodes_reused} linked); full export {full_s:.1f} s")
-            )  # fmt: skip
-            rows.append(
-                _row(f"{fmt} incremental files written, {where}", inc.job.episodes_rewritten,
-                     full.job.episodes_rewritten, "files", "episode files, incremental vs full")
-            )  # fmt: skip
-            _set_verdict(source, episode, "pass")
-            export_dataset(source, fmt)
+        variants: list[tuple[str, ExportOptions | None]] = [("", None)]
+        if fmt == "lerobot_v3":
+            variants = [(", default files", None), (", small files", small_files(source))]
+        for variant, options in variants:
+            rows += incremental_variant(source, fmt, f"{shape}{variant}", options)
         shutil.rmtree(source.parent)
+    return rows
+
+
+def small_files(source: Path) -> ExportOptions:
+    """v3 files of about ``V3_SMALL_FILES`` episodes each (their source files' sizes)."""
+    parquet = max(p.stat().st_size for p in (source / "data").rglob("*.parquet"))
+    mp4 = max(p.stat().st_size for p in (source / "videos").rglob("*.mp4"))
+    return ExportOptions(
+        format=LeRobotV3Options(
+            data_files_size_in_mb=V3_SMALL_FILES * parquet / 2**20,
+            video_files_size_in_mb=V3_SMALL_FILES * mp4 / 2**20,
+        )
+    )
+
+
+def _inodes(root: Path) -> dict[str, int]:
+    return {p.relative_to(root).as_posix(): p.stat().st_ino for p in root.rglob("*") if p.is_file()}
+
+
+def incremental_variant(
+    source: Path, fmt: str, shape: str, options: ExportOptions | None
+) -> list[dict[str, Any]]:
+    """The last and the middle verdict changed: incremental against full."""
+    episodes = INCREMENTAL["episodes"]
+    root = layout.export_root(source, fmt)
+    tag = shape.split(", ", 1)[1] if ", " in shape else ""
+    name = f"{fmt} incremental{f' ({tag})' if tag else ''}"
+    export_dataset(source, fmt, options=options)
+    rows = []
+    for where, episode in (("last", episodes - 1), ("middle", episodes // 2)):
+        _set_verdict(source, episode, "fail")
+        before = _inodes(root)
+        inc_s, inc = _timed(source, fmt, options=options, incremental=True)
+        after = _inodes(root)
+        payload = [p for p in after if "/data/" in f"/{p}" or "/videos/" in f"/{p}"]
+        written = sum(1 for p in payload if before.get(p) != after[p])
+        full_s, _ = _timed(source, fmt, options=options)
+        rows.append(
+            _row(f"{name}, {where} verdict changed", inc_s, full_s, "s",
+                 f"{shape}: {inc.job.episodes_rewritten} of {episodes} episodes rewritten "
+                 f"({inc.job.episodes_reused} reused), {written} of {len(payload)} episode or "
+                 f"shard files written; full export {full_s:.1f} s")
+        )  # fmt: skip
+        rows.append(
+            _row(f"{name} files written, {where}", written, len(payload), "files",
+                 "episode or shard files written, incremental vs full")
+        )  # fmt: skip
+        _set_verdict(source, episode, "pass")
+        export_dataset(source, fmt, options=options)
     return rows
 
 
@@ -193,14 +242,15 @@ def _show(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def report(quick: bool = True) -> list[dict[str, Any]]:
+def report(quick: bool = True, formats: tuple[str, ...] = FORMATS) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="eva-bench-scale-"))
     try:
-        rows = incremental_rows(tmp)
+        rows = incremental_rows(tmp, formats)
         _show(rows)
         with ray_head(free_cores(), tmp) as address:
-            rows += _show(ray_overhead_rows(tmp, address))
-            rows += _show(executor_rows(QUICK if quick else FULL, tmp, address))
+            if "hdf5" in formats:
+                rows += _show(ray_overhead_rows(tmp, address))
+            rows += _show(executor_rows(QUICK if quick else FULL, tmp, address, formats))
         return rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -208,4 +258,8 @@ def report(quick: bool = True) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     # one JSON row per line (bench/run_all.py prints the aligned table)
-    print("\n".join(json.dumps(row) for row in report(quick="--full" not in sys.argv)))
+    chosen = FORMATS
+    if "--formats" in sys.argv:
+        chosen = tuple(sys.argv[sys.argv.index("--formats") + 1].split(","))
+    rows = report(quick="--full" not in sys.argv, formats=chosen)
+    print("\n".join(json.dumps(row) for row in rows))

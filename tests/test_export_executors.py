@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from eva.dataset.reader import DatasetReader
 from eva.export.executors import default_executor, free_cores
 from eva.export.pipeline import export_dataset
 from eva.formats.base import ExportOptions
-from eva.formats.options import McapOptions
+from eva.formats.options import LeRobotV3Options, McapOptions
 from eva.jobs import EXPORT_JOB, read_job
 from eva.progress import Progress
 
@@ -34,6 +35,14 @@ CONFIGS = {
     "hdf5": ("hdf5", None),
     "mcap": ("mcap", None),
     "mcap-foxglove": ("mcap", ExportOptions(format=McapOptions(profile="foxglove"))),
+    "lerobot_v21": ("lerobot_v21", None),
+    # small files: a data file holds one or two episodes, a video file one or two
+    "lerobot_v3": (
+        "lerobot_v3",
+        ExportOptions(
+            format=LeRobotV3Options(data_files_size_in_mb=0.012, video_files_size_in_mb=0.009)
+        ),
+    ),
 }
 
 
@@ -65,6 +74,8 @@ def test_processes_write_the_same_bytes_as_serial(
     assert pooled.job.job_id != serial.job.job_id
     assert export_manifest(root) == serial_tree
     assert any("/data/" in f"/{path}" for path in serial_tree)
+    if fmt == "lerobot_v3" and dataset == "synthetic":  # several files, several tasks
+        assert len([path for path in serial_tree if "/data/chunk-" in path]) > 2
     # the job's totals and warnings (in episode order) do not depend on the executor either
     # ("current", the episode finished last, may)
     assert pooled.job.warnings == serial.job.warnings
@@ -112,16 +123,20 @@ def test_a_failing_task_fails_the_job_naming_the_episode(tmp_path: Path, executo
 
 
 def killed_worker_export(
-    tmp_path: Path, kill: Callable[[], int], **run: Any
+    tmp_path: Path,
+    kill: Callable[[], int],
+    fmt: str = "hdf5",
+    options: ExportOptions | None = None,
+    **run: Any,
 ) -> tuple[str, list[int]]:
-    """An hdf5 export of 8 episodes on 2 workers whose ``kill`` (it kills a worker, returns its
-    pid) runs once the first episode is done: the job's error, once checked that it failed
-    with the previous pair published and no staging left; and the pid killed."""
+    """An export (hdf5 by default) of 8 episodes on 2 workers whose ``kill`` (it kills a
+    worker, returns its pid) runs once the first task is done: the job's error, once checked
+    that it failed with the previous pair published and no staging left; and the pid killed."""
     source = write_synthetic_dataset(
         tmp_path / "raw", episodes=8, frames=90, cameras=2, width=160, height=120, seed=5
     )
-    root = layout.export_root(source, "hdf5")
-    previous = export_dataset(source, "hdf5").job.job_id
+    root = layout.export_root(source, fmt)
+    previous = export_dataset(source, fmt, options=options).job.job_id
     before = _leftovers(root)
     killed: list[int] = []
 
@@ -131,7 +146,7 @@ def killed_worker_export(
             killed.append(kill())
 
     with pytest.raises(DatasetError) as raised:
-        export_dataset(source, "hdf5", workers=2, on_progress=kill_a_worker, **run)
+        export_dataset(source, fmt, options=options, workers=2, on_progress=kill_a_worker, **run)
     message = str(raised.value)
     assert killed
     assert _published_id(root) == previous
@@ -141,20 +156,58 @@ def killed_worker_export(
     return message, killed
 
 
-def test_a_killed_worker_fails_the_job_naming_the_episode(tmp_path: Path) -> None:
-    def kill() -> int:
-        workers = multiprocessing.active_children()
-        assert workers
-        os.kill(workers[0].pid or 0, signal.SIGKILL)
-        return workers[0].pid or 0
+def kill_a_pool_worker() -> int:
+    workers = multiprocessing.active_children()
+    assert workers
+    os.kill(workers[0].pid or 0, signal.SIGKILL)
+    return workers[0].pid or 0
 
-    message, _ = killed_worker_export(tmp_path, kill, executor="processes")
+
+def kill_a_running_pool_worker() -> int:
+    """A pool worker killed while it runs (not one waiting for its next task: a v3 task
+    takes a few milliseconds, the first finished one's worker is between tasks)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for worker in multiprocessing.active_children():
+            pid = worker.pid or 0
+            with contextlib.suppress(OSError):
+                state = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1]
+                if state.split()[0] == "R":
+                    os.kill(pid, signal.SIGKILL)
+                    return pid
+    return kill_a_pool_worker()
+
+
+def test_a_killed_worker_fails_the_job_naming_the_episode(tmp_path: Path) -> None:
+    message, _ = killed_worker_export(tmp_path, kill_a_pool_worker, executor="processes")
     assert re.search(
         r"worker process died \(killed, or out of memory\) while writing "
         r"accepted episode \d+ \(source episode \d+\)",
         message,
     ), message
     assert not multiprocessing.active_children()  # the pool is gone
+
+
+def test_a_killed_worker_fails_a_v3_export_naming_the_episodes_of_its_file(
+    tmp_path: Path,
+) -> None:
+    # every episode in files of its own, each decoded whole: 24 tasks of some milliseconds
+    settings = LeRobotV3Options(
+        data_files_size_in_mb=1e-6, video_files_size_in_mb=1e-6, verify_decode=True
+    )
+    message, _ = killed_worker_export(
+        tmp_path,
+        kill_a_running_pool_worker,
+        "lerobot_v3",
+        ExportOptions(format=settings),
+        executor="processes",
+    )
+    assert re.search(
+        r"worker process died \(killed, or out of memory\) while writing "
+        r"accepted episodes \d+-\d+ \((data|videos)/",
+        message,
+    ), message
+    assert not multiprocessing.active_children()
 
 
 def test_an_unknown_executor_is_refused_before_anything_is_written(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Incremental re-export (hdf5, mcap): unchanged episode files are linked from the published pair,
-the rest rewritten, and the result is the same bytes as a full export of the same source."""
+"""Incremental re-export (hdf5, mcap, lerobot_v21, lerobot_v3): unchanged episode files (v3: shard
+files) are linked from the published pair, the rest rewritten, and the result is the same bytes as
+a full export of the same source."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_export_executors import _synthetic_source
+from test_export_executors import CONFIGS, _synthetic_source
 from test_golden_exports import export_manifest
 
 from eva.dataset import layout
@@ -16,13 +17,15 @@ from eva.dataset.reader import DatasetReader
 from eva.export.incremental import FINGERPRINTS
 from eva.export.pipeline import ExportResult, export_dataset
 from eva.formats.base import ExportOptions
-from eva.formats.options import Hdf5Options, McapOptions
+from eva.formats.options import Hdf5Options, LeRobotV21Options, McapOptions
 
-FORMATS = ("hdf5", "mcap")
+FORMATS = ("hdf5", "mcap", "lerobot_v21")
 OTHER_OPTIONS = {
     "hdf5": ExportOptions(format=Hdf5Options(compression="lzf")),
     "mcap": ExportOptions(format=McapOptions(compression="lz4")),
+    "lerobot_v21": ExportOptions(format=LeRobotV21Options(copy_videos=True)),
 }
+EXTENSIONS = {"hdf5": "hdf5", "mcap": "mcap", "lerobot_v21": "parquet"}
 
 
 def _set_verdict(source: Path, episode: int, verdict: str) -> None:
@@ -60,7 +63,8 @@ def test_an_unchanged_source_reuses_every_episode_file(tmp_path: Path, fmt: str)
     first = export_dataset(source, fmt, incremental=True)  # nothing published yet
     assert _counts(first) == (0, 5)
     root = layout.export_root(source, fmt)
-    episode = root / "accepted" / "data" / "chunk-000" / f"episode_000000.{fmt}"
+    # (accepted episode 1 is renumbered: a v2.1 export writes its table, not a link)
+    episode = root / "accepted" / "data" / "chunk-000" / f"episode_000001.{EXTENSIONS[fmt]}"
     inode = episode.stat().st_ino
     again, _ = _incremental_then_full(source, fmt)
     assert _counts(again) == (5, 0)
@@ -142,3 +146,68 @@ def test_eva_export_incremental_reports_reused_and_rewritten(tmp_path: Path) -> 
     assert (completed["episodes_reused"], completed["episodes_rewritten"]) == (4, 1)
     text = CliRunner().invoke(main, args)
     assert "episodes: 5 reused, 0 rewritten" in text.output
+
+
+V3 = CONFIGS["lerobot_v3"][1]  # small files: one or two episodes each
+
+
+def _files(root: Path) -> dict[str, int]:
+    """Every file of the published pair -> its inode."""
+    return {p.relative_to(root).as_posix(): p.stat().st_ino for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("executor", ["serial", "processes"])
+def test_v3_files_before_the_first_changed_episode_are_reused(
+    tmp_path: Path, executor: str
+) -> None:
+    source = _synthetic_source(tmp_path)
+    root = layout.export_root(source, "lerobot_v3")
+    first = export_dataset(source, "lerobot_v3", options=V3, incremental=True)
+    assert _counts(first) == (0, 5)
+    unchanged, _ = _incremental_then_full(source, "lerobot_v3", V3, executor)
+    assert _counts(unchanged) == (5, 0)
+    before = _files(root)
+    # Source episode 4 joins the accepted subset at its end (accepted episode 3): every
+    # accepted file stays but the last data file, which takes the new episode (its video
+    # files are new ones); the rejected subset loses its episode 1, its first files stay.
+    _set_verdict(source, 4, "pass")
+    result = export_dataset(source, "lerobot_v3", options=V3, incremental=True, executor=executor)
+    after = _files(root)
+    kept = sorted(p for p in after if "/meta/" not in p and before.get(p) == after[p])
+    assert kept == [
+        "accepted/data/chunk-000/file-000.parquet",
+        "accepted/videos/observation.images.cam0/chunk-000/file-000.mp4",
+        "accepted/videos/observation.images.cam0/chunk-000/file-001.mp4",
+        "accepted/videos/observation.images.cam0/chunk-000/file-002.mp4",
+        "accepted/videos/observation.images.cam1/chunk-000/file-000.mp4",
+        "accepted/videos/observation.images.cam1/chunk-000/file-001.mp4",
+        "accepted/videos/observation.images.cam1/chunk-000/file-002.mp4",
+        "rejected/data/chunk-000/file-000.parquet",
+        "rejected/videos/observation.images.cam0/chunk-000/file-000.mp4",
+        "rejected/videos/observation.images.cam1/chunk-000/file-000.mp4",
+    ]
+    assert _counts(result) == (3, 2)
+    tree = export_manifest(root)
+    full = export_dataset(source, "lerobot_v3", options=V3)
+    assert export_manifest(root) == tree
+    assert full.job.progress["bytes"] == result.job.progress["bytes"]
+
+
+def test_v3_a_middle_verdict_change_gives_the_full_export_bytes(tmp_path: Path) -> None:
+    source = _synthetic_source(tmp_path)
+    export_dataset(source, "lerobot_v3", options=V3)
+    _set_verdict(source, 1, "pass")  # accepted 1.. and rejected 0.. are renumbered
+    middle, _ = _incremental_then_full(source, "lerobot_v3", V3)
+    # accepted episode 0 keeps its index, but its data file now takes accepted episode 1 too
+    assert _counts(middle) == (0, 5)
+    # a touched source video: the data file of its episode (accepted 2, with accepted 3) and
+    # its video files are written again, the rest linked
+    reader = DatasetReader(source)
+    video = reader.video_path(2, reader.video_keys[1])
+    st = video.stat()
+    os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    touched, _ = _incremental_then_full(source, "lerobot_v3", V3)
+    assert _counts(touched) == (3, 2)
+    # other options: nothing reused
+    changed, _ = _incremental_then_full(source, "lerobot_v3")
+    assert _counts(changed) == (0, 5)

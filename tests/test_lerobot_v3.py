@@ -165,6 +165,39 @@ def test_data_rolls_by_size_and_videos_roll_with_data(source: Path, tmp_path: Pa
     assert lerobot_v3.verify(dest) == []
 
 
+def greedy_files(sizes: list[int], limit: float, starts: set[int]) -> list[int]:
+    """Each episode's file number by the planning rule: consecutive episodes while their
+    source files together stay within ``limit``; an episode in ``starts`` opens a new file."""
+    numbers, number, total = [], 0, 0
+    for ep, size in enumerate(sizes):
+        if ep and (total + size > limit or ep in starts):
+            number, total = number + 1, 0
+        numbers.append(number)
+        total += size
+    return numbers
+
+
+def test_files_are_planned_from_the_source_file_sizes(source: Path, tmp_path: Path) -> None:
+    reader = DatasetReader(source)
+    parquet = [reader.data_path(ep).stat().st_size for ep in range(len(FRAMES))]
+    videos = {key: [reader.video_path(ep, key).stat().st_size for ep in range(4)] for key in CAMS}
+    # Room for about two source parquet files per data file, and about 1.5 MP4s per video file.
+    data_mb = 2.1 * max(parquet) / 2**20
+    video_mb = 1.5 * max(max(v) for v in videos.values()) / 2**20
+    dest = tmp_path / "v3"
+    export(source, dest, data_files_size_in_mb=data_mb, video_files_size_in_mb=video_mb)
+    rows = locators(dest)
+    data = greedy_files(parquet, data_mb * 2**20, set())
+    assert [r["data/file_index"] for r in rows] == data
+    assert len(set(data)) > 1
+    starts = {ep for ep in range(1, 4) if data[ep] != data[ep - 1]}
+    for key in CAMS:
+        expected = greedy_files(videos[key], video_mb * 2**20, starts)
+        assert [r[f"videos/{key}/file_index"] for r in rows] == expected
+        assert len(set(expected)) > len(set(data))  # some roll within a data file
+    assert lerobot_v3.verify(dest) == []
+
+
 def test_video_rolls_at_its_own_size_limit(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "v3"
     export(source, dest, video_files_size_in_mb=1e-6)  # every episode its own MP4

@@ -110,10 +110,12 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
     "--executor",
     type=click.Choice(["serial", "processes", "ray"]),
     default=None,
-    help="Where the episode files of hdf5 and mcap are written: serial (this process) or "
-    "processes (a local process pool) or ray (a Ray cluster, pip install 'eva[ray]'). Default: processes from 2 free cores for hdf5, from 4 "
-    "for mcap (which decodes its cameras on threads already), else serial. The output is the same either way; lerobot_v21 and lerobot_v3 are always "
-    "written serially.",
+    help="Where the export's tasks (an episode file each; lerobot_v3: a data or video file "
+    "each) are written: serial (this process) or processes (a local process pool) or ray (a "
+    "Ray cluster, pip install 'eva[ray]'). Default: processes from 2 free cores for hdf5, from "
+    "4 for mcap (which decodes its cameras on threads already), else serial (always for "
+    "lerobot_v21 and lerobot_v3, file copies that a pool's start would slow down). The output "
+    "is the same either way.",
 )
 @click.option(
     "--workers",
@@ -133,9 +135,9 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
 @click.option(
     "--incremental",
     is_flag=True,
-    help="hdf5 and mcap: link every episode file whose fingerprint (source files' size, mtime, "
-    "inode; the episode's row and verdict; the options) matches the published pair's, and "
-    "write only the rest. The result is the same bytes as a full export.",
+    help="Link every episode file (lerobot_v3: shard file) whose fingerprint (source files' "
+    "size, mtime, inode; the episodes' rows and verdicts; the options) matches the published "
+    "pair's, and write only the rest. The result is the same bytes as a full export.",
 )
 @click.option(
     "--json",

@@ -1,10 +1,11 @@
-"""Where an export's per-episode tasks run: in this process, on a local process pool, or on a
+"""Where an export's tasks run: in this process, on a local process pool, or on a
 Ray cluster (``eva.export.ray_run``).
 
-A per-episode format (``eva.formats.base.EpisodeFormat``: hdf5, mcap) cuts each subset into
-``EpisodeTask``\\ s, one output episode file each. ``run_episode_tasks`` runs them:
+A task format (``eva.formats.base.TaskFormat``) cuts each subset into tasks: one output episode
+each for hdf5, mcap and lerobot_v21 (``EpisodeFormat``), one data or video file each for
+lerobot_v3 (planned from the source sizes first). ``run_episode_tasks`` runs them:
 
-- ``serial``: one session in this process, tasks in output order;
+- ``serial``: one session in this process, tasks in output order (``serial_threads`` at a time);
 - ``processes``: a ``ProcessPoolExecutor`` (spawn context: a worker starts from a fresh
   interpreter, with this process's environment, e.g. ``EVA_PUREPYTHON``). Each worker opens the
   source once and keeps one session (its reused buffers: memory bounded per worker) for all the
@@ -41,12 +42,14 @@ from typing import Any
 from eva.dataset.errors import DatasetError, error_line, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.formats.base import (
-    EpisodeFormat,
     EpisodeResult,
-    EpisodeTask,
     EpisodeWriterSession,
     ExportOptions,
+    ExportTask,
+    TaskFormat,
     report_result,
+    run_ordered,
+    task_format,
 )
 from eva.progress import ProgressSink
 
@@ -63,23 +66,23 @@ def free_cores() -> int:
 
 
 def default_executor(fmt: str) -> str:
-    """``processes`` when the format writes per-episode tasks and at least its
-    ``pool_from_cores`` cores are free (hdf5: 2, mcap: 4), else ``serial``."""
+    """``processes`` when the format writes tasks and at least its ``pool_from_cores`` cores
+    are free (hdf5: 2, mcap: 4), else ``serial``."""
     from eva.dataset.layout import normalize_format
     from eva.export.registry import load_format
 
-    episodes = getattr(load_format(normalize_format(fmt)), "EPISODES", None)
-    if isinstance(episodes, EpisodeFormat) and free_cores() >= episodes.pool_from_cores:
+    tasks = task_format(load_format(normalize_format(fmt)))
+    if tasks is not None and free_cores() >= tasks.pool_from_cores:
         return "processes"
     return "serial"
 
 
-def episode_name(task: EpisodeTask) -> str:
+def episode_name(task: ExportTask) -> str:
     """The episode as errors name it: its label, with its subset."""
     return task.label if task.label.startswith(task.subset) else f"{task.subset} {task.label}"
 
 
-def write_task(session: EpisodeWriterSession, task: EpisodeTask) -> EpisodeResult:
+def write_task(session: EpisodeWriterSession, task: ExportTask) -> EpisodeResult:
     """One task through ``session``; a write failure names its file, any other error that is
     not a ``DatasetError`` is one naming the episode."""
     try:
@@ -93,9 +96,9 @@ def write_task(session: EpisodeWriterSession, task: EpisodeTask) -> EpisodeResul
 
 def run_episode_tasks(
     fmt: str,
-    episodes: EpisodeFormat,
+    episodes: TaskFormat,
     reader: DatasetReader,
-    tasks: Sequence[EpisodeTask],
+    tasks: Sequence[ExportTask],
     progress: ProgressSink,
     *,
     options: ExportOptions,
@@ -117,14 +120,12 @@ def run_episode_tasks(
     count = min(workers or free_cores(), len(tasks))
     if executor == "serial" or count <= 1:
         session = episodes.open_episode_writer(reader, options)
-        results = []
         try:
-            for task in tasks:
-                results.append(write_task(session, task))
-                report_result(progress, results[-1])
+            return run_ordered(
+                lambda task: write_task(session, task), tasks, progress, episodes.serial_threads
+            )
         finally:
             session.close()
-        return results
     return ProcessRun(batch, count).run(progress)
 
 
@@ -146,7 +147,7 @@ def failure_of(error: Exception) -> TaskFailure:
     return TaskFailure(travelling(error), line)
 
 
-def task_error(failure: TaskFailure, task: EpisodeTask) -> DatasetError:
+def task_error(failure: TaskFailure, task: ExportTask) -> DatasetError:
     """The error the driver raises for ``failure``: a ``DatasetError`` as it is, any other one
     naming the episode."""
     if isinstance(failure.error, DatasetError):
@@ -164,7 +165,7 @@ class TaskBatch:
     fmt: str
     source: Path
     options: ExportOptions
-    tasks: Sequence[EpisodeTask]
+    tasks: Sequence[ExportTask]
 
 
 class ProcessRun:
@@ -276,13 +277,14 @@ def start_worker(
     with pids.get_lock():
         slot = next(i for i, pid in enumerate(pids) if pid == 0)
         pids[slot] = os.getpid()
-    episodes = getattr(load_format(fmt), "EPISODES")  # noqa: B009 - checked by the driver
+    episodes = task_format(load_format(fmt))
+    assert episodes is not None  # checked by the driver
     session = episodes.open_episode_writer(DatasetReader(source), options)
     atexit.register(session.close)
     WORKER.append(Worker(session, status))
 
 
-def run_task(number: int, task: EpisodeTask) -> EpisodeResult | TaskFailure:
+def run_task(number: int, task: ExportTask) -> EpisodeResult | TaskFailure:
     """One task in a worker; its error comes back as a ``TaskFailure``."""
     worker = WORKER[0]
     worker.status[number] = os.getpid()

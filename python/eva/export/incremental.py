@@ -1,10 +1,12 @@
-"""Incremental re-export of the per-episode formats (hdf5, mcap): reuse what has not changed.
+"""Incremental re-export of the task formats (hdf5, mcap, lerobot_v21, lerobot_v3): reuse what
+has not changed.
 
-Every export of a per-episode format records, beside ``job.json`` in the published pair,
-``fingerprints.json``: per output episode file, the fingerprint of everything the file is made
-of (``episode_fingerprint``), the file's own identity when it was written, and what its task
-handed back to the driver (bytes, warnings, counted pairs), so that a reused episode reports
-exactly what a rewritten one would.
+Every export of a task format (``eva.formats.base.TaskFormat``) records, beside ``job.json`` in
+the published pair, ``fingerprints.json``: per task (an output episode's files; a v3 data or
+video file), the fingerprint of everything its files are made of (``task_fingerprint``), the
+files' own identity when they were written, and what the task handed back to the driver
+(``EpisodeResult.record``: bytes, warnings, counted pairs; a v3 file's rows, timestamps and
+histograms), so that a reused task reports exactly what a rewritten one would.
 
 ``eva export --incremental`` (``export_dataset(incremental=True)``) reads the published record
 under the export lock. An episode whose fingerprint matches, at the same output path, and whose
@@ -21,6 +23,9 @@ The fingerprint (SHA-256 over canonical JSON) covers:
   episode's ``episodes.jsonl`` row (verdict included), video keys, fps;
 - the source's ``info.json`` without its totals and splits (features, fps, path templates), and
   its tasks;
+- a v3 file: its episodes' fingerprints, its path, the episodes it holds, their stats, and
+  whether it samples keyframes (``ShardTask.layout``); since the plan follows the source sizes
+  in episode order, the files before the first changed episode keep all of it;
 - each source file of the episode (its parquet, its videos) by identity: size, ``st_mtime_ns``,
   inode and device. Identity, not a content hash: hashing would read every source byte, which
   costs what decoding does not (a rewrite in place that keeps size and mtime is not seen; any
@@ -46,7 +51,7 @@ from eva import __version__
 from eva.dataset.atomic import atomic_write_json
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
-from eva.formats.base import EpisodeResult, EpisodeTask, ExportOptions
+from eva.formats.base import EpisodeResult, EpisodeTask, ExportOptions, ExportTask, task_files
 
 FINGERPRINTS = "fingerprints.json"  # in the export root, beside job.json
 FINGERPRINT_VERSION = 1
@@ -112,6 +117,23 @@ def episode_fingerprint(context: SourceContext, reader: DatasetReader, task: Epi
     )
 
 
+def task_fingerprint(context: SourceContext, reader: DatasetReader, task: ExportTask) -> str:
+    """The fingerprint of ``task``'s output files: an episode's (``episode_fingerprint``), or,
+    for a task over several episodes (a v3 shard), their fingerprints with the task's file and
+    its ``layout`` (what the file depends on beyond its episodes)."""
+    if isinstance(task, EpisodeTask):
+        return episode_fingerprint(context, reader, task)
+    episodes: Sequence[EpisodeTask] = getattr(task, "episodes", ())
+    return _digest(
+        {
+            "subset": task.subset,
+            "path": task.path,
+            "episodes": [episode_fingerprint(context, reader, e) for e in episodes],
+            "layout": getattr(task, "layout", None),
+        }
+    )
+
+
 def _digest(value: object) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -120,7 +142,7 @@ def _digest(value: object) -> str:
 # ---- the record ---------------------------------------------------------------------------------
 
 
-def record_key(task: EpisodeTask) -> str:
+def record_key(task: ExportTask) -> str:
     return f"{task.subset}/{task.path}"
 
 
@@ -137,15 +159,18 @@ def read_fingerprints(root: Path) -> dict[str, dict[str, Any]]:
     return episodes if isinstance(episodes, dict) else {}
 
 
-def fingerprint_entry(fingerprint: str, staged: Path, result: EpisodeResult) -> dict[str, Any]:
-    return {
+def fingerprint_entry(fingerprint: str, task: ExportTask, result: EpisodeResult) -> dict[str, Any]:
+    """The record of ``task``'s written files: the fingerprint, each file's identity (its first
+    under ``file``, the others under ``other_files``) and what its result reports."""
+    first, *others = task_files(task)
+    entry: dict[str, Any] = {
         "fingerprint": fingerprint,
-        "file": output_identity(staged),
-        "bytes": result.bytes,
-        "current": result.current,
-        "warnings": list(result.warnings),
-        "counted": [list(pair) for pair in result.counted],
+        "file": output_identity(task.subset_dir / first),
+        **result.record(),
     }
+    if others:
+        entry["other_files"] = {rel: output_identity(task.subset_dir / rel) for rel in others}
+    return entry
 
 
 def write_fingerprints(staging: Path, entries: Mapping[str, dict[str, Any]]) -> None:
@@ -156,42 +181,37 @@ def write_fingerprints(staging: Path, entries: Mapping[str, dict[str, Any]]) -> 
     )
 
 
-def reused_result(task: EpisodeTask, entry: Mapping[str, Any]) -> EpisodeResult:
-    """The result the task handed back when its file was written."""
-    return EpisodeResult(
-        task.subset,
-        task.index,
-        task.path,
-        int(entry["bytes"]),
-        str(entry["current"]),
-        tuple(str(w) for w in entry.get("warnings", ())),
-        tuple((str(a), str(b)) for a, b in entry.get("counted", ())),
-    )
-
-
 # ---- reuse --------------------------------------------------------------------------------------
 
 
 def reusable(
-    root: Path, published: Mapping[str, dict[str, Any]], task: EpisodeTask, fingerprint: str
+    root: Path, published: Mapping[str, dict[str, Any]], task: ExportTask, fingerprint: str
 ) -> dict[str, Any] | None:
-    """The published entry of ``task`` when its file can be reused as it is, else None."""
+    """The published entry of ``task`` when its files can be reused as they are, else None."""
     entry = published.get(record_key(task))
     if not isinstance(entry, dict) or entry.get("fingerprint") != fingerprint:
         return None
+    first, *others = task_files(task)
+    recorded = {first: entry.get("file"), **(entry.get("other_files") or {})}
+    if set(recorded) != {first, *others}:
+        return None
+    subset = Path(root) / task.subset
     try:
-        if output_identity(Path(root) / task.subset / task.path) != entry.get("file"):
-            return None  # the published file was replaced or touched since it was written
+        if any(output_identity(subset / rel) != identity for rel, identity in recorded.items()):
+            return None  # a published file was replaced or touched since it was written
     except OSError:
         return None
     return entry
 
 
-def link_published(root: Path, task: EpisodeTask) -> None:
-    """The published file of ``task`` into the staging directory: a hard link, else a reflink,
-    else a copy (the bytes are the same whichever)."""
-    published = Path(root) / task.subset / task.path
-    staged = task.subset_dir / task.path
+def link_published(root: Path, task: ExportTask) -> None:
+    """The published files of ``task`` into the staging directory: a hard link, else a
+    reflink, else a copy (the bytes are the same whichever)."""
+    for rel in task_files(task):
+        link_file(Path(root) / task.subset / rel, task.subset_dir / rel)
+
+
+def link_file(published: Path, staged: Path) -> None:
     staged.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(published, staged)
@@ -223,7 +243,7 @@ class EpisodePlan:
         cls,
         fmt: str,
         reader: DatasetReader,
-        tasks: Sequence[EpisodeTask],
+        tasks: Sequence[ExportTask],
         options: ExportOptions,
         root: Path,
         incremental: bool,
@@ -234,7 +254,7 @@ class EpisodePlan:
         reused: dict[int, dict[str, Any]] = {}
         rewrite: list[int] = []
         for number, task in enumerate(tasks):
-            fingerprint = episode_fingerprint(context, reader, task)
+            fingerprint = task_fingerprint(context, reader, task)
             fingerprints[record_key(task)] = fingerprint
             entry = reusable(root, published, task, fingerprint) if published else None
             if entry is None:

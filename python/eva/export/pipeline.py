@@ -41,7 +41,7 @@ from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, build_subset_meta, write_staged_json
 from eva.export.executors import EXECUTORS
 from eva.export.registry import ExportOptions, load_format
-from eva.formats.base import EpisodeFormat, EpisodeResult, report_result
+from eva.formats.base import EpisodeResult, TaskFormat, report_result, task_format
 from eva.jobs import (
     EXPORT_JOB,
     Job,
@@ -290,9 +290,9 @@ def _new_job(root: Path, source: Path, fmt: str, job_id: str | None) -> Job:
     return job
 
 
-def write_episode_subsets(
+def write_task_subsets(
     fmt: str,
-    episodes: EpisodeFormat,
+    episodes: TaskFormat,
     reader: DatasetReader,
     metas: dict[str, SubsetMeta],
     root: Path,
@@ -301,20 +301,20 @@ def write_episode_subsets(
     options: ExportOptions,
     run: ExportRun,
 ) -> int:
-    """Both subsets of a per-episode format: every episode file as one task, the ones whose
-    published file can be reused (``run.incremental``) linked, the others run on
-    ``run.executor``; then the fingerprints and each subset's finish (warnings, common
-    metadata) here, in the driver. Returns the episodes reused."""
+    """Both subsets of a format cut into tasks (an episode file each, or a v3 shard each): the
+    tasks whose published files can be reused (``run.incremental``) linked, the others run on
+    ``run.executor``; then the fingerprints and each subset's finish (warnings, metadata) here,
+    in the driver. Returns the episodes reused."""
     from eva.export import incremental as inc
     from eva.export.executors import run_episode_tasks  # a pool is only made if needed
 
-    tasks = {s: episodes.episode_tasks(reader, metas[s], staging / s, options) for s in SUBSETS}
+    tasks = {s: episodes.subset_tasks(reader, metas[s], staging / s, options) for s in SUBSETS}
     every = [task for subset in SUBSETS for task in tasks[subset]]
     plan = inc.EpisodePlan.of(fmt, reader, every, options, root, run.incremental)
     results: dict[int, EpisodeResult] = {}
     for number, entry in plan.reused.items():
         inc.link_published(root, every[number])
-        results[number] = inc.reused_result(every[number], entry)
+        results[number] = episodes.reused_result(every[number], entry)
         report_result(progress, results[number])
     if plan.rewrite:
         written = run_episode_tasks(
@@ -332,7 +332,7 @@ def write_episode_subsets(
     ordered = [results[number] for number in range(len(every))]
     entries = {
         inc.record_key(task): inc.fingerprint_entry(
-            plan.fingerprints[inc.record_key(task)], task.subset_dir / task.path, result
+            plan.fingerprints[inc.record_key(task)], task, result
         )
         for task, result in zip(every, ordered, strict=True)
     }
@@ -348,7 +348,7 @@ def write_episode_subsets(
                 progress,
                 options,
             )
-    return len(plan.reused)
+    return sum(results[number].episodes for number in plan.reused)
 
 
 @dataclass(frozen=True)
@@ -380,13 +380,13 @@ def export_dataset(
     ``job_id`` names the job (and the pair's ``export_id``) when the caller has announced it
     already, as the console does; by default a new one is made.
 
-    ``executor``: where a per-episode format's (hdf5, mcap) episode files are written:
-    ``serial`` (this process), ``processes`` (a pool of ``workers``, default the free cores;
-    ``eva.export.executors``) or ``ray`` (actors on the Ray cluster at ``ray_address``, else
-    ``RAY_ADDRESS``, else a local one; ``eva.export.ray_run``). The output is the same either way; the other formats are
-    written serially. ``incremental``: a per-episode format's episode files whose fingerprint
-    matches the published pair's are linked from it instead of written again
-    (``eva.export.incremental``); the job counts them (``episodes_reused``).
+    ``executor``: where the format's tasks (an episode file each; v3: a data or video file
+    each) are written: ``serial`` (this process), ``processes`` (a pool of ``workers``, default
+    the free cores; ``eva.export.executors``) or ``ray`` (actors on the Ray cluster at
+    ``ray_address``, else ``RAY_ADDRESS``, else a local one; ``eva.export.ray_run``). The
+    output is the same either way. ``incremental``: the tasks whose fingerprint matches the
+    published pair's are linked from it instead of written again (``eva.export.incremental``);
+    the job counts their episodes (``episodes_reused``).
 
     Raises ``DatasetError`` (bad source, busy lock, unavailable format) or the writer's error;
     in every failure case the previously published pair is left as it was.
@@ -452,12 +452,12 @@ def export_dataset(
             staging = make_staging(root, job.job_id)
             for subset in SUBSETS:
                 (staging / subset).mkdir()
-            episodes = getattr(module, "EPISODES", None)
-            per_episode = isinstance(episodes, EpisodeFormat)
+            episodes = task_format(module)
+            per_episode = episodes is not None
             reused = 0
-            if isinstance(episodes, EpisodeFormat):
+            if episodes is not None:
                 run = ExportRun(executor, workers, incremental, ray_address)
-                reused = write_episode_subsets(
+                reused = write_task_subsets(
                     fmt, episodes, reader, metas, root, staging, progress, options, run
                 )
             for subset in SUBSETS:

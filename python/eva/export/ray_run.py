@@ -25,7 +25,7 @@ from typing import Any
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.export.executors import TaskBatch, TaskFailure, episode_name, failure_of, task_error
-from eva.formats.base import EpisodeResult, EpisodeTask, ExportOptions, report_result
+from eva.formats.base import EpisodeResult, ExportOptions, ExportTask, report_result, task_format
 from eva.progress import ProgressSink
 
 RAY_EXTRA_MISSING = "executor ray needs Ray: pip install 'eva[ray]'"
@@ -50,19 +50,20 @@ class EpisodeActor:
         from eva.export.registry import load_format
 
         set_decode_threads(threads)
-        episodes = getattr(load_format(fmt), "EPISODES")  # noqa: B009 - checked by the driver
+        episodes = task_format(load_format(fmt))
+        assert episodes is not None  # checked by the driver
         self.session = episodes.open_episode_writer(DatasetReader(source), options)
 
     def pid(self) -> int:
         return os.getpid()
 
-    def write(self, task: EpisodeTask) -> EpisodeResult | TaskFailure:
+    def write(self, task: ExportTask) -> EpisodeResult | TaskFailure:
         try:
             return self._write(task)
         except Exception as e:
             return failure_of(e)
 
-    def _write(self, task: EpisodeTask) -> EpisodeResult:
+    def _write(self, task: ExportTask) -> EpisodeResult:
         from eva.export.executors import write_task
 
         return write_task(self.session, task)

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 from eva.dataset.errors import DatasetError
 
@@ -271,6 +271,32 @@ class EpisodeTask:
     video_keys: tuple[str, ...]
     fps: int | float | None  # the subset info's fps, as stored (None: the source reader's)
     options: ExportOptions
+    other_files: tuple[str, ...] = ()  # the task's other output files (v2.1: its MP4s)
+
+
+class ExportTask(Protocol):
+    """What the executors and the incremental re-export need of a task: an ``EpisodeTask``, or
+    a format's task over several episodes (a v3 shard)."""
+
+    @property
+    def subset(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...  # names the task in errors
+
+    @property
+    def subset_dir(self) -> Path: ...
+
+    @property
+    def path(self) -> str: ...  # its (first) output file, relative to ``subset_dir``
+
+    @property
+    def other_files(self) -> tuple[str, ...]: ...
+
+
+def task_files(task: ExportTask) -> tuple[str, ...]:
+    """Every output file of ``task``, relative to its subset directory."""
+    return (task.path, *task.other_files)
 
 
 @dataclass(frozen=True)
@@ -287,15 +313,153 @@ class EpisodeResult:
     # (name, reason) pairs the format's finish counts over the subset's episodes (mcap
     # foxglove: the cameras written decoded, and why)
     counted: tuple[tuple[str, str], ...] = ()
+    episodes: int = 1  # episodes the task completed (a v3 video shard's are counted by its data)
+    files: int = 1
+
+    def record(self) -> dict[str, Any]:
+        """What the incremental record keeps of the result (JSON), to report a reused task's
+        file as this one (``from_record``)."""
+        return {
+            "bytes": self.bytes,
+            "current": self.current,
+            "warnings": list(self.warnings),
+            "counted": [list(pair) for pair in self.counted],
+            "episodes": self.episodes,
+            "files": self.files,
+        }
+
+    @classmethod
+    def from_record(cls, task: ExportTask, entry: Mapping[str, Any]) -> EpisodeResult:
+        """The result ``record`` kept, for ``task``'s reused file."""
+        return cls(
+            task.subset,
+            int(getattr(task, "index", 0)),
+            task.path,
+            int(entry["bytes"]),
+            str(entry["current"]),
+            tuple(str(w) for w in entry.get("warnings", ())),
+            tuple((str(a), str(b)) for a, b in entry.get("counted", ())),
+            int(entry.get("episodes", 1)),
+            int(entry.get("files", 1)),
+        )
 
 
 class EpisodeWriterSession(Protocol):
-    """Writes episode tasks in one process, reusing its buffers from one episode to the next
-    (memory stays bounded per process, whatever the episode count)."""
+    """Writes tasks in one process, reusing its buffers from one task to the next (memory stays
+    bounded per process, whatever the episode count). ``task``: the format's own kind."""
 
-    def write(self, task: EpisodeTask) -> EpisodeResult: ...
+    def write(self, task: Any) -> EpisodeResult: ...
 
     def close(self) -> None: ...
+
+
+def subset_episode_tasks(
+    reader: DatasetReader,
+    meta: SubsetMeta,
+    subset_dir: Path,
+    options: ExportOptions,
+    path: Callable[[int, int], str],
+    label: str,
+) -> list[EpisodeTask]:
+    """The subset's episodes as tasks in output order (``path`` and ``label``: as
+    ``EpisodeFormat`` takes them)."""
+    from eva.dataset.layout import DEFAULT_CHUNKS_SIZE
+
+    chunks_size = int(meta.info.get("chunks_size", DEFAULT_CHUNKS_SIZE))
+    fps = meta.info.get("fps")
+    return [
+        EpisodeTask(
+            source=Path(reader.root),
+            subset=meta.subset,
+            index=new,
+            source_index=src,
+            label=label.format(subset=meta.subset, index=new, source_index=src),
+            path=path(new, chunks_size),
+            subset_dir=Path(subset_dir),
+            length=meta.lengths[new],
+            index_offset=meta.index_offsets[new],
+            task_remap=dict(meta.task_remap),
+            row=dict(meta.episodes[new]),
+            video_keys=tuple(meta.video_keys),
+            fps=fps if isinstance(fps, int | float) and not isinstance(fps, bool) else None,
+            options=options,
+        )
+        for new, src in enumerate(meta.source_episode_indices)
+    ]
+
+
+# A task format's parts (``TaskFormat``), as functions.
+SubsetTasks = Callable[["DatasetReader", "SubsetMeta", Path, ExportOptions], Sequence[ExportTask]]
+OpenSession = Callable[["DatasetReader", ExportOptions], EpisodeWriterSession]
+FinishSubset = Callable[
+    ["SubsetMeta", Path, Sequence[EpisodeResult], "ProgressSink", ExportOptions], None
+]
+ReusedResult = Callable[[ExportTask, Mapping[str, Any]], EpisodeResult]
+
+
+class TaskFormat(Protocol):
+    """A format whose subsets are cut into tasks the executors run (``EpisodeFormat``: one
+    file per episode; the v3 format's shards, a ``TaskFunctions``): the module's ``EPISODES``
+    or ``SHARDS``. ``subset_tasks``: in the driver, the subset's tasks in output order;
+    ``open_episode_writer``: a process's session; ``finish_subset``: in the driver, after every
+    task of the subset (results in task order); ``reused_result``: a reused task's result from
+    what its ``EpisodeResult.record`` kept."""
+
+    @property
+    def pool_from_cores(self) -> int: ...
+
+    @property
+    def serial_threads(self) -> int: ...
+
+    @property
+    def subset_tasks(self) -> SubsetTasks: ...
+
+    @property
+    def open_episode_writer(self) -> OpenSession: ...
+
+    @property
+    def finish_subset(self) -> FinishSubset: ...
+
+    @property
+    def reused_result(self) -> ReusedResult: ...
+
+
+class SerialWrite:
+    """``FormatModule.write_subset`` of a ``TaskFormat``: every task in this process."""
+
+    def write_subset(
+        self,
+        reader: DatasetReader,
+        meta: SubsetMeta,
+        staging_dir: Path,
+        progress: ProgressSink,
+        options: ExportOptions,
+    ) -> None:
+        """``FormatModule.write_subset``, serially in this process."""
+        tasks = cast("TaskFormat", self)
+        every = tasks.subset_tasks(reader, meta, staging_dir, options)
+        session = tasks.open_episode_writer(reader, options)
+        results = run_serially(every, session, progress, tasks.serial_threads)
+        tasks.finish_subset(meta, staging_dir, results, progress, options)
+
+
+@dataclass(frozen=True)
+class TaskFunctions(SerialWrite):
+    """A ``TaskFormat`` made of functions (the v3 format's ``SHARDS``)."""
+
+    subset_tasks: SubsetTasks
+    open_episode_writer: OpenSession
+    finish_subset: FinishSubset
+    reused_result: ReusedResult
+    pool_from_cores: int = 2
+    serial_threads: int = 1
+
+
+def task_format(module: object) -> TaskFormat | None:
+    """The module's ``EPISODES`` or ``SHARDS``: how its subsets are cut into tasks (None: the
+    format writes each subset in one ``write_subset`` call)."""
+    found = getattr(module, "EPISODES", None) or getattr(module, "SHARDS", None)
+    return cast("TaskFormat", found) if found is not None else None
 
 
 def no_subset_warnings(meta: SubsetMeta, results: Sequence[EpisodeResult]) -> list[str]:
@@ -303,7 +467,7 @@ def no_subset_warnings(meta: SubsetMeta, results: Sequence[EpisodeResult]) -> li
 
 
 @dataclass(frozen=True)
-class EpisodeFormat:
+class EpisodeFormat(SerialWrite):
     """How a per-episode format (one file per episode plus metadata: hdf5, mcap) cuts a subset
     into tasks and finishes it; the module's ``EPISODES``. Its ``write_subset`` runs the tasks
     serially; ``eva.export.executors`` runs the same tasks, sessions and finish on a pool.
@@ -313,7 +477,9 @@ class EpisodeFormat:
     before any task (refuses options it cannot use); ``subset_info``: the subset's info.json;
     ``subset_warnings``: the warnings about the whole subset, after the episodes' own;
     ``pool_from_cores``: the free cores from which a process pool is the default executor (a
-    format whose one process already keeps several cores busy gains from a pool only beyond).
+    format whose one process already keeps several cores busy gains from a pool only beyond);
+    ``serial_threads``: tasks at a time in the serial executor (``run_serially``);
+    ``other_files(index, chunks_size, video_keys)``: an episode's files beside ``path``.
     """
 
     path: Callable[[int, int], str]
@@ -323,35 +489,30 @@ class EpisodeFormat:
     subset_info: Callable[[SubsetMeta, ExportOptions], dict[str, Any]]
     subset_warnings: Callable[[SubsetMeta, Sequence[EpisodeResult]], list[str]] = no_subset_warnings
     pool_from_cores: int = 2
+    serial_threads: int = 1
+    other_files: Callable[[int, int, tuple[str, ...]], tuple[str, ...]] | None = None
 
     def episode_tasks(
         self, reader: DatasetReader, meta: SubsetMeta, subset_dir: Path, options: ExportOptions
     ) -> list[EpisodeTask]:
         """The subset's tasks in output order."""
+        self.check_options(options)
+        tasks = subset_episode_tasks(reader, meta, subset_dir, options, self.path, self.label)
+        if self.other_files is None:
+            return tasks
         from eva.dataset.layout import DEFAULT_CHUNKS_SIZE
 
-        self.check_options(options)
         chunks_size = int(meta.info.get("chunks_size", DEFAULT_CHUNKS_SIZE))
-        fps = meta.info.get("fps")
+        keys = tuple(meta.video_keys)
         return [
-            EpisodeTask(
-                source=Path(reader.root),
-                subset=meta.subset,
-                index=new,
-                source_index=src,
-                label=self.label.format(subset=meta.subset, index=new, source_index=src),
-                path=self.path(new, chunks_size),
-                subset_dir=Path(subset_dir),
-                length=meta.lengths[new],
-                index_offset=meta.index_offsets[new],
-                task_remap=dict(meta.task_remap),
-                row=dict(meta.episodes[new]),
-                video_keys=tuple(meta.video_keys),
-                fps=fps if isinstance(fps, int | float) and not isinstance(fps, bool) else None,
-                options=options,
-            )
-            for new, src in enumerate(meta.source_episode_indices)
+            dataclasses.replace(t, other_files=self.other_files(t.index, chunks_size, keys))
+            for t in tasks
         ]
+
+    subset_tasks = episode_tasks  # eva.formats.base.TaskFormat
+
+    def reused_result(self, task: ExportTask, entry: Mapping[str, Any]) -> EpisodeResult:
+        return EpisodeResult.from_record(task, entry)
 
     def finish_subset(
         self,
@@ -368,25 +529,14 @@ class EpisodeFormat:
         report_warnings(progress, results)
         for line in self.subset_warnings(meta, results):
             progress(warning=line)
-        write_common_meta(Path(subset_dir), meta, self.subset_info(meta, options))
-
-    def write_subset(
-        self,
-        reader: DatasetReader,
-        meta: SubsetMeta,
-        staging_dir: Path,
-        progress: ProgressSink,
-        options: ExportOptions,
-    ) -> None:
-        """``FormatModule.write_subset``, serially in this process."""
-        tasks = self.episode_tasks(reader, meta, staging_dir, options)
-        results = run_serially(tasks, self.open_episode_writer(reader, options), progress)
-        self.finish_subset(meta, staging_dir, results, progress, options)
+        progress(files=write_common_meta(Path(subset_dir), meta, self.subset_info(meta, options)))
 
 
 def report_result(progress: ProgressSink, result: EpisodeResult) -> None:
-    """One finished episode file in the progress counts."""
-    progress(episodes=1, files=1, bytes=result.bytes, current=result.current)
+    """One finished task's episodes and files in the progress counts."""
+    progress(
+        episodes=result.episodes, files=result.files, bytes=result.bytes, current=result.current
+    )
 
 
 def report_warnings(progress: ProgressSink, results: Sequence[EpisodeResult]) -> None:
@@ -397,16 +547,45 @@ def report_warnings(progress: ProgressSink, results: Sequence[EpisodeResult]) ->
 
 
 def run_serially(
-    tasks: Sequence[EpisodeTask], session: EpisodeWriterSession, progress: ProgressSink
+    tasks: Sequence[ExportTask],
+    session: EpisodeWriterSession,
+    progress: ProgressSink,
+    threads: int = 1,
 ) -> list[EpisodeResult]:
-    """Every task in this process, in order, through one session (closed at the end): what a
-    format's ``write_subset`` does, and what the serial executor does."""
-    results = []
+    """Every task in this process through one session (closed at the end): what a format's
+    ``write_subset`` does, and what the serial executor does. ``threads`` > 1: that many tasks
+    at a time on threads (a format whose tasks wait on file I/O and release the GIL, with a
+    session safe to share); results and progress in task order either way."""
     try:
-        for task in tasks:
-            result = session.write(task)
-            report_result(progress, result)
-            results.append(result)
+        return run_ordered(session.write, tasks, progress, threads)
     finally:
         session.close()
+
+
+def run_ordered(
+    write: Callable[[Any], EpisodeResult],
+    tasks: Sequence[ExportTask],
+    progress: ProgressSink,
+    threads: int = 1,
+) -> list[EpisodeResult]:
+    """``write`` of every task, ``threads`` at a time, reported in task order."""
+    results: list[EpisodeResult] = []
+    count = max(1, min(threads, len(tasks)))
+    if count == 1:
+        for task in tasks:
+            results.append(write(task))
+            report_result(progress, results[-1])
+        return results
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="eva-tasks") as pool:
+        futures = [pool.submit(write, task) for task in tasks]
+        try:
+            for future in futures:
+                results.append(future.result())
+                report_result(progress, results[-1])
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
     return results

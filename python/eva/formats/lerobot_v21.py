@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from eva.dataset.atomic import read_jsonl
 from eva.dataset.embedded import read_export_meta
 from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.reader import DatasetReader
-from eva.dataset.subset import SubsetMeta, rewrite_index_columns, write_common_meta
+from eva.dataset.subset import SubsetMeta, rewrite_index_columns
 from eva.dataset.validate import Problem
 from eva.formats._decode import first_frame
 from eva.formats._verify import (
@@ -42,9 +41,8 @@ from eva.formats._verify import (
     check_vectors,
     check_version,
 )
-from eva.formats.base import ExportOptions
+from eva.formats.base import EpisodeFormat, EpisodeResult, EpisodeTask, ExportOptions
 from eva.formats.options import LeRobotV21Options
-from eva.progress import ProgressSink
 
 FORMAT = "lerobot_v21"
 OPTIONS = LeRobotV21Options  # this format's options (eva.formats.base.FormatModule)
@@ -93,90 +91,89 @@ def export_info(meta: SubsetMeta) -> dict[str, Any]:
     return info
 
 
-def _export_episode(
-    reader: DatasetReader,
-    meta: SubsetMeta,
-    staging_dir: Path,
-    new: int,
-    chunks_size: int,
-    link: bool,
-) -> tuple[int, int]:
-    """Write output episode ``new`` (table + videos); returns (files, bytes)."""
-    src = meta.source_episode_indices[new]
-    chunk = layout.episode_chunk(new, chunks_size)
-    src_path = Path(reader.data_path(src))
-    with pq.ParquetFile(src_path) as parquet:  # ~3x less overhead than pq.read_table
-        table = parquet.read(use_threads=False)  # a small file: the thread pool costs more
-    if table.num_rows == 0:
-        raise DatasetError(f"{src_path}: episode {src}: empty episode (no rows)")
-    if table.num_rows != meta.lengths[new]:
-        raise DatasetError(
-            f"{src_path}: episode {src}: {table.num_rows} rows but episodes.jsonl length "
-            f"{meta.lengths[new]}"
-        )
-    dest = staging_dir / layout.DATA_PATH.format(episode_chunk=chunk, episode_index=new)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if _numbering_unchanged(table, new, meta.index_offsets[new], meta.task_remap):
-        # Renumbering would write the same values (an episode that keeps its place, as in an
-        # all-accepted export): the source file is shared like the MP4s, not rewritten.
-        with naming_write_errors(dest):
-            link_or_copy(src_path, dest, link=link)
-    else:
-        table = rewrite_index_columns(
-            table,
-            new,
-            meta.index_offsets[new],
-            meta.task_remap,
-            where=f"{src_path}: episode {src}",
-        )
-        with naming_write_errors(dest):  # a full disk names the file, not just ENOSPC
-            pq.write_table(table, dest, use_dictionary=False)
-    files, size = 1, dest.stat().st_size
-    for key in meta.video_keys:
-        video_src = Path(reader.video_path(src, key))
-        if not video_src.is_file():
-            raise DatasetError(f"{video_src}: episode {src}: camera {key!r}: video missing")
-        video_dest = staging_dir / layout.VIDEO_PATH.format(
-            episode_chunk=chunk, video_key=layout.check_video_key(key), episode_index=new
-        )
-        video_dest.parent.mkdir(parents=True, exist_ok=True)
-        with naming_write_errors(video_dest):
-            link_or_copy(video_src, video_dest, link=link)
-        files, size = files + 1, size + video_dest.stat().st_size
-    return files, size
+def episode_path(index: int, chunks_size: int) -> str:
+    return layout.DATA_PATH.format(
+        episode_chunk=layout.episode_chunk(index, chunks_size), episode_index=index
+    )
 
 
-def write_subset(
-    reader: DatasetReader,
-    meta: SubsetMeta,
-    staging_dir: Path,
-    progress: ProgressSink,
-    options: ExportOptions,
-) -> None:
-    """Episodes are independent files, so a small thread pool overlaps their I/O and parquet
-    work (pyarrow and the file syscalls release the GIL); progress is reported in order."""
-    staging_dir = Path(staging_dir)
-    info = export_info(meta)
-    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
-    link = not options.format_options(LeRobotV21Options).copy_videos
-    count = meta.total_episodes
-    workers = max(1, min(4, os.cpu_count() or 1, count))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eva-v21") as pool:
-        futures = [
-            pool.submit(_export_episode, reader, meta, staging_dir, new, chunks_size, link)
-            for new in range(count)
-        ]
-        try:
-            for new, future in enumerate(futures):
-                files, size = future.result()
-                progress(
-                    files=files, bytes=size, episodes=1, current=f"{meta.subset} episode {new}"
-                )
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
-    progress(files=write_common_meta(staging_dir, meta, info))
+def episode_videos(index: int, chunks_size: int, video_keys: tuple[str, ...]) -> tuple[str, ...]:
+    chunk = layout.episode_chunk(index, chunks_size)
+    return tuple(
+        layout.VIDEO_PATH.format(
+            episode_chunk=chunk, video_key=layout.check_video_key(key), episode_index=index
+        )
+        for key in video_keys
+    )
+
+
+class EpisodeCopier:
+    """A session (``eva.formats.base.EpisodeWriterSession``): stateless, so the serial
+    executor's threads share it."""
+
+    def __init__(self, reader: DatasetReader, options: ExportOptions) -> None:
+        self.reader = reader
+        self.link = not options.format_options(LeRobotV21Options).copy_videos
+
+    def write(self, task: EpisodeTask) -> EpisodeResult:
+        """Output episode ``task.index``: its table, then its videos."""
+        reader, src, new = self.reader, task.source_index, task.index
+        src_path = Path(reader.data_path(src))
+        with pq.ParquetFile(src_path) as parquet:  # ~3x less overhead than pq.read_table
+            table = parquet.read(use_threads=False)  # a small file: the thread pool costs more
+        if table.num_rows == 0:
+            raise DatasetError(f"{src_path}: episode {src}: empty episode (no rows)")
+        if table.num_rows != task.length:
+            raise DatasetError(
+                f"{src_path}: episode {src}: {table.num_rows} rows but episodes.jsonl length "
+                f"{task.length}"
+            )
+        dest = task.subset_dir / task.path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if _numbering_unchanged(table, new, task.index_offset, task.task_remap):
+            # Renumbering would write the same values (an episode that keeps its place, as in
+            # an all-accepted export): the source file is shared like the MP4s, not rewritten.
+            with naming_write_errors(dest):
+                link_or_copy(src_path, dest, link=self.link)
+        else:
+            table = rewrite_index_columns(
+                table, new, task.index_offset, task.task_remap, where=f"{src_path}: episode {src}"
+            )
+            with naming_write_errors(dest):  # a full disk names the file, not just ENOSPC
+                pq.write_table(table, dest, use_dictionary=False)
+        size = dest.stat().st_size
+        for key, rel in zip(task.video_keys, task.other_files, strict=True):
+            video_src = Path(reader.video_path(src, key))
+            if not video_src.is_file():
+                raise DatasetError(f"{video_src}: episode {src}: camera {key!r}: video missing")
+            video_dest = task.subset_dir / rel
+            video_dest.parent.mkdir(parents=True, exist_ok=True)
+            with naming_write_errors(video_dest):
+                link_or_copy(video_src, video_dest, link=self.link)
+            size += video_dest.stat().st_size
+        files = 1 + len(task.other_files)
+        current = f"{task.subset} episode {new}"
+        return EpisodeResult(task.subset, new, task.path, size, current, files=files)
+
+    def close(self) -> None:
+        pass
+
+
+# The subset as one task per episode (its table and videos; eva.formats.base.EpisodeFormat).
+# Episodes are small independent files, so the serial executor overlaps their I/O and parquet
+# work on a few threads (pyarrow and the file syscalls release the GIL); a process pool's start
+# costs more than it saves, so serial stays the default.
+EPISODES = EpisodeFormat(
+    path=episode_path,
+    label="{subset} episode {index} (source episode {source_index})",
+    open_episode_writer=EpisodeCopier,
+    check_options=lambda options: options.format_options(LeRobotV21Options),
+    subset_info=lambda meta, _options: export_info(meta),
+    pool_from_cores=1 << 30,
+    serial_threads=max(1, min(4, os.cpu_count() or 1)),
+    other_files=episode_videos,
+)
+write_subset = EPISODES.write_subset
 
 
 def _count_frames(path: Path) -> int:

@@ -38,14 +38,14 @@ class LeRobotV3Options(Options):
         flag="--data-file-size-mb",
         minimum=0,
         minimum_open=True,
-        help=f"data shard size limit ({_MB_HELP}).",
+        help=f"data shard size limit, over the episodes' source parquet files ({_MB_HELP}).",
     )
     video_files_size_in_mb: float = option(
         200.0,  # LeRobot 0.4.4's default
         flag="--video-file-size-mb",
         minimum=0,
         minimum_open=True,
-        help=f"video shard size limit ({_MB_HELP}).",
+        help=f"video shard size limit, over the episodes' source MP4s ({_MB_HELP}).",
     )
     # Without a sample, image features get no quantiles (LeRobot normalises images by mean/std
     # or not at all; quantiles matter for state/action).

@@ -9,18 +9,24 @@ Layout written into the staging directory::
     meta/info.json, stats.json                   v3.0 info; stats with q01..q99
     meta/episodes.jsonl, tasks.jsonl, episodes_stats.jsonl   kept from the v2.1 subset
 
-Sharding, one episode at a time:
+Sharding is planned in the driver from the source files before anything is written
+(``plan``), so the files are the same whichever executor writes them:
 
-* Data: before an episode is added, the open data file is closed when the Arrow size of its rows
-  plus the episode's would pass ``data_files_size_in_mb`` or when the episode's schema differs from
-  the file's. A shard's rows are buffered (bounded by that size) and written with one
+* Data: a file takes consecutive episodes while their source parquet files together stay within
+  ``data_files_size_in_mb`` (LeRobot's own converter measures the source files too), and only
+  episodes of one schema. Its rows are buffered (bounded by that size) and written with one
   ``write_table`` (one pass, big row groups).
-* Video, per camera: the open MP4 shard is closed when the data file rolls, when the shard plus
-  the episode's MP4 would pass ``video_files_size_in_mb``, or when the episode's stream parameters
-  (codec, size, pix_fmt, time base, extradata) differ. Differing parameters start a new file, never
-  a re-encode: LeRobot addresses the video file per episode, so a new file is free, while a
-  re-encode would change the pixels and cost two orders of magnitude more time.
+* Video, per camera: a file takes consecutive episodes of one data file while their source MP4s
+  together stay within ``video_files_size_in_mb``, and only episodes whose stream parameters
+  (codec, size, pix_fmt, time base, extradata) are compatible. Differing parameters start a new
+  file, never a re-encode: LeRobot addresses the video file per episode, so a new file is free,
+  while a re-encode would change the pixels and cost two orders of magnitude more time.
 * ``file_index`` counts to ``chunks_size - 1`` and then wraps to 0 in the next chunk folder.
+
+Each file is one task (``shard_tasks``: ``eva.formats.base.TaskFormat``, the module's
+``SHARDS``), run by the export's executor; the driver merges their results (``writer``): the
+episode rows with their stats, the image histograms, and the dataset-wide quantiles (vectors
+read back from the data files, so no task sends its rows' values to the driver).
 
 Frame counts: before copying, the MP4's own sample count must equal the episode's rows; while
 copying, the packets are counted (one MP4 video sample = one frame, so no decode is needed). With
@@ -97,7 +103,7 @@ from eva.formats.lerobot_v3.video import (
     VideoConcatError,
     probe,
 )
-from eva.formats.lerobot_v3.writer import write_subset
+from eva.formats.lerobot_v3.writer import SHARDS, write_subset
 from eva.formats.options import LeRobotV3Options
 
 OPTIONS = LeRobotV3Options  # this format's options (eva.formats.base.FormatModule)
@@ -108,6 +114,7 @@ __all__ = [
     "DATA_PATH",
     "EPISODES_PATH",
     "OPTIONS",
+    "SHARDS",
     "TASKS_PARQUET",
     "TIMESTAMP_TOLERANCE_S",
     "VIDEO_PATH",

@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from eva.dataset.columns import fixed_size_values, list_lengths, list_values
 from eva.dataset.errors import DatasetError
@@ -25,135 +23,24 @@ from eva.dataset.stats import (
     vector_quantiles,
 )
 from eva.formats._decode import decode_frames
-from eva.formats.lerobot_v3.mux import VideoShardWriter, decode_keyframes
-from eva.formats.lerobot_v3.tables import DATA_PATH, DICTIONARY_COLUMNS, MB, VIDEO_PATH, next_file
+from eva.formats.lerobot_v3.mux import decode_keyframes
 from eva.formats.lerobot_v3.video import StreamParams
-from eva.formats.options import LeRobotV3Options
-from eva.progress import ProgressSink
 
 # --------------------------------------------------------------------------------------------------
-# Data shards
-# --------------------------------------------------------------------------------------------------
-
-
-class DataShards:
-    """Buffers episode tables into data files; rolls on size and on schema change."""
-
-    def __init__(self, root: Path, settings: LeRobotV3Options, progress: ProgressSink) -> None:
-        self.root = root
-        self.settings = settings
-        self.progress = progress
-        self.limit_bytes = settings.data_files_size_in_mb * MB
-        self.chunk_index = 0
-        self.file_index = 0
-        self.tables: list[pa.Table] = []
-        self.buffered_bytes = 0
-        self.schema: pa.Schema | None = None
-
-    def add(self, table: pa.Table) -> bool:
-        """Queue one episode; returns True when it starts a new file (after the first one)."""
-        schema = table.schema.remove_metadata()
-        rolled = False
-        if self.tables and (
-            self.buffered_bytes + table.nbytes > self.limit_bytes or not schema.equals(self.schema)
-        ):
-            self.flush()
-            self.chunk_index, self.file_index = next_file(
-                self.chunk_index, self.file_index, self.settings.chunks_size
-            )
-            rolled = True
-        self.schema = schema
-        self.tables.append(table.replace_schema_metadata(None))
-        self.buffered_bytes += table.nbytes
-        return rolled
-
-    def flush(self) -> None:
-        if not self.tables:
-            return
-        path = self.root / DATA_PATH.format(
-            chunk_index=self.chunk_index, file_index=self.file_index
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        table = pa.concat_tables(self.tables)
-        # Dictionary pages only for the columns with few distinct values: pyarrow tries one for
-        # every column by default, and on noisy float vectors that costs 10x the write (160 ms
-        # for 16,000 rows) and gives a larger file.
-        dictionary = [n for n in DICTIONARY_COLUMNS if n in table.column_names]
-        pq.write_table(table, path, compression="snappy", use_dictionary=dictionary)
-        self.tables = []
-        self.buffered_bytes = 0
-        self.progress(files=1, bytes=path.stat().st_size)
-
-
-# --------------------------------------------------------------------------------------------------
-# Video shards
+# Video files
 # --------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class PlacedEpisode:
+    """Where an episode landed in its video file; ``keyframes``: the packets kept for the
+    quantile sample, with their stream's parameters (None: no sample)."""
+
     episode: int
     from_timestamp: float
     to_timestamp: float
     frames: int
-
-
-@dataclass
-class CameraShards:
-    """One camera's open MP4 shard, its numbering and the per-episode pixel histograms."""
-
-    key: str
-    root: Path
-    settings: LeRobotV3Options
-    progress: ProgressSink
-    chunk_index: int = 0
-    file_index: int = 0
-    writer: VideoShardWriter | None = None
-    placed: list[PlacedEpisode] = field(default_factory=list)
-    # output episode -> (3, 256) histogram of its decoded frames (keyframes, or all frames)
-    histograms: dict[int, np.ndarray] = field(default_factory=dict)
-    # output episode -> keyframe histogram still being computed by the worker threads
-    pending: dict[int, Future[np.ndarray]] = field(default_factory=dict)
-
-    def path(self) -> Path:
-        return self.root / VIDEO_PATH.format(
-            video_key=self.key, chunk_index=self.chunk_index, file_index=self.file_index
-        )
-
-    def close(self) -> None:
-        if self.writer is None:
-            return
-        self.writer.close()
-        path = self.writer.path
-        if self.settings.verify_decode:
-            self.histograms.update(_decode_shard(path, self.key, self.placed))
-        self.progress(files=1, bytes=path.stat().st_size)
-        self.writer = None
-        self.placed = []
-
-    def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.abort()
-            self.writer = None
-        for future in self.pending.values():
-            future.cancel()
-
-    def collect(self) -> None:
-        """Wait for the worker's keyframe histograms."""
-        for ep, future in self.pending.items():
-            try:
-                self.histograms[ep] = future.result()
-            except (av.error.FFmpegError, ValueError) as e:
-                raise DatasetError(
-                    f"subset episode {ep}, camera {self.key}: keyframes do not decode ({e})"
-                ) from None
-        self.pending = {}
-
-    def roll(self) -> None:
-        self.close()
-        self.chunk_index, self.file_index = next_file(
-            self.chunk_index, self.file_index, self.settings.chunks_size
-        )
+    keyframes: tuple[StreamParams, list[bytes]] | None = None
 
 
 class KeyframeHistograms:
@@ -189,7 +76,7 @@ def _keyframe_histogram(params: StreamParams, packets: list[bytes]) -> np.ndarra
     return stats.histogram()
 
 
-def _decode_shard(path: Path, key: str, placed: list[PlacedEpisode]) -> dict[int, np.ndarray]:
+def decode_shard(path: Path, key: str, placed: list[PlacedEpisode]) -> dict[int, np.ndarray]:
     """Decode every frame of a finished shard: count each episode's frames by timestamp (they
     must equal its rows) and return each episode's exact pixel histogram."""
     stats = {ep.episode: ImageStats() for ep in placed}

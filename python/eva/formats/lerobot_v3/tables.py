@@ -54,11 +54,11 @@ def _stat_type(stat_name: str, value: Any) -> pa.DataType:
     return t
 
 
-def _to_plain(value: Any) -> Any:
+def to_plain(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, list):
-        return [_to_plain(v) for v in value]
+        return [to_plain(v) for v in value]
     if isinstance(value, np.generic):
         return value.item()
     return value
@@ -87,7 +87,7 @@ def episodes_table(rows: list[dict[str, Any]], video_keys: Iterable[str]) -> pa.
     for row in rows:
         for name, value in row.items():
             if name.startswith("stats/") and name not in stat_columns and value is not None:
-                stat_columns[name] = _stat_type(name.rsplit("/", 1)[-1], _to_plain(value))
+                stat_columns[name] = _stat_type(name.rsplit("/", 1)[-1], to_plain(value))
     fields = [pa.field(n, t) for n, t in fixed] + [pa.field(n, t) for n, t in stat_columns.items()]
     schema = pa.schema(fields)
     columns = []
@@ -95,7 +95,7 @@ def episodes_table(rows: list[dict[str, Any]], video_keys: Iterable[str]) -> pa.
         values = [row.get(f.name) for row in rows]
         column = _dense_nested_array(values, f.type) if f.name in stat_columns else None
         if column is None:
-            values = [_to_plain(v) for v in values]
+            values = [to_plain(v) for v in values]
             if pa.types.is_list(f.type) and pa.types.is_floating(_leaf_type(f.type)):
                 values = [_floatify(v) for v in values]
             column = pa.array(values, type=f.type)
