@@ -530,8 +530,10 @@ def run_session(
         session_s = time.perf_counter() - session_t0
         pub_cpu = sum(_safe_cpu(p.pid) - pub_cpu0[p.pid] for p in publishers)
         if driver.returncode != 0:
-            tail = err.strip().splitlines()[-3:]
-            raise RuntimeError(f"rig bench driver ({design}) failed: {tail}")
+            lines = err.strip().splitlines()
+            # the rig's own account of its sources (a source that failed or was restarted)
+            sources = [line for line in lines if "source" in line and "Traceback" not in line]
+            raise RuntimeError(f"rig bench driver ({design}) failed: {sources[-5:]} {lines[-3:]}")
         result = json.loads(out.strip().splitlines()[-1])
     finally:
         probe.join()
