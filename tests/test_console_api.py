@@ -33,6 +33,8 @@ from sftp_server import SshdServer
 
 pytest_plugins = ["sftp_server"]
 
+pytestmark = pytest.mark.realtime
+
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
