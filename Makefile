@@ -49,11 +49,22 @@ demo: build
 system-deps:
 	bash scripts/system_deps.sh
 
-# One suite, run twice: against the native core, then against the numpy references (like
-# msgpack-python's fallback), so both implementations stay interchangeable.
+# One suite, run twice: against the native core (test-native), then against the numpy references
+# (test-reference, like msgpack-python's fallback), so both implementations stay interchangeable.
+# make test runs the two passes side by side, one core each, except the tests marked realtime
+# (live recordings: their verdicts depend on getting the CPU in time), which run afterwards with
+# nothing beside them. --output-sync prints each pass's output whole when it ends.
+PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider
+PYTEST_ARGS ?=
 test: system-deps build lint typecheck
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests
-	EVA_PUREPYTHON=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-native test-reference PYTEST_ARGS='-m "not realtime"'
+	$(MAKE) --no-print-directory test-native test-reference PYTEST_ARGS='-m realtime'
+
+test-native: build
+	$(PYTEST) $(PYTEST_ARGS) tests
+
+test-reference: build
+	EVA_PUREPYTHON=1 $(PYTEST) $(PYTEST_ARGS) tests
 
 # The reader fuzz tests at length, with fresh random cases each run (make test runs a fixed few).
 FUZZ_EXAMPLES ?= 2000

@@ -13,7 +13,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,15 +64,72 @@ def _is_native_variant(item: pytest.Item) -> bool:
     return any(part == "native" or part.startswith("native_") for part in callspec.id.split("-"))
 
 
+def _runs_in_native_pass_only(item: pytest.Item) -> bool:
+    return _is_native_variant(item) or item.get_closest_marker("kernel_independent") is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under EVA_PUREPYTHON=1 the native variants are deselected, not skipped: they ran in the
-    native pass, and this pass checks that the references alone carry the whole suite."""
+    native pass, and this pass checks that the references alone carry the whole suite. So are
+    the ``kernel_independent`` tests: nothing they run depends on the switch, so this pass would
+    repeat the native one exactly."""
     if not _native.pure_python_forced():
         return
-    native = [item for item in items if _is_native_variant(item)]
-    if native:
-        config.hook.pytest_deselected(items=native)
-        items[:] = [item for item in items if not _is_native_variant(item)]
+    native_only = [item for item in items if _runs_in_native_pass_only(item)]
+    if native_only:
+        config.hook.pytest_deselected(items=native_only)
+        items[:] = [item for item in items if not _runs_in_native_pass_only(item)]
+
+
+# Every place where eva reaches a native kernel: the modules that take one from
+# ``eva._native.load`` (at import, or per call through their ``load``), and ``load`` itself (stats,
+# ``eva --version``). tests/test_native_switch.py checks that none is missing.
+KERNEL_SWITCHES = (
+    ("eva._native", "load"),
+    ("eva.capture.align", "load"),
+    ("eva.capture.ring", "load"),
+    ("eva.capture.shm_ring", "load"),
+    ("eva.dataset.rgb", "_native"),
+    ("eva.dataset.msgpack_codec", "_native"),
+    ("eva.formats.mcap.json_rows", "_native"),
+)
+
+
+class _KernelTripwire:
+    """Stands in for a kernel switch during a ``kernel_independent`` test: any use is recorded
+    (and raises, unless something swallows it: the record fails the test all the same)."""
+
+    def __init__(self, switch: str, used: list[str]) -> None:
+        self._switch = switch
+        self._used = used
+
+    def _trip(self, what: str) -> AssertionError:
+        self._used.append(what)
+        return AssertionError(f"a kernel_independent test reached a native kernel: {what}")
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._trip(f"{self._switch}.{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._trip(f"{self._switch}({', '.join(map(repr, args))})")
+
+
+@pytest.fixture(autouse=True)
+def _kernel_independence(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A ``kernel_independent`` test (and its function-scoped fixtures) runs with every kernel
+    switch replaced by a tripwire: the mark's promise, that the pure-Python pass may leave the
+    test out, is checked wherever the test runs (in the native pass)."""
+    if request.node.get_closest_marker("kernel_independent") is None:
+        yield
+        return
+    used: list[str] = []
+    # imported first: a kernel module's import takes its kernel from ``load``
+    modules = [importlib.import_module(module_name) for module_name, _ in KERNEL_SWITCHES]
+    with pytest.MonkeyPatch.context() as patch:
+        for module, (module_name, name) in zip(modules, KERNEL_SWITCHES, strict=True):
+            patch.setattr(module, name, _KernelTripwire(f"{module_name}.{name}", used))
+        yield
+    assert not used, f"marked kernel_independent, yet reached a native kernel: {used}"
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -6,6 +6,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.kernel_independent
+
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "eva"
 MAX_LINES = 600
 # the one module allowed to use a library's private API (with a canary test of its own)

@@ -30,6 +30,7 @@ def _sliced(array: pa.Array, data: st.DataObject) -> pa.Array:
     return array.slice(start, stop - start)
 
 
+@pytest.mark.kernel_independent
 @settings(max_examples=200, deadline=None)
 @given(rows=ROWS, large=st.booleans(), data=st.data())
 def test_list_helpers_agree_with_pyarrow_compute(rows, large, data) -> None:
@@ -42,6 +43,7 @@ def test_list_helpers_agree_with_pyarrow_compute(rows, large, data) -> None:
     assert list_lengths(chunked).tolist() == pc.list_value_length(chunked).to_pylist()
 
 
+@pytest.mark.kernel_independent
 @settings(max_examples=100, deadline=None)
 @given(size=st.integers(1, 4), rows=st.integers(0, 20), data=st.data())
 def test_fixed_size_lists(size, rows, data) -> None:
@@ -51,11 +53,13 @@ def test_fixed_size_lists(size, rows, data) -> None:
     assert list_values(array).equals(array.flatten())
 
 
+@pytest.mark.kernel_independent
 def test_null_rows_left_to_arrow() -> None:
     array = pa.array([[1.0], None, [2.0, 3.0]])
     assert list_values(array).to_pylist() == [1.0, 2.0, 3.0]
 
 
+@pytest.mark.kernel_independent
 @settings(max_examples=200, deadline=None)
 @given(values=st.lists(st.integers(-5, 5) | st.none(), max_size=40), chunks=st.integers(1, 3))
 def test_distinct_scalars_agree_with_unique(values, chunks) -> None:

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from eva.dataset import bitstream, decode_check, mp4box
 from eva.dataset.errors import DatasetError
 
+pytestmark = pytest.mark.kernel_independent
+
 FPS = 30
 H, W = 96, 128
 

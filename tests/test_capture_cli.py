@@ -25,6 +25,8 @@ from eva.cli.collect_screen import CaptureLogHandler, LogLimiter, collect_job_li
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate import validate_dataset
 
+pytestmark = pytest.mark.realtime
+
 EVA = [sys.executable, "-m", "eva.cli"]
 
 CONFIG = """

@@ -23,6 +23,8 @@ from eva.dataset.locks import flocked
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate import validate_dataset
 
+pytestmark = pytest.mark.realtime
+
 FRONT = "observation.images.front"
 WRIST = "observation.images.wrist"
 STATE = "observation.state"

@@ -29,6 +29,8 @@ from eva.capture.sources import Sample
 from eva.config import load_config
 from eva.dataset.reader import DatasetReader
 
+pytestmark = pytest.mark.realtime
+
 HERE = Path(__file__).parent
 PUBLISHERS = HERE / "rig_publishers.py"
 UDP_OPTIONS = (

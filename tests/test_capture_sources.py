@@ -15,6 +15,8 @@ from eva.config import CameraConfig, VectorConfig, config_from_dict
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 
+pytestmark = pytest.mark.realtime
+
 CAMS = [CameraConfig("observation.images.a", 64, 48), CameraConfig("observation.images.b", 32, 24)]
 VECS = [VectorConfig("observation.state", 14, (6, 13)), VectorConfig("action", 14, (6, 13))]
 

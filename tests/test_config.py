@@ -9,6 +9,8 @@ import pytest
 
 from eva.config import ConfigError, default_log_dir, load_config
 
+pytestmark = pytest.mark.kernel_independent
+
 FULL = """
 [collection]
 log_dir = "logs"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import threading
 import time
@@ -31,6 +32,8 @@ from console_server import (
 from sftp_server import SshdServer
 
 pytest_plugins = ["sftp_server"]
+
+pytestmark = pytest.mark.realtime
 
 
 @pytest.fixture(scope="module")
@@ -208,18 +211,24 @@ def test_preview_is_a_fresh_jpeg_per_camera(api: httpx.Client) -> None:
 def test_events_stream_reports_status(server: ConsoleServer, api: httpx.Client) -> None:
     events: list[tuple[str, dict]] = []
     stop = threading.Event()
+    sockets: list[socket.socket] = []  # the listener's, shut down to end its read at once
 
     def listen() -> None:
         with server.client() as client, client.stream("GET", "/api/events", timeout=30) as response:
+            sockets.append(response.extensions["network_stream"].get_extra_info("socket"))
             assert response.headers["content-type"].startswith("text/event-stream")
             name = None
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    name = line[7:]
-                elif line.startswith("data: ") and name:
-                    events.append((name, json.loads(line[6:])))
-                if stop.is_set():
-                    return
+            try:
+                for line in response.iter_lines():
+                    if line.startswith("event: "):
+                        name = line[7:]
+                    elif line.startswith("data: ") and name:
+                        events.append((name, json.loads(line[6:])))
+                    if stop.is_set():
+                        return
+            except httpx.RemoteProtocolError:  # the socket shut down below
+                if not stop.is_set():
+                    raise
 
     thread = threading.Thread(target=listen, daemon=True)
     thread.start()
@@ -235,8 +244,13 @@ def test_events_stream_reports_status(server: ConsoleServer, api: httpx.Client) 
         assert cancelled.status_code == 200, cancelled.text
         assert any_status(events, "idle", 20, last=True), (events[-3:], server.log_tail())
     finally:
-        stop.set()  # the listener returns at its next line (a heartbeat at the latest)
+        # The listener returns at its next line; a quiet stream sends one only as a heartbeat
+        # (10 s), so its socket is shut down: its read ends now.
+        stop.set()
+        for listening in sockets:
+            listening.shutdown(socket.SHUT_RDWR)
         thread.join(15)
+        assert not thread.is_alive()
 
 
 def any_status(

@@ -48,6 +48,8 @@ from eva.capture.synthetic import write_synthetic_dataset  # noqa: E402
 
 pytest_plugins = ["sftp_server"]
 
+pytestmark = pytest.mark.realtime
+
 REPO = Path(__file__).resolve().parents[1]
 VARIANT = "pure" if os.environ.get("EVA_PUREPYTHON") == "1" else "native"
 

@@ -24,6 +24,8 @@ from eva.export.pipeline import export_dataset
 from eva.formats.options import Hdf5Options, LeRobotV3Options, LeRobotV21Options, McapOptions
 from eva.quality.verdicts import review_episode
 
+pytestmark = pytest.mark.realtime
+
 
 def frame(seed: int, h: int = 48, w: int = 64) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)

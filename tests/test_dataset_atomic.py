@@ -10,6 +10,8 @@ import pytest
 
 from eva.dataset import atomic
 
+pytestmark = pytest.mark.kernel_independent
+
 
 def test_append_inplace_creates_and_appends(tmp_path: Path) -> None:
     path = tmp_path / "meta" / "rows.jsonl"

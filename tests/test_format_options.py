@@ -18,6 +18,8 @@ from eva.formats.options import (
     McapOptions,
 )
 
+pytestmark = pytest.mark.kernel_independent
+
 # Every per-format option `eva export` had before its options were generated: flag -> (request
 # name, click type name, default). Scripts use these spellings.
 EXPECTED_OPTIONS = {

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from eva.jobs import Job, JobRecorder, job_path, mark_interrupted, read_job, write_job
 from eva.progress import Progress
+
+pytestmark = pytest.mark.kernel_independent
 
 FIELDS = {
     "job_id",

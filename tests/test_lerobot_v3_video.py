@@ -18,6 +18,8 @@ from eva.formats.lerobot_v3 import (
     probe,
 )
 
+pytestmark = pytest.mark.kernel_independent
+
 FPS = 30
 
 

@@ -36,6 +36,7 @@ from eva.formats.mcap.writer import episode_file
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
 
+@pytest.mark.kernel_independent
 @settings(max_examples=200, deadline=None)
 @given(st.lists(INT64, min_size=1, max_size=50))
 def test_varints_are_protobufs(values: list[int]) -> None:
@@ -47,6 +48,7 @@ def test_varints_are_protobufs(values: list[int]) -> None:
         assert rows.row(i) == expected
 
 
+@pytest.mark.kernel_independent
 @settings(max_examples=150, deadline=None)
 @given(
     frames=st.lists(
@@ -126,6 +128,7 @@ def _nal_sample(units: list[bytes]) -> bytes:
 NAL_UNITS = st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=6)
 
 
+@pytest.mark.kernel_independent
 @settings(max_examples=200, deadline=None)
 @given(
     samples=st.lists(NAL_UNITS, min_size=1, max_size=12),
@@ -165,6 +168,7 @@ def test_annexb_of_a_window_agrees_with_the_per_sample_walk(
     assert window == reference
 
 
+@pytest.mark.kernel_independent
 @settings(max_examples=60, deadline=None)
 @given(
     payloads=st.lists(
@@ -228,6 +232,7 @@ def test_batched_messages_are_the_single_messages_bytes(
     ]
 
 
+@pytest.mark.kernel_independent
 def test_message_index_bytes_equal_the_library() -> None:
     pairs = [(0, 0), (5, 31), (2**63 - 1, 2**40)]
     record = MessageIndex(channel_id=7, records=pairs)

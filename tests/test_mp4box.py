@@ -22,6 +22,8 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.video import VideoEncoder, VideoOptions, count_decoded_frames, count_frames
 from eva.formats.lerobot_v3 import VideoShardWriter
 
+pytestmark = pytest.mark.kernel_independent
+
 FPS = 30
 H, W = 48, 64
 

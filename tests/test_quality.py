@@ -24,6 +24,8 @@ from eva.quality.verdicts import (
     subset_of,
 )
 
+pytestmark = pytest.mark.kernel_independent
+
 
 @pytest.mark.parametrize(
     ("row", "expected"),

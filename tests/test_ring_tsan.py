@@ -36,7 +36,11 @@ def _run(binary: Path, pushes: int) -> subprocess.CompletedProcess[str]:
     )
 
 
-pytestmark = pytest.mark.skipif(shutil.which(COMPILER) is None, reason=f"no {COMPILER}")
+pytestmark = [
+    # the C++ ring itself, compiled here: no reference runs, so the pure-Python pass leaves it out
+    pytest.mark.native,
+    pytest.mark.skipif(shutil.which(COMPILER) is None, reason=f"no {COMPILER}"),
+]
 
 
 def test_ring_has_no_data_race(tmp_path: Path) -> None:

@@ -438,6 +438,7 @@ def test_native_class_checks_the_mapping_itself() -> None:
 
 
 # ---- across processes ----
+# (realtime: the consumer's deadlines assume the producer process gets the CPU when it needs it)
 
 
 def _spawn(mode: str, path: Path, producer_native: bool, n: int = 0) -> subprocess.Popen:
@@ -477,6 +478,7 @@ def _drain(ring, proc: subprocess.Popen, rows: int = 3, timeout: float = 20.0):
             raise AssertionError("the producer did not finish")
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("producer_native,consumer_native", COMBOS)
 @pytest.mark.parametrize("shape,dtype", [((2, 3), np.float64), ((4, 5, 3), np.uint8)])
 def test_cross_process_stream_is_exact_and_overflow_counted(
@@ -502,6 +504,7 @@ def test_cross_process_stream_is_exact_and_overflow_counted(
     ring.unlink()
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("producer_native,consumer_native", COMBOS)
 def test_cross_process_refused_samples_are_counted_not_delivered(
     ring_path: Path, producer_native: bool, consumer_native: bool
@@ -529,6 +532,7 @@ HEARTBEAT_COMBOS = [
 ]
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("producer_native,consumer_native", HEARTBEAT_COMBOS)
 def test_cross_process_heartbeat_and_stop_request(
     ring_path: Path, producer_native: bool, consumer_native: bool
@@ -558,6 +562,7 @@ KILL_COMBOS = [
 ]
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("producer_native,consumer_native", KILL_COMBOS)
 def test_cross_process_producer_killed_mid_stream_leaves_a_consistent_ring(
     ring_path: Path, producer_native: bool, consumer_native: bool

@@ -22,6 +22,8 @@ from eva.capture.udp_input import (
     parse_udp_url,
 )
 
+pytestmark = pytest.mark.realtime
+
 
 def bound_input(
     read_timeout: float = 2.0, stop: threading.Event | None = None

@@ -14,6 +14,8 @@ from eva.upload.config import (
     validate_remote_dir,
 )
 
+pytestmark = pytest.mark.kernel_independent
+
 
 def collection(**sftp: object) -> dict:
     return {"storage": {"sftp": sftp}}

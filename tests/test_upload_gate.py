@@ -15,6 +15,8 @@ from eva.upload.config import SftpConfig
 from eva.upload.gate import REASONS, UploadRefused, check_upload, dataset_name_for
 from eva.upload.job import start_upload
 
+pytestmark = pytest.mark.kernel_independent
+
 # A backend that is never contacted: every test here is refused before any connection.
 UNUSED_BACKEND = SftpConfig(host="127.0.0.1", port=9, remote_dir="/nonexistent/eva")
 

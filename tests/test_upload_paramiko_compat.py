@@ -12,6 +12,8 @@ import pytest
 from eva.upload import paramiko_compat
 from eva.upload.paramiko_compat import WriteAcks, missing_private_apis
 
+pytestmark = pytest.mark.kernel_independent
+
 
 def test_installed_paramiko_has_every_private_api_eva_uses() -> None:
     missing = missing_private_apis()

@@ -62,6 +62,7 @@ def run(job: UploadJob) -> None:
     assert job.wait(120), "upload did not finish"
 
 
+@pytest.mark.kernel_independent
 def test_success_path_tree_is_identical(
     sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
 ) -> None:
@@ -96,6 +97,7 @@ def test_success_path_tree_is_identical(
     }
 
 
+@pytest.mark.kernel_independent
 def test_existing_target_gets_copy_names(
     config: SftpConfig, remote_root: Path, tmp_path: Path
 ) -> None:
@@ -124,6 +126,7 @@ def test_existing_target_gets_copy_names(
     assert staging_leftovers(remote_root) == []
 
 
+@pytest.mark.kernel_independent
 def test_openssh_rename_semantics_used_for_publishing(
     config: SftpConfig, sshd_server: SshdServer, remote_root: Path
 ) -> None:
@@ -147,6 +150,7 @@ def test_openssh_rename_semantics_used_for_publishing(
         assert sorted(os.listdir(remote_root)) == ["empty_target", f"empty_target.copy_{STAMP}"]
 
 
+@pytest.mark.kernel_independent
 def test_failure_mid_transfer_removes_staging_and_keeps_old_target(
     config: SftpConfig, remote_root: Path, tmp_path: Path
 ) -> None:
@@ -178,6 +182,7 @@ def test_failure_mid_transfer_removes_staging_and_keeps_old_target(
     assert record.remote_path is None
 
 
+@pytest.mark.kernel_independent
 def test_remote_write_failure_removes_staging(
     config: SftpConfig,
     sshd_server: SshdServer,
@@ -204,6 +209,7 @@ def test_remote_write_failure_removes_staging(
     assert sorted(os.listdir(remote_root)) == ["blocker"]
 
 
+@pytest.mark.kernel_independent
 def test_unknown_host_key_is_refused_unless_accepted(
     sshd_server: SshdServer, remote_root: Path, tmp_path: Path
 ) -> None:
@@ -229,6 +235,7 @@ def test_unknown_host_key_is_refused_unless_accepted(
     assert job.result is not None and not job.result.host_key_recorded
 
 
+@pytest.mark.kernel_independent
 def test_a_new_host_key_is_appended_in_place_through_a_symlink(
     sshd_server: SshdServer, remote_root: Path, tmp_path: Path
 ) -> None:
@@ -254,6 +261,7 @@ def test_a_new_host_key_is_appended_in_place_through_a_symlink(
     )
 
 
+@pytest.mark.kernel_independent
 def test_changed_host_key_is_refused_even_with_accept_flag(
     sshd_server: SshdServer, remote_root: Path, tmp_path: Path
 ) -> None:
@@ -271,6 +279,7 @@ def test_changed_host_key_is_refused_even_with_accept_flag(
     assert os.listdir(remote_root) == []
 
 
+@pytest.mark.kernel_independent
 def test_agent_authentication(
     sshd_server: SshdServer,
     known_hosts: Path,
@@ -291,6 +300,7 @@ def test_agent_authentication(
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
 
 
+@pytest.mark.kernel_independent
 def test_wrong_key_is_refused(
     sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
 ) -> None:
@@ -300,6 +310,7 @@ def test_wrong_key_is_refused(
         upload_tree(config, scan_local_tree(accepted), "pick")
 
 
+@pytest.mark.kernel_independent
 def test_local_symlink_is_refused(config: SftpConfig, remote_root: Path, tmp_path: Path) -> None:
     source, accepted = make_export(tmp_path / "logs")
     secret = tmp_path / "secret.txt"
@@ -316,6 +327,7 @@ def test_local_symlink_is_refused(config: SftpConfig, remote_root: Path, tmp_pat
         start_upload(source, "hdf5", config)
 
 
+@pytest.mark.kernel_independent
 def test_resume_after_interruption(config: SftpConfig, remote_root: Path, tmp_path: Path) -> None:
     sizes = (700_000, 600_000, 500_000, 400_000, 300_000, 200_000, 100_000, 50_000, 10)
     source, accepted = make_export(tmp_path / "logs", file_sizes=sizes)
@@ -361,6 +373,7 @@ def test_resume_after_interruption(config: SftpConfig, remote_root: Path, tmp_pa
     assert final is not None and final.state == "completed" and final.resumed
 
 
+@pytest.mark.kernel_independent
 def test_resume_without_previous_upload_starts_fresh(
     config: SftpConfig, remote_root: Path, tmp_path: Path
 ) -> None:
@@ -371,6 +384,7 @@ def test_resume_without_previous_upload_starts_fresh(
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
 
 
+@pytest.mark.kernel_independent
 def test_concurrent_upload_of_same_export_is_refused(config: SftpConfig, tmp_path: Path) -> None:
     source, _ = make_export(tmp_path / "logs", file_sizes=(2_000_000,) * 4)
     release = threading.Event()
@@ -399,6 +413,7 @@ def write_config(path: Path, server: SshdServer, remote_dir: Path, log_dir: Path
     return path
 
 
+@pytest.mark.kernel_independent
 def test_cli_json_lines_and_refusals(
     sshd_server: SshdServer, known_hosts: Path, remote_root: Path, tmp_path: Path
 ) -> None:
@@ -471,6 +486,7 @@ def test_real_export_pipeline_then_upload(
     assert record is not None and record.export_job_id == exported.job.job_id
 
 
+@pytest.mark.kernel_independent
 def test_fresh_upload_discards_abandoned_staging(
     config: SftpConfig, remote_root: Path, tmp_path: Path
 ) -> None:
@@ -491,6 +507,7 @@ def test_fresh_upload_discards_abandoned_staging(
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
 
 
+@pytest.mark.kernel_independent
 def test_connection_lost_mid_transfer_cleans_up_over_a_new_connection(
     config: SftpConfig,
     sshd_server: SshdServer,
@@ -610,6 +627,7 @@ def test_cli_progress_bar_on_a_terminal(
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
 
 
+@pytest.mark.kernel_independent
 def test_known_hosts_with_markers_comments_and_garbage(
     sshd_server: SshdServer, remote_root: Path, tmp_path: Path
 ) -> None:

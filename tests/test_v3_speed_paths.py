@@ -81,6 +81,7 @@ def demuxed(path: Path) -> list[tuple[object, ...]]:
         ]
 
 
+@pytest.mark.kernel_independent
 @pytest.mark.parametrize("options", LAYOUTS)
 def test_bframe_sample_copy_equals_the_demux_copy_and_decodes_every_frame(
     tmp_path: Path, options: dict[str, str]
@@ -147,6 +148,7 @@ def test_cli_import_loads_no_media_or_table_library() -> None:
     assert out.strip() == ""
 
 
+@pytest.mark.kernel_independent
 @pytest.mark.parametrize("options", LAYOUTS[:2])
 def test_seeking_to_a_parsed_keyframe_dts_decodes_that_keyframe(
     tmp_path: Path, options: dict[str, str]

@@ -47,9 +47,13 @@ def test_wheel_installs_and_reads_every_format(tmp_path: Path, small_dataset: Pa
     wheels = sorted((ROOT / "dist").glob("eva-*-manylinux*.whl"), key=lambda p: p.stat().st_mtime)
     assert wheels, built.stdout
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)])
+    # Installed by this environment's pip (`pip --python`), without bytecode: bootstrapping a
+    # pip into the fresh venv (ensurepip) and compiling every dependency's modules took half of
+    # the test, and neither is eva's.
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "-q", str(wheels[-1])])
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile"]
+    _run([*pip, str(wheels[-1])])
     for fmt in FORMATS:
         export_dataset(small_dataset, fmt)
     exports = small_dataset.parent / "export"
