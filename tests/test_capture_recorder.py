@@ -452,8 +452,13 @@ def test_a_camera_lagging_behind_the_grid_start_still_aligns(tmp_path: Path, cap
     with Recorder(config, durable=False) as recorder, caplog.at_level(logging.WARNING):
         root = recorder.start()
         # WRIST and STATE from t=1.0; FRONT from t=0.0 (ten frames older than the grid start).
+        # FRONT's first frame goes first: every stream has a first sample before WRIST can fill
+        # its pending buffer, so the grid starts at 1.0 with FRONT present whatever the
+        # consumer thread's timing (else a full buffer starts the grid without FRONT).
+        front = list(timeline(0.0, 3.0, cameras={FRONT: 0}, vectors=False))
+        push_timeline(recorder, iter(front[:1]))
         push_timeline(recorder, timeline(1.0, 3.0, cameras={WRIST: 1}))
-        push_timeline(recorder, timeline(0.0, 3.0, cameras={FRONT: 0}, vectors=False))
+        push_timeline(recorder, iter(front[1:]))
         job = recorder.stop()
         assert job.wait(60) and job.state == SAVED, job.error
     assert "made no progress" not in caplog.text
