@@ -52,8 +52,8 @@ REALTIME_PRIORITY = (
 )
 PACKET_QUEUE = 256  # packets received but not yet decoded (~8 s of a 30 fps camera)
 REPORT_EVERY_S = 1.0  # bad samples of one stream are reported at most this often
-ORPHAN_GRACE_S = 2.0
-DEVICE_CLOCK_SLACK_S = 1.0  # a device timestamp further than this from receipt is on another clock  # after the recorder died: time to stop cleanly before exiting anyway
+ORPHAN_GRACE_S = 2.0  # after the recorder died: time to stop cleanly before exiting anyway
+DEVICE_CLOCK_SLACK_S = 1.0  # a device timestamp further than this from receipt: another clock
 
 
 class _Events:
@@ -211,9 +211,9 @@ def _demuxed_on_a_thread(
     container: Any,
     stop: threading.Event,
     read_timeout: float,
-    device: bool = False,
-    events: _Events | None = None,
-    stream: _Stream | None = None,
+    device: bool,
+    events: _Events,
+    stream: _Stream,
 ) -> Generator[tuple[float, Any], None, None]:
     """Packets of FFmpeg's own input with their receipt times, demuxed on a receiver thread.
 
@@ -242,11 +242,11 @@ def _demuxed_on_a_thread(
                     captured = device_time(packet, received)
                     if captured is not None:
                         received = captured
-                    elif not warned.is_set() and events is not None:
+                    elif not warned.is_set():
                         warned.set()
                         events.send(
                             "warning",
-                            stream.name if stream is not None else None,
+                            stream.name,
                             "the device's buffer timestamps are not on the wall clock: "
                             "its frames are stamped on receipt",
                         )
