@@ -145,9 +145,25 @@ def killed_worker_export(
         if progress.episodes >= 1 and not killed:
             killed.append(kill())
 
-    with pytest.raises(DatasetError) as raised:
-        export_dataset(source, fmt, options=options, workers=2, on_progress=kill_a_worker, **run)
-    message = str(raised.value)
+    # On a loaded machine the kill can miss its window: the workers may have finished every
+    # task before this process runs the first progress callback (the export then rightly
+    # succeeds), or the worker killed may be waiting for its next task (the job fails, naming
+    # no episode). Neither try shows what the callers check: try again.
+    for _attempt in range(4):
+        killed.clear()
+        try:
+            export_dataset(
+                source, fmt, options=options, workers=2, on_progress=kill_a_worker, **run
+            )
+        except DatasetError as error:
+            message = str(error)
+            if "between episodes" not in message:
+                break
+        else:
+            previous = _published_id(root)
+        assert killed
+    else:
+        pytest.fail("every try's kill missed the workers' tasks")
     assert killed
     assert _published_id(root) == previous
     assert _leftovers(root) == before
