@@ -40,7 +40,11 @@ def zmq_value(t: float, dim: int) -> list[float]:
 def publish_udp(port: int, seconds: float, width: int = 160, height: int = 120) -> None:
     import av
 
-    with av.open(f"udp://127.0.0.1:{port}?pkt_size=1316", "w", format="mpegts") as out:
+    # flush_packets: each frame leaves as it is muxed, as a camera sends it. Without it the
+    # last datagram of a frame waits in FFmpeg's 1316-byte buffer until the next frames fill
+    # it, and a small frame can reach the receiver (and its kernel stamp) a frame period late.
+    url = f"udp://127.0.0.1:{port}?pkt_size=1316"
+    with av.open(url, "w", format="mpegts", options={"flush_packets": "1"}) as out:
         stream = out.add_stream("libx264", rate=FPS)
         stream.width, stream.height = width, height
         stream.pix_fmt = "yuv420p"
