@@ -66,8 +66,10 @@ def column_topic(column: str) -> str:
     return COLUMN_TOPIC_PREFIX + column
 
 
+@functools.cache
 def protobuf_schema(message_class: type[ProtobufMessage]) -> tuple[str, bytes]:
-    """(schema name, FileDescriptorSet bytes) of a Foxglove message type."""
+    """(schema name, FileDescriptorSet bytes) of a Foxglove message type (built once per
+    process: every episode file carries the same)."""
     descriptors = build_file_descriptor_set(message_class)
     return message_class.DESCRIPTOR.full_name, descriptors.SerializeToString()
 
