@@ -19,7 +19,11 @@ from hypothesis import strategies as st
 from mcap.reader import make_reader
 
 from eva.capture.synthetic import write_synthetic_dataset
+from eva.dataset.errors import DatasetError
+from eva.dataset.mp4box import read_video_samples
+from eva.dataset.reader import DatasetReader
 from eva.formats.mcap import foxglove, frame_records, h264, records, wire
+from eva.formats.mcap.foxglove_export import CarriedVideo, EpisodeContent, write_foxglove_episode
 from eva.formats.mcap.frame_records import CameraUnits, JsonColumn
 from eva.formats.mcap.h264 import UnitBatch
 
@@ -208,3 +212,26 @@ def test_native_episodes_are_the_pure_python_episodes_byte_for_byte(tmp_path: Pa
             counts[channel.topic] = counts.get(channel.topic, 0) + 1
     for i in range(3):
         assert counts[foxglove.image_topic(f"observation.images.cam{i}")] == 70
+
+
+def test_a_damaged_sample_is_named_whichever_code_converts_it(tmp_path: Path) -> None:
+    """A NAL length running past its sample: the kernel leaves the wording to the reference, so
+    the one-line error is the same natively and under EVA_PUREPYTHON=1."""
+    raw = write_synthetic_dataset(tmp_path / "raw", episodes=1, frames=12, width=64, height=48)
+    reader = DatasetReader(raw)
+    key = reader.video_keys[0]
+    path = reader.video_path(0, key)
+    samples = read_video_samples(path)
+    damaged = bytearray(path.read_bytes())
+    at = int(samples.offsets[5])
+    damaged[at : at + 4] = b"\xff\xff\xff\xff"
+    path.write_bytes(bytes(damaged))
+    content = EpisodeContent(reader.read_table(0), reader.episode(0), reader.fps, reader.features)
+    with pytest.raises(DatasetError) as raised:
+        write_foxglove_episode(
+            tmp_path / "out.mcap", content, {key: CarriedVideo(path, samples)}, warn=None
+        )
+    assert str(raised.value) == (
+        f"out.mcap: {path}: sample 5: NAL unit of 4294967295 bytes at sample byte 0"
+    )
+    assert not (tmp_path / "out.mcap").exists()
