@@ -34,6 +34,7 @@ NATIVE_KERNELS = (
     "rgb",
     "msgpack_image",
     "float_repr",
+    "mcap_chunk",
 )
 
 
@@ -92,6 +93,9 @@ KERNEL_SWITCHES = (
     ("eva.dataset.rgb", "_native"),
     ("eva.dataset.msgpack_codec", "_native"),
     ("eva.formats.mcap.json_rows", "_native"),
+    ("eva.formats.mcap.records", "_native"),
+    ("eva.formats.mcap.h264", "_native"),
+    ("eva.formats.mcap.frame_records", "_native"),
 )
 
 

@@ -1,8 +1,9 @@
 """The foxglove profile's batch encoders against their one-message references and the official
 serializers: protobuf varints and CompressedVideo heads (``protobuf``), JSON rows
 (``json.dumps``), Annex B conversion of a window of samples (the per-sample walk), message
-records framed with numpy (``McapEpisodeWriter.add_message``, the ``mcap`` reader), and a whole
-episode written in batches against the same episode written message by message."""
+records framed with numpy (``PayloadFill``, against ``McapEpisodeWriter.add_message`` and the
+``mcap`` reader), and a whole episode written in batches against the same episode written
+message by message."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from eva.formats.mcap.foxglove_export import (
     json_columns,
     write_foxglove_episode,
 )
-from eva.formats.mcap.records import SpareBuffers, message_index_bytes, serialized
+from eva.formats.mcap.records import PayloadFill, SpareBuffers, message_index_bytes, serialized
 from eva.formats.mcap.writer import episode_file
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -168,7 +169,6 @@ def test_annexb_of_a_window_agrees_with_the_per_sample_walk(
     assert window == reference
 
 
-@pytest.mark.kernel_independent
 @settings(max_examples=60, deadline=None)
 @given(
     payloads=st.lists(
@@ -214,7 +214,7 @@ def test_batched_messages_are_the_single_messages_bytes(
     while first < count:
         last = min(count, first + 7)
         part = payloads[first:last]
-        writer.add_messages(
+        fill = PayloadFill(
             channels[first:last],
             np.arange(first, last),
             times[first:last],
@@ -222,6 +222,7 @@ def test_batched_messages_are_the_single_messages_bytes(
             [d for _, d, _ in part],
             wire.Ragged.of([t for _, _, t in part]),
         )
+        writer.add_records(channels[first:last], times[first:last], fill)
         first = last
     writer.finish()
     assert batched.getvalue() == one_by_one.getvalue()

@@ -66,8 +66,10 @@ def column_topic(column: str) -> str:
     return COLUMN_TOPIC_PREFIX + column
 
 
+@functools.cache
 def protobuf_schema(message_class: type[ProtobufMessage]) -> tuple[str, bytes]:
-    """(schema name, FileDescriptorSet bytes) of a Foxglove message type."""
+    """(schema name, FileDescriptorSet bytes) of a Foxglove message type (built once per
+    process: every episode file carries the same)."""
     descriptors = build_file_descriptor_set(message_class)
     return message_class.DESCRIPTOR.full_name, descriptors.SerializeToString()
 
@@ -206,14 +208,14 @@ def compressed_video_heads(
     stamp_head[:, 1] = stamp_size
     data_size = np.asarray(data_sizes, np.int64) + np.where(has_prefix, len(prefix), 0)
     has_data = data_size > 0  # proto3 leaves an empty bytes field out
-    frame_id_field = _string_field(CompressedVideo.FRAME_ID_FIELD_NUMBER, frame_id)
+    frame_id_bytes = frame_id_field(frame_id)
     data_tag = _tag(CompressedVideo.DATA_FIELD_NUMBER, 2)
     pieces = [wire.Padded(stamp_head, np.full(rows, 2, np.int64)), seconds_field, nanos_field]
     if has_data.all():  # every recorded frame: the frame id and the data's key in one piece
-        pieces.append(_varint_field_of(frame_id_field + data_tag, data_size, has_data))
+        pieces.append(_varint_field_of(frame_id_bytes + data_tag, data_size, has_data))
     else:
         pieces += [
-            wire.Padded.constant(frame_id_field, rows),
+            wire.Padded.constant(frame_id_bytes, rows),
             _varint_field_of(data_tag, data_size, has_data),
         ]
     if has_prefix.any():
@@ -232,6 +234,11 @@ def _varint_field_of(
     head = np.broadcast_to(np.frombuffer(key, np.uint8), (len(values), len(key)))
     matrix = np.hstack([head, value.matrix])
     return wire.Padded(matrix, np.where(present, len(key) + value.lengths, 0))
+
+
+def frame_id_field(frame_id: str) -> bytes:
+    """The encoded ``frame_id`` field of a camera's ``CompressedVideo`` (empty for "")."""
+    return _string_field(CompressedVideo.FRAME_ID_FIELD_NUMBER, frame_id)
 
 
 # The fields after the data in every frame's CompressedVideo: its format.

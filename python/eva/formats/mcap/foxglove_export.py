@@ -2,9 +2,9 @@
 
 A camera whose MP4 can be carried (H.264 without B-frames, ``eva.formats.mcap.h264``) goes in as
 its own access units, read in large windows and copied once into the chunk: no decode. When
-every camera is carried, the messages of all the frames a read window holds are built at once
-(``wire``, ``json_rows``, ``McapEpisodeWriter.add_messages``): a message costs a fraction of a
-microsecond of Python instead of tens (bench/README.md, ``bench_foxglove.py``). Any other camera
+every camera is carried, the records of all the frames a read window holds are written into the
+chunk at once (``frame_records``: a native kernel, or numpy under ``EVA_PUREPYTHON=1``; the
+JSON rows by ``json_rows``): no Python per message (bench/README.md, ``bench_foxglove.py``). Any other camera
 is decoded by the export's per-camera decode feeds (``CameraFeed``) and written as
 ``foxglove.RawImage`` rgb8, frame by frame. Either way the bytes are the same for the same
 messages. Messages are in log-time order: the metadata and quality log at the episode's start,
@@ -37,6 +37,7 @@ from eva.formats.mcap.export import (
     episode_table,
     result_current,
 )
+from eva.formats.mcap.frame_records import CameraUnits, JsonColumn, frame_fill
 from eva.formats.mcap.h264 import AccessUnitReader, access_units, carry_problem
 from eva.formats.mcap.json_rows import json_rows
 from eva.formats.mcap.records import Bytes
@@ -269,46 +270,27 @@ class _FrameWriter:
         columns: Mapping[int, wire.Ragged],
     ) -> None:
         """Every camera carried: the messages of as many frame indices as every camera's read
-        window holds at once, built and framed with numpy (``wire``, ``add_messages``)."""
+        window holds at once, written into the chunk by one record fill (``frame_records``)."""
         readers: dict[str, AccessUnitReader] = {}
         try:
             for key, video in cameras.items():
                 readers[key] = AccessUnitReader(video.path, video.samples, self.label)
-            column_rows = [series.to_list() for series in columns.values()]
+            json_columns = [JsonColumn(channel, rows) for channel, rows in columns.items()]
             slots = np.array([*columns, *(camera_ids[key] for key in cameras)], np.int64)
             if not len(slots):
                 return
-            # After the data: nothing for a column, the format for a camera (the same each frame).
-            tail_lengths = np.array(
-                [0] * len(column_rows) + [len(foxglove.COMPRESSED_VIDEO_TAIL)] * len(cameras)
-            )
-            tail_bytes = np.frombuffer(foxglove.COMPRESSED_VIDEO_TAIL * len(cameras), np.uint8)
             first = 0
             while first < self.rows:
                 last = min([r.batch_end(first) for r in readers.values()] + [self.rows])
-                batches = [reader.read(first, last) for reader in readers.values()]
-                count = last - first
+                units = [
+                    CameraUnits(camera_ids[key], key, reader.read(first, last))
+                    for key, reader in readers.items()
+                ]
                 times = self.time_array[first:last]
-                heads = [wire.Ragged.empty(count)] * len(column_rows) + [
-                    foxglove.compressed_video_heads(
-                        times, key, batch.sizes, batch.prefix, batch.prefixed
-                    )
-                    for key, batch in zip(cameras, batches, strict=True)
-                ]
-                # A column's JSON is copied as a message's data (by slice, not byte by byte).
-                columns_now = [rows[first:last] for rows in column_rows]
-                datas: list[Bytes] = [
-                    data
-                    for frame in zip(*columns_now, *(b.units for b in batches), strict=True)
-                    for data in frame
-                ]
-                self.writer.add_messages(
-                    np.tile(slots, count),
-                    np.repeat(np.arange(first, last), len(slots)),
+                self.writer.add_records(
+                    np.tile(slots, last - first),
                     np.repeat(times, len(slots)),
-                    wire.interleave(heads),
-                    datas,
-                    wire.Ragged(np.tile(tail_bytes, count), np.tile(tail_lengths, count)),
+                    frame_fill(json_columns, units, times, first),
                 )
                 first = last
         finally:

@@ -13,6 +13,9 @@ carrying its SPS/PPS, and no B-frames (its decoder does not reorder frames). So:
   a frame reaches the MCAP chunk with one copy; 1- and 2-byte lengths are rebuilt;
 - a keyframe without an SPS of its own gets ``avcC``'s SPS/PPS in front (eva's recorder repeats
   them in-band on every keyframe, so eva's own videos pass unchanged).
+
+The in-place conversion of a window runs in the native ``mcap_chunk`` kernel
+(``annexb_in_place_batch`` is its numpy reference, and words its errors).
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from eva._native import load
 from eva.dataset.errors import DatasetError
 from eva.dataset.mp4box import VideoSamples
 from eva.formats.mcap.records import Bytes, SpareBuffers
+
+_native = load("mcap_chunk")
 
 # Sample entries whose samples are H.264 NAL units framed by avcC's length size.
 H264_FOURCCS = (b"avc1", b"avc3")
@@ -162,16 +168,40 @@ def annexb_in_place_batch(window: np.ndarray, starts: np.ndarray, ends: np.ndarr
     return has_sps
 
 
+def annexb_window(window: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``annexb_in_place_batch``, by the native kernel unless ``EVA_PUREPYTHON=1``; a window
+    whose lengths do not add up is left to the reference (after the kernel: the caller reads
+    the window again), which words the error."""
+    if _native is None:
+        return annexb_in_place_batch(window, starts, ends)
+    has_sps = np.empty(len(starts), np.uint8)
+    if _native.annexb_in_place(window, starts, ends, has_sps) >= 0:
+        raise _Damaged
+    return has_sps.view(bool)
+
+
+class _Damaged(Exception):
+    """The native conversion found a sample whose NAL lengths do not add up."""
+
+
 @dataclass(frozen=True)
 class UnitBatch:
     """Consecutive samples of a track as Annex B access units: frame *i*'s data is
-    ``prefix`` (``avcC``'s SPS/PPS) where ``prefixed[i]``, then ``units[i]`` (a view of the
-    reader's window, valid until its next ``read``)."""
+    ``prefix`` (``avcC``'s SPS/PPS) where ``prefixed[i]``, then unit *i*, ``data[starts[i] :
+    starts[i] + sizes[i]]`` (``data``: the reader's window, valid until its next ``read``)."""
 
-    units: list[Bytes]
+    data: np.ndarray  # uint8
+    starts: np.ndarray  # int64
     sizes: np.ndarray  # int64 bytes of each unit (without the prefix)
     prefixed: np.ndarray  # bool: a keyframe without an SPS of its own
     prefix: bytes
+
+    @property
+    def units(self) -> list[Bytes]:
+        """Each unit, as a view of ``data``."""
+        view = self.data.data
+        ends = (self.starts + self.sizes).tolist()
+        return [view[a:b] for a, b in zip(self.starts.tolist(), ends, strict=True)]
 
 
 class AccessUnitReader:
@@ -206,6 +236,31 @@ class AccessUnitReader:
 
     def read(self, first: int, last: int) -> UnitBatch:
         """Samples ``first`` to ``last - 1`` (together at most the window, or a single one)."""
+        starts = self._read_window(first, last)
+        sizes = self.samples.sizes[first:last].astype(np.int64)
+        ends = starts + sizes
+        window = np.frombuffer(self.window, np.uint8)
+        try:
+            if self.config.length_size != 4:
+                data, starts, sizes, has_sps = self._copies(memoryview(self.window), starts, ends)
+            else:
+                data = window
+                try:
+                    has_sps = annexb_window(window, starts, ends)
+                except _Damaged:
+                    self._read_window(first, last)
+                    annexb_in_place_batch(window, starts, ends)  # raises, naming the sample
+                    raise AssertionError("the kernel and its reference disagree") from None
+        except ValueError as e:
+            index, why = e.args
+            raise DatasetError(
+                f"{self.label}: {self.path}: sample {first + index}: {why}"
+            ) from None
+        prefixed = self.samples.keyframes[first:last] & ~has_sps
+        return UnitBatch(data, starts, sizes, prefixed, self.config.parameter_sets)
+
+    def _read_window(self, first: int, last: int) -> np.ndarray:
+        """Samples ``first`` to ``last - 1`` into the window; where each starts there."""
         offsets = self.samples.offsets[first:last].astype(np.int64)
         sizes = self.samples.sizes[first:last].astype(np.int64)
         view = memoryview(self.window)
@@ -221,27 +276,14 @@ class AccessUnitReader:
                 raise DatasetError(f"{self.label}: {self.path}: ends inside sample {first + b - 1}")
             starts[a:b] = at + offsets[a:b] - offsets[a]
             at += span
-        ends = starts + sizes
-        try:
-            if self.config.length_size == 4:
-                has_sps = annexb_in_place_batch(np.frombuffer(self.window, np.uint8), starts, ends)
-                bounds = zip(starts.tolist(), ends.tolist(), strict=True)
-                units: list[Bytes] = [view[a:b] for a, b in bounds]
-            else:
-                units, has_sps = self._copies(view, starts, ends)
-                sizes = np.fromiter(map(len, units), np.int64, len(units))
-        except ValueError as e:
-            index, why = e.args
-            raise DatasetError(
-                f"{self.label}: {self.path}: sample {first + index}: {why}"
-            ) from None
-        prefixed = self.samples.keyframes[first:last] & ~has_sps
-        return UnitBatch(units, sizes, prefixed, self.config.parameter_sets)
+        return starts
 
     def _copies(
         self, view: memoryview, starts: np.ndarray, ends: np.ndarray
-    ) -> tuple[list[Bytes], np.ndarray]:
-        units: list[Bytes] = []
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The samples with 1- or 2-byte lengths rebuilt as Annex B: (their bytes back to back,
+        each unit's start and size there, whether each holds an SPS)."""
+        units: list[bytes] = []
         has_sps = np.zeros(len(starts), bool)
         for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
             try:
@@ -249,7 +291,9 @@ class AccessUnitReader:
             except ValueError as e:
                 raise ValueError(i, str(e)) from None
             units.append(unit)
-        return units, has_sps
+        sizes = np.fromiter(map(len, units), np.int64, len(units))
+        unit_starts = np.cumsum(sizes) - sizes
+        return np.frombuffer(b"".join(units), np.uint8), unit_starts, sizes, has_sps
 
 
 def access_units(path: Path, samples: VideoSamples, label: str) -> Iterator[list[Bytes]]:

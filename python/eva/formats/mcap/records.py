@@ -9,18 +9,35 @@ copied more often than the file needs:
   again: ``payload_view`` hands out the view, and ``write`` of that same view only advances.
 - ``StreamRecords`` collects records for a stream and keeps large payloads (a chunk's data) by
   reference, so a chunk reaches the file without passing through a ``BytesIO``.
+
+Many messages are framed at once by a *record fill* (``RecordFill``): a callable that writes
+message records straight into the chunk buffer while the chunk takes them
+(``McapEpisodeWriter.add_records``). ``PayloadFill`` is the numpy one, over given payload parts;
+the foxglove profile's frames have a native one (``eva.formats.mcap.frame_records``).
+
+``crc32`` is zlib's, by the native ``mcap_chunk`` kernel's carry-less multiply folding where the
+CPU has it (about twice zlib's speed on a chunk; bench/README.md, ``bench_foxglove.py``).
 """
 
 from __future__ import annotations
 
 import struct
 import threading
-from typing import IO
+import zlib
+from collections.abc import Sequence
+from typing import IO, Protocol
 
 import numpy as np
 from mcap.data_stream import RecordBuilder
 from mcap.opcode import Opcode
 from mcap.records import McapRecord, Message
+
+from eva._native import load
+from eva.formats.mcap.wire import Ragged, spans
+
+_native = load("mcap_chunk")
+# On a CPU without the folding instructions the kernel's table walk is slower than zlib's.
+_native_crc = _native is not None and _native.crc32_folds()
 
 # Record framing of the spec: opcode u8, then the record's length u64.
 _PREFIX = struct.Struct("<BQ")
@@ -32,6 +49,14 @@ _U32 = struct.Struct("<I")
 LARGE_PAYLOAD = 64 * 1024
 
 Bytes = bytes | bytearray | memoryview
+
+
+def crc32(data: Bytes, value: int = 0) -> int:
+    """``zlib.crc32(data, value)`` (the reference), natively where that is faster."""
+    if _native_crc:
+        assert _native is not None
+        return int(_native.crc32(data, value))
+    return zlib.crc32(data, value)
 
 
 def serialized(record: McapRecord) -> bytes:
@@ -69,6 +94,85 @@ def message_index_bytes(channel_id: int, pairs: np.ndarray) -> bytes:
         Opcode.MESSAGE_INDEX, 6 + len(entries), channel_id, len(entries)
     )
     return head + entries
+
+
+class RecordFill(Protocol):
+    """Writes message records ``first``, ``first + 1``, ... of a batch into ``buffer`` at
+    ``used`` while the chunk takes them (a record goes in when the chunk is empty and the buffer
+    holds it, or when ``used`` + its size <= ``chunk_size``; none after the one that brings
+    ``used`` to ``chunk_size``), each record's offset into ``offsets[m]``. Returns (the first
+    message not written, ``used`` after them, the size of the record that did not fit or 0)."""
+
+    def __call__(
+        self, buffer: bytearray, used: int, chunk_size: int, first: int, offsets: np.ndarray, /
+    ) -> tuple[int, int, int]: ...
+
+
+class PayloadFill:
+    """A ``RecordFill`` of messages (publish time = log time) whose payload *i* is row *i* of
+    ``heads``, ``datas[i]`` and row *i* of ``tails``, framed with numpy for as many records as
+    the chunk takes at once; each data is copied once, straight into the chunk buffer."""
+
+    def __init__(
+        self,
+        channel_ids: np.ndarray,
+        sequences: np.ndarray,
+        log_times: np.ndarray,
+        heads: Ragged,
+        datas: Sequence[Bytes],
+        tails: Ragged,
+    ) -> None:
+        self.channel_ids, self.sequences, self.log_times = channel_ids, sequences, log_times
+        self.heads, self.datas, self.tails = heads, datas, tails
+        self.data_sizes = np.fromiter(map(len, datas), np.int64, len(datas))
+        self.records = MESSAGE_OVERHEAD + heads.lengths + self.data_sizes + tails.lengths
+        self.head_starts, self.tail_starts = heads.starts, tails.starts
+
+    def __call__(
+        self, buffer: bytearray, used: int, chunk_size: int, first: int, offsets: np.ndarray
+    ) -> tuple[int, int, int]:
+        count = len(self.records)
+        if first >= count:
+            return first, used, 0
+        reach = used + np.cumsum(self.records[first:])
+        fit = int(np.searchsorted(reach, chunk_size, side="right"))
+        if fit == 0 and (used or int(reach[0]) > len(buffer)):
+            return first, used, int(self.records[first])
+        last = first + max(fit, 1)  # a record larger than a chunk goes alone
+        sizes = self.records[first:last]
+        at = np.concatenate([[used], used + np.cumsum(sizes[:-1])])
+        header = np.zeros(last - first, MESSAGE_HEADER)
+        header["opcode"] = Opcode.MESSAGE
+        header["length"] = sizes - 9  # the record's bytes after its opcode and length
+        header["channel"] = self.channel_ids[first:last]
+        header["sequence"] = self.sequences[first:last]
+        header["log_time"] = header["publish_time"] = self.log_times[first:last]
+        buf = np.frombuffer(buffer, np.uint8)
+        buf[spans(at, np.full(last - first, MESSAGE_OVERHEAD))] = header.view(np.uint8)
+        head_at = at + MESSAGE_OVERHEAD
+        _scatter(buf, head_at, self.heads, self.head_starts, first, last)
+        data_at = head_at + self.heads.lengths[first:last]
+        data_sizes = self.data_sizes
+        for i in np.flatnonzero(data_sizes[first:last]).tolist():
+            start = int(data_at[i])
+            buffer[start : start + int(data_sizes[first + i])] = self.datas[first + i]
+        _scatter(buf, data_at + data_sizes[first:last], self.tails, self.tail_starts, first, last)
+        del buf
+        offsets[first:last] = at
+        used = int(at[-1] + sizes[-1])
+        needed = int(self.records[last]) if last < count and used < chunk_size else 0
+        return last, used, needed
+
+
+def _scatter(
+    buf: np.ndarray, at: np.ndarray, rows: Ragged, starts: np.ndarray, first: int, last: int
+) -> None:
+    """Rows ``first`` to ``last - 1`` of ``rows`` (row starts ``starts``) into ``buf`` at ``at``."""
+    lengths = rows.lengths[first:last]
+    begin = int(starts[first])
+    end = int(starts[last - 1] + lengths[-1])
+    if end > begin:
+        buf[spans(at, lengths)] = rows.flat[begin:end]
 
 
 class ChunkBuffer(RecordBuilder):

@@ -29,7 +29,6 @@ Defaults (``McapOptions``, ``eva.formats.options``): ``compression = "none"``,
 from __future__ import annotations
 
 import contextlib
-import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,16 +56,16 @@ from eva.dataset.errors import naming_write_errors
 from eva.dataset.msgpack_codec import encode_ndarray_into, encoded_ndarray_size
 from eva.formats.mcap.layout import LIBRARY, PROFILE
 from eva.formats.mcap.records import (
-    MESSAGE_HEADER,
     MESSAGE_OVERHEAD,
     Bytes,
     ChunkBuffer,
+    RecordFill,
     StreamRecords,
+    crc32,
     message_index_bytes,
     serialized,
     spare_buffers,
 )
-from eva.formats.mcap.wire import Ragged, spans
 from eva.formats.options import McapOptions
 
 # Stated once, in the export's options (the writer also serves callers that pass no options).
@@ -92,19 +91,14 @@ class _ChunkState:
 
     def index_entries(self) -> Iterator[tuple[int, np.ndarray]]:
         """(channel id, its (log_time, offset) pairs in write order) by channel id."""
-        channels = set(self.index)
-        for batch_channels, _, _ in self.batches:
-            channels.update(np.unique(batch_channels).tolist())
-        for channel_id in sorted(channels):
-            parts = [np.array(self.index.get(channel_id, []), np.int64).reshape(-1, 2)]
-            for batch_channels, times, offsets in self.batches:
-                mine = batch_channels == channel_id
-                parts.append(np.stack([times[mine], offsets[mine]], axis=1))
-            pairs = np.concatenate(parts)
-            if len(parts) > 2 or self.index.get(channel_id):
-                # Offsets grow with the order of writing.
-                pairs = pairs[np.argsort(pairs[:, 1], kind="stable")]
-            yield channel_id, pairs
+        singles = [(c, t, o) for c, pairs in self.index.items() for t, o in pairs]
+        parts = [np.array(singles, np.int64).reshape(-1, 3)]
+        parts += [np.stack([c, t, o], axis=1) for c, t, o in self.batches]
+        entries = np.concatenate(parts)
+        # by channel, then offset (the order of writing)
+        entries = entries[np.lexsort((entries[:, 2], entries[:, 0]))]
+        channels, firsts = np.unique(entries[:, 0], return_index=True)
+        yield from zip(channels.tolist(), np.split(entries[:, 1:], firsts[1:]), strict=True)
 
 
 class McapEpisodeWriter:
@@ -310,56 +304,28 @@ class McapEpisodeWriter:
             ).write(self._records)
         self._account(channel_id, log_time, offset)
 
-    def add_messages(
-        self,
-        channel_ids: np.ndarray,
-        sequences: np.ndarray,
-        log_times: np.ndarray,
-        heads: Ragged,
-        datas: Sequence[Bytes],
-        tails: Ragged,
-    ) -> None:
-        """Append ``len(channel_ids)`` messages in order (publish time = log time): message
-        *i*'s payload is row *i* of ``heads``, ``datas[i]`` and row *i* of ``tails``. The
-        records are framed for a whole chunk's share of the batch at once, with numpy; each
-        data is copied once, straight into the chunk buffer. Chunks fill and flush as they do
-        with ``add_message``."""
+    def add_records(self, channel_ids: np.ndarray, log_times: np.ndarray, fill: RecordFill) -> None:
+        """Append ``len(channel_ids)`` message records (of these channels and log times, in
+        order) that ``fill`` writes straight into the chunk buffer, a chunk's share at a time."""
         count = len(channel_ids)
-        data_sizes = np.fromiter(map(len, datas), np.int64, count)
-        records = MESSAGE_OVERHEAD + heads.lengths + data_sizes + tails.lengths
-        head_starts, tail_starts = heads.starts, tails.starts
+        offsets = np.empty(count, np.int64)
         first = 0
         while first < count:
-            used = self._records.used
-            reach = used + np.cumsum(records[first:])
-            fit = int(np.searchsorted(reach, self._chunk_size, side="right"))
-            if fit == 0 and used:
-                self._flush_chunk()
-                continue
-            last = first + max(fit, 1)  # a record larger than a chunk goes alone
-            self._reserve(int(reach[last - first - 1]) - used)
-            sizes = records[first:last]
-            offsets = np.concatenate([[used], used + np.cumsum(sizes[:-1])])
-            header = np.zeros(last - first, MESSAGE_HEADER)
-            header["opcode"] = Opcode.MESSAGE
-            header["length"] = sizes - 9  # the record's bytes after its opcode and length
-            header["channel"] = channel_ids[first:last]
-            header["sequence"] = sequences[first:last]
-            header["log_time"] = header["publish_time"] = log_times[first:last]
-            buf = np.frombuffer(self._records.buffer, np.uint8)
-            buf[spans(offsets, np.full(last - first, MESSAGE_OVERHEAD))] = header.view(np.uint8)
-            head_at = offsets + MESSAGE_OVERHEAD
-            _scatter(buf, head_at, heads, head_starts, first, last)
-            data_at = head_at + heads.lengths[first:last]
-            buffer = self._records.buffer
-            for i in np.flatnonzero(data_sizes[first:last]).tolist():
-                at = int(data_at[i])
-                buffer[at : at + int(data_sizes[first + i])] = datas[first + i]
-            _scatter(buf, data_at + data_sizes[first:last], tails, tail_starts, first, last)
-            del buf
-            self._records.used = int(offsets[-1] + sizes[-1])
-            self._account_batch(channel_ids[first:last], log_times[first:last], offsets)
-            first = last
+            records = self._records
+            done, used, needed = fill(
+                records.buffer, records.used, self._chunk_size, first, offsets
+            )
+            if done > first:
+                records.used = used
+                self._account_batch(
+                    channel_ids[first:done], log_times[first:done], offsets[first:done]
+                )
+                first = done
+            if first < count and needed:
+                if self._records.used:
+                    self._flush_chunk()  # the next record starts the next chunk
+                else:
+                    self._reserve(needed)  # a record larger than the buffer: a larger buffer
 
     def _account_batch(
         self, channels: np.ndarray, log_times: np.ndarray, offsets: np.ndarray
@@ -414,7 +380,7 @@ class McapEpisodeWriter:
     def _write_chunk(self, buf: bytearray, chunk: _ChunkState) -> None:
         out = self._chunk_out
         with memoryview(buf)[: chunk.used] as records:
-            crc = zlib.crc32(records) if self._crc else 0
+            crc = crc32(records) if self._crc else 0
             if self._compressor is None:
                 data: bytes | memoryview = records
                 compression = ""
@@ -503,7 +469,7 @@ class McapEpisodeWriter:
         summary_bytes = summary.end()
         # The summary CRC covers the summary and the footer up to (not including) the CRC field.
         footer_head = serialized(Footer(summary_start, summary_offset_start, 0))[:-4]
-        summary_crc = zlib.crc32(footer_head, zlib.crc32(summary_bytes))
+        summary_crc = crc32(footer_head, crc32(summary_bytes))
         self._stream.write(summary_bytes)
         self._pos += len(summary_bytes)
         self._emit(Footer(summary_start, summary_offset_start, summary_crc))
@@ -571,14 +537,3 @@ def _make_compressor(compression: str) -> Any:
     import lz4.frame
 
     return lz4.frame.compress
-
-
-def _scatter(
-    buf: np.ndarray, at: np.ndarray, rows: Ragged, starts: np.ndarray, first: int, last: int
-) -> None:
-    """Rows ``first`` to ``last - 1`` of ``rows`` (row starts ``starts``) into ``buf`` at ``at``."""
-    lengths = rows.lengths[first:last]
-    begin = int(starts[first])
-    end = int(starts[last - 1] + lengths[-1])
-    if end > begin:
-        buf[spans(at, lengths)] = rows.flat[begin:end]
