@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -223,6 +224,52 @@ def test_a_killed_worker_fails_a_v3_export_naming_the_episodes_of_its_file(
         r"accepted episodes \d+-\d+ \((data|videos)/",
         message,
     ), message
+    assert not multiprocessing.active_children()
+
+
+def kill_the_idle_worker_holding_the_task_queue() -> int:
+    """The idle pool worker blocked reading the task queue (it holds the queue's read lock; its
+    siblings wait for the lock), killed; any worker if none is seen there within 5 s."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for worker in multiprocessing.active_children():
+            pid = worker.pid or 0
+            with contextlib.suppress(OSError):
+                if "pipe" in Path(f"/proc/{pid}/wchan").read_text(encoding="ascii"):
+                    os.kill(pid, signal.SIGKILL)
+                    return pid
+        time.sleep(0.01)
+    return kill_a_pool_worker()
+
+
+def test_a_worker_killed_after_the_last_task_does_not_hang_the_export(tmp_path: Path) -> None:
+    # Every result is in when a worker is killed: the export has all it needs and completes
+    # (the pool's graceful shutdown used to wait forever for the dead worker's lock).
+    source = _synthetic_source(tmp_path)
+    killed: list[int] = []
+
+    def kill_after_the_last(progress: Progress, _job: Any) -> None:
+        total = progress.total_episodes
+        if total is not None and progress.episodes >= total and not killed:
+            killed.append(kill_the_idle_worker_holding_the_task_queue())
+
+    outcome: list[object] = []
+
+    def export() -> None:
+        try:
+            outcome.append(
+                export_dataset(
+                    source, "mcap", executor="processes", workers=2, on_progress=kill_after_the_last
+                ).job.state
+            )
+        except BaseException as error:  # reported below, not lost in the thread
+            outcome.append(error)
+
+    runner = threading.Thread(target=export, daemon=True)
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive(), "the export hung after a worker was killed"
+    assert killed and outcome == ["completed"], outcome
     assert not multiprocessing.active_children()
 
 

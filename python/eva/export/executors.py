@@ -204,7 +204,11 @@ class ProcessRun:
         except BaseException:
             self.stop()
             raise
-        self.pool.shutdown()
+        # Every result is in: stop the idle workers rather than send them the shutdown
+        # sentinel. An idle worker waits for its next task holding the task queue's read lock;
+        # one killed there (kill -9, the OOM killer) after the last task never releases it, and
+        # a graceful shutdown would then wait forever for its siblings to read their sentinels.
+        self.stop()
         return [results[number] for number in range(len(self.tasks))]
 
     def outcome(self, future: Future[EpisodeResult | TaskFailure], number: int) -> EpisodeResult:
@@ -218,9 +222,10 @@ class ProcessRun:
         raise task_error(outcome, self.tasks[number])
 
     def stop(self) -> None:
-        """Stop every worker now (the tasks they are writing are abandoned) and wait for them."""
+        """Stop every worker now (the tasks they are writing, if any, are abandoned) and wait
+        for them."""
         for pid in self.pids[:]:
-            if pid > 0:
+            if pid > 0 and is_child(pid):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGTERM)
         # One shutdown that waits: it joins the workers (a first one that does not wait would
@@ -242,6 +247,18 @@ class ProcessRun:
         return DatasetError(
             f"export worker process died (killed, or out of memory){where}; nothing was published"
         )
+
+
+def is_child(pid: int) -> bool:
+    """Whether ``pid`` is still a process of ours: a worker that died may have been reaped by
+    the pool already, and its number given to another process, which must not be signalled."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no /proc to ask: the pool's own pid
+    return int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()
 
 
 # ---- in the worker process ------------------------------------------------------------------
