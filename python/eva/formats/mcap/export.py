@@ -34,6 +34,7 @@ from eva.formats.mcap.layout import (
     frame_period_ns,
     image_topic,
 )
+from eva.formats.mcap.renumber import renumber_episode
 from eva.formats.mcap.writer import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_COMPRESSION,
@@ -382,6 +383,7 @@ EPISODES = EpisodeFormat(
     subset_info=subset_info,
     subset_warnings=decoded_camera_warnings,
     pool_from_cores=4,
+    renumber=renumber_episode,
 )
 write_subset = EPISODES.write_subset
 
