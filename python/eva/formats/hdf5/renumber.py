@@ -21,6 +21,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+import pyarrow as pa
 
 from eva.dataset.columns import column_values
 from eva.dataset.reader import DatasetReader
@@ -34,10 +35,8 @@ class NotPatchable(Exception):
     """The published file cannot be patched to the new numbering (the episode is written)."""
 
 
-def _columns(reader: DatasetReader, task: EpisodeTask) -> dict[str, Any]:
-    table = reader.read_table(task.source_index)
-    if table.num_rows != task.length:
-        raise NotPatchable("rows")
+def _columns(table: pa.Table, task: EpisodeTask) -> dict[str, Any]:
+    """The ``columns`` group's values of ``task`` from its source ``table``."""
     table = rewrite_index_columns(table, task.index, task.index_offset, dict(task.task_remap))
     return {name: column_values(table.column(name)) for name in table.column_names}
 
@@ -94,10 +93,13 @@ def renumber_episode(
     otherwise): copied into the staging directory and patched; None when it cannot be."""
     from eva.formats.hdf5.writer import episode_metadata
 
+    table = reader.read_table(task.source_index)
+    if table.num_rows != task.length:
+        return None
     try:
         with h5py.File(published, "r") as h5:
             patches = [
-                *_group_patches(h5["columns"], _columns(reader, previous), _columns(reader, task)),
+                *_group_patches(h5["columns"], _columns(table, previous), _columns(table, task)),
                 *_group_patches(
                     h5["metadata"],
                     episode_metadata(reader, previous),

@@ -280,11 +280,14 @@ def foxglove_session_class() -> type[McapEpisodeSession]:
 
 def episode_table(reader: DatasetReader, task: EpisodeTask) -> pa.Table:
     """The task's source table with its index columns renumbered for the subset."""
+    return renumbered_table(reader.read_table(task.source_index), task)
+
+
+def renumbered_table(table: pa.Table, task: EpisodeTask) -> pa.Table:
+    """``table`` (the task's source rows) with its index columns numbered as ``task`` says."""
     from eva.dataset.subset import rewrite_index_columns
 
-    return rewrite_index_columns(
-        reader.read_table(task.source_index), task.index, task.index_offset, dict(task.task_remap)
-    )
+    return rewrite_index_columns(table, task.index, task.index_offset, dict(task.task_remap))
 
 
 def decode_buffers(

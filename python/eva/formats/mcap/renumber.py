@@ -108,18 +108,18 @@ def renumber_episode(
 ) -> EpisodeResult | None:
     """``task``'s file, from ``published`` (``previous``'s file, the same episode numbered
     otherwise): copied into the staging directory and patched; None when it cannot be."""
-    from eva.formats.mcap.export import episode_payload, episode_table, result_current
+    from eva.formats.mcap.export import episode_payload, renumbered_table, result_current
 
     opts = task.options.format_options(McapOptions)
     if opts.profile == FOXGLOVE_PROFILE or opts.compression != "none":
         return None
     images = [k for k, f in reader.features.items() if f.get("dtype") == "image"]
-    tables = [episode_table(reader, t) for t in (previous, task)]
-    if any(table.num_rows != task.length for table in tables):
+    table = reader.read_table(task.source_index)
+    if table.num_rows != task.length:
         return None
     old, new = (
-        episode_payload(table, t.row, reader.fps, images)
-        for table, t in zip(tables, (previous, task), strict=True)
+        episode_payload(renumbered_table(table, t), t.row, reader.fps, images)
+        for t in (previous, task)
     )
     if len(old) != len(new):
         return None
