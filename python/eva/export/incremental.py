@@ -11,11 +11,16 @@ histograms), so that a reused task reports exactly what a rewritten one would.
 ``eva export --incremental`` (``export_dataset(incremental=True)``) reads the published record
 under the export lock. An episode whose fingerprint matches, at the same output path, and whose
 published file still has the identity recorded, is hard-linked from the published pair into the
-new staging directory (a reflink, then a copy, where a hard link cannot be made); every other
-episode is a task for the executor. The subsets' common metadata is always rewritten. The staged
-pair is then published exactly as a full export's, so the result is byte-identical to one.
+new staging directory (a reflink, then a copy, where a hard link cannot be made). An episode
+whose *content* fingerprint matches a published one but whose numbering moved (a verdict change
+earlier renumbers every later episode of both subsets) is copied from the published file and
+patched by its format's ``EpisodeFormat.renumber`` (``EpisodePlan.renumber``; what is patched,
+and checked first: ``eva.formats._renumber``), when the format can; every other episode is a
+task for the executor. The subsets' common metadata is always rewritten. The staged pair is
+then published exactly as a full export's, so the result is byte-identical to one.
 
-The fingerprint (SHA-256 over canonical JSON) covers:
+The fingerprint (SHA-256 over canonical JSON; an episode's is its content's, ``episode_content``,
+with its path and ``episode_numbering``: output index, index offset, task remap) covers:
 
 - eva's version and this record's version (an upgrade rewrites everything);
 - the format and its options (``ExportOptions`` without ``durable``);

@@ -402,8 +402,9 @@ def export_dataset(
     the free cores; ``eva.export.executors``) or ``ray`` (actors on the Ray cluster at
     ``ray_address``, else ``RAY_ADDRESS``, else a local one; ``eva.export.ray_run``). The
     output is the same either way. ``incremental``: the tasks whose fingerprint matches the
-    published pair's are linked from it instead of written again (``eva.export.incremental``);
-    the job counts their episodes (``episodes_reused``).
+    published pair's are linked from it instead of written again, and the hdf5/mcap episodes
+    only renumbered since are copied from it and patched (``eva.export.incremental``); the job
+    counts them (``episodes_reused``, ``episodes_renumbered``).
 
     Raises ``DatasetError`` (bad source, busy lock, unavailable format) or the writer's error;
     in every failure case the previously published pair is left as it was.
