@@ -62,6 +62,23 @@ def test_a_middle_verdict_change_gives_a_full_exports_bytes(tmp_path: Path, conf
 
 
 @pytest.mark.parametrize("fmt", RENUMBERING)
+def test_an_episode_changing_subset_at_the_same_index_is_written(tmp_path: Path, fmt: str) -> None:
+    source = _synthetic_source(tmp_path)
+    export_dataset(source, fmt)
+    root = layout.export_root(source, fmt)
+    # source episode 0, rejected 0, becomes accepted 0: the same index, offset and path in
+    # the other subset, written; sources 2, 3 move to accepted 1, 2 and 1, 4 to rejected 0, 1
+    _set_verdict(source, 0, "fail")
+    export_dataset(source, fmt)
+    _set_verdict(source, 0, "pass")
+    result = export_dataset(source, fmt, incremental=True)
+    tree = export_manifest(root)
+    assert _counts(result) == (0, 4, 1)
+    export_dataset(source, fmt)
+    assert export_manifest(root) == tree
+
+
+@pytest.mark.parametrize("fmt", RENUMBERING)
 def test_renumbered_files_are_new_files_and_the_published_ones_are_untouched(
     tmp_path: Path, fmt: str
 ) -> None:
