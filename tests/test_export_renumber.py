@@ -121,14 +121,27 @@ def test_compressed_files_and_other_options_are_written_not_patched(
     assert _counts(result) == ((1, 0, 4) if compressed else (0, 0, 5))
 
 
-def test_a_version_1_record_rewrites_everything(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "tampering", ["an older record version", "a path out of the subset", "a bad task remap"]
+)
+def test_a_record_that_does_not_say_how_a_file_was_numbered_is_not_followed(
+    tmp_path: Path, tampering: str
+) -> None:
     source = _synthetic_source(tmp_path)
     export_dataset(source, "hdf5")
     record = layout.export_root(source, "hdf5") / FINGERPRINTS
     data = json.loads(record.read_text(encoding="utf-8"))
-    record.write_text(json.dumps({**data, "version": 1}), encoding="utf-8")
+    episodes = data["episodes"]
+    key = "accepted/data/chunk-000/episode_000001.hdf5"  # source episode 2, renumbered next
+    if tampering == "an older record version":
+        data["version"] = 1  # a version-1 record (before renumbering) reuses nothing
+    elif tampering == "a path out of the subset":
+        episodes["accepted/../accepted/" + key.partition("/")[2]] = episodes.pop(key)
+    else:
+        episodes[key]["numbering"]["task_remap"] = [[None, 0]]
+    record.write_text(json.dumps(data), encoding="utf-8")
     result, _ = _middle_change(source, "hdf5")
-    assert _counts(result) == (0, 0, 5)
+    assert _counts(result) == ((0, 0, 5) if tampering == "an older record version" else (1, 2, 2))
 
 
 def _overwrite_keeping_identity(path: Path, offset: int, data: bytes) -> None:

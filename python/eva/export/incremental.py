@@ -50,7 +50,7 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from eva import __version__
@@ -219,7 +219,7 @@ def write_fingerprints(staging: Path, entries: Mapping[str, dict[str, Any]]) -> 
 def published_intact(root: Path, key: str, entry: Mapping[str, Any], files: Sequence[str]) -> bool:
     """Whether the published files ``files`` of the record ``key`` (``<subset>/<path>``) are
     the ones recorded: same set, each with its recorded identity (not replaced or touched)."""
-    subset, first = key.split("/", 1)
+    subset, _, first = key.partition("/")
     recorded = {first: entry.get("file"), **(entry.get("other_files") or {})}
     if set(recorded) != set(files):
         return False
@@ -247,10 +247,17 @@ def previous_task(task: EpisodeTask, key: str, entry: Mapping[str, Any]) -> Epis
     """``task`` as the published record ``key`` numbered it (the same content): its index,
     row index, index offset, task remap and path. ``ValueError`` for a record that does not
     say so."""
-    subset, path = key.split("/", 1)
+    subset, _, path = key.partition("/")
     numbering = entry.get("numbering")
-    if subset != task.subset or not isinstance(numbering, dict):
-        raise ValueError(f"{key}: no numbering")
+    parts = PurePosixPath(path).parts
+    if (
+        subset != task.subset
+        or not isinstance(numbering, dict)
+        or not parts
+        or path.startswith("/")
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise ValueError(f"{key}: no numbering, or not a file of the subset")
     index, offset = numbering.get("index"), numbering.get("index_offset")
     remap = numbering.get("task_remap")
     if not isinstance(index, int) or not isinstance(offset, int) or not isinstance(remap, list):
@@ -343,7 +350,7 @@ class EpisodePlan:
             if (
                 old_key is not None
                 and not task.other_files
-                and published_intact(root, old_key, published[old_key], [old_key.split("/", 1)[1]])
+                and published_intact(root, old_key, published[old_key], [old_key.partition("/")[2]])
             ):
                 plan.renumbered[number] = (old_key, published[old_key])
             else:
@@ -368,8 +375,8 @@ class EpisodePlan:
             key, entry = self.renumbered[number]
             try:
                 previous = previous_task(task, key, entry)
-            except ValueError:
-                return None
+            except (ValueError, TypeError):
+                return None  # a record that does not say how the file was numbered
             return renumber(reader, task, previous, Path(root) / key)
 
         numbers = sorted(self.renumbered)

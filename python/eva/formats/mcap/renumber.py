@@ -70,7 +70,8 @@ def _first_chunk(fd: int) -> tuple[int, int, int, int]:
         raise ValueError("compressed chunk")
     records_at = compression_at + _U32.size + _U64.size
     (records_size,) = _U64.unpack(os.pread(fd, _U64.size, records_at - _U64.size))
-    if records_size != size or records_at + records_size > body + length:
+    end = records_at + records_size
+    if records_size != size or end > body + length or end > os.fstat(fd).st_size:
         raise ValueError("chunk sizes")
     return body + _CHUNK_HEAD.size - _U32.size, crc, records_at, records_size
 
