@@ -8,10 +8,13 @@ Rows (``bench/README.md``, "Scale", has the model of how these times scale):
   and on a Ray cluster of this machine (a head started once, as ``ray start`` would, with one CPU
   per free core; its start-up is not counted), against the serial executor; the note has the
   core count and the per-episode time the model uses;
-* ``<fmt> incremental, last verdict changed`` / ``middle verdict changed``: on a synthetic
-  dataset of 40 episodes (``INCREMENTAL``; either mode), one episode's verdict changed and
-  ``--incremental`` against a full export of the changed source: time and episode files written
-  (the last episode moves no other; the middle one renumbers the later half of both subsets);
+* ``<fmt> incremental, nothing changed`` / ``last verdict changed`` / ``middle verdict
+  changed``: on a synthetic dataset of 40 episodes (``INCREMENTAL``; either mode), nothing or
+  one episode's verdict changed and ``--incremental`` against a full export of the changed
+  source (alternated, best of ``REPEATS``): time, episodes rewritten, renumbered (copied from
+  the published pair and patched) and linked, and episode files written (the last episode moves
+  no other; the middle one renumbers the later half of both subsets); the note has the model's
+  t (a full export's time per episode) and c (per renumbered episode, from the same run);
 * ``ray fixed overhead, 1 episode``: a 1-episode hdf5 export on the running cluster, and with a
   local Ray started for the export (``--executor ray`` without an address), against serial;
 * ``lerobot_v3 ...``: the same executor rows for v3 (one task per data or video file; with the
@@ -19,10 +22,10 @@ Rows (``bench/README.md``, "Scale", has the model of how these times scale):
   the rows show the fixed costs), and the incremental rows with the default file sizes and with
   files of about 5 episodes each (``V3_SMALL_FILES``), counting the shard files written.
 
-    python bench/bench_scale.py [--full] [--formats hdf5,mcap,lerobot_v3]
+    python bench/bench_scale.py [--full] [--formats hdf5,mcap,lerobot_v3] [--incremental]
 
 ``--formats``: only those formats' executor and incremental rows (the Ray overhead rows are
-hdf5's: they run when hdf5 is among them).
+hdf5's: they run when hdf5 is among them); ``--incremental``: the incremental rows alone.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from eva.formats.options import LeRobotV3Options  # noqa: E402
 
 FORMATS = ("hdf5", "mcap", "lerobot_v3")
 V3_SMALL_FILES = 5  # episodes per file in the small-files incremental rows
+REPEATS = 3  # incremental rows: incremental and full exports alternated, best of each
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
@@ -186,36 +190,63 @@ def _inodes(root: Path) -> dict[str, int]:
     return {p.relative_to(root).as_posix(): p.stat().st_ino for p in root.rglob("*") if p.is_file()}
 
 
+def _load() -> str:
+    return "load " + " ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
 def incremental_variant(
     source: Path, fmt: str, shape: str, options: ExportOptions | None
 ) -> list[dict[str, Any]]:
-    """The last and the middle verdict changed: incremental against full."""
+    """Nothing changed, the last and the middle verdict changed: incremental against a full
+    export of the changed source, alternated ``REPEATS`` times, best of each."""
     episodes = INCREMENTAL["episodes"]
     root = layout.export_root(source, fmt)
     tag = shape.split(", ", 1)[1] if ", " in shape else ""
     name = f"{fmt} incremental{f' ({tag})' if tag else ''}"
     export_dataset(source, fmt, options=options)
-    rows = []
+    unchanged = min(
+        _timed(source, fmt, options=options, incremental=True)[0] for _ in range(REPEATS)
+    )
+    rows = [
+        _row(f"{name}, nothing changed (p + m)", unchanged, unchanged, "s",
+             f"{shape}: every episode linked; {_load()}")
+    ]  # fmt: skip
     for where, episode in (("last", episodes - 1), ("middle", episodes // 2)):
-        _set_verdict(source, episode, "fail")
-        before = _inodes(root)
-        inc_s, inc = _timed(source, fmt, options=options, incremental=True)
-        after = _inodes(root)
-        payload = [p for p in after if "/data/" in f"/{p}" or "/videos/" in f"/{p}"]
-        written = sum(1 for p in payload if before.get(p) != after[p])
-        full_s, _ = _timed(source, fmt, options=options)
+        inc_times, full_times = [], []
+        for repeat in range(REPEATS):
+            _set_verdict(source, episode, "fail")
+            before = _inodes(root)
+            inc_s, result = _timed(source, fmt, options=options, incremental=True)
+            after = _inodes(root)
+            full_s, _ = _timed(source, fmt, options=options)
+            inc_times.append(inc_s)
+            full_times.append(full_s)
+            if repeat == 0:
+                inc = result
+                payload = [p for p in after if "/data/" in f"/{p}" or "/videos/" in f"/{p}"]
+                written = sum(1 for p in payload if before.get(p) != after[p])
+            _set_verdict(source, episode, "pass")
+            export_dataset(source, fmt, options=options)  # the pair before the change again
+        inc_s, full_s = min(inc_times), min(full_times)
+        job = inc.job
+        per_episode = full_s / episodes
+        copied = job.episodes_renumbered
+        # T = p + R t + C c + m, with p + m the unchanged export and t a full export's share
+        cost = (inc_s - unchanged - job.episodes_rewritten * per_episode) / copied if copied else 0
         rows.append(
             _row(f"{name}, {where} verdict changed", inc_s, full_s, "s",
-                 f"{shape}: {inc.job.episodes_rewritten} of {episodes} episodes rewritten "
-                 f"({inc.job.episodes_reused} reused), {written} of {len(payload)} episode or "
-                 f"shard files written; full export {full_s:.1f} s")
+                 f"{shape}: {job.episodes_rewritten} rewritten, {copied} renumbered (copied and "
+                 f"patched), {job.episodes_reused} reused of {episodes}; {written} of "
+                 f"{len(payload)} episode or shard files written; best of {REPEATS} "
+                 f"(incremental {', '.join(f'{v:.2f}' for v in inc_times)} s, full "
+                 f"{', '.join(f'{v:.2f}' for v in full_times)} s); t {per_episode:.3f} s"
+                 + (f", c {cost:.3f} s" if copied else "") + f"; {_load()}")
         )  # fmt: skip
         rows.append(
             _row(f"{name} files written, {where}", written, len(payload), "files",
-                 "episode or shard files written, incremental vs full")
+                 f"episode or shard files written ({copied} of them copied and patched), "
+                 "incremental vs full")
         )  # fmt: skip
-        _set_verdict(source, episode, "pass")
-        export_dataset(source, fmt, options=options)
     return rows
 
 
@@ -242,11 +273,15 @@ def _show(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def report(quick: bool = True, formats: tuple[str, ...] = FORMATS) -> list[dict[str, Any]]:
+def report(
+    quick: bool = True, formats: tuple[str, ...] = FORMATS, incremental_only: bool = False
+) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="eva-bench-scale-"))
     try:
         rows = incremental_rows(tmp, formats)
         _show(rows)
+        if incremental_only:
+            return rows
         with ray_head(free_cores(), tmp) as address:
             if "hdf5" in formats:
                 rows += _show(ray_overhead_rows(tmp, address))
@@ -261,5 +296,7 @@ if __name__ == "__main__":
     chosen = FORMATS
     if "--formats" in sys.argv:
         chosen = tuple(sys.argv[sys.argv.index("--formats") + 1].split(","))
-    rows = report(quick="--full" not in sys.argv, formats=chosen)
+    rows = report(
+        quick="--full" not in sys.argv, formats=chosen, incremental_only="--incremental" in sys.argv
+    )
     print("\n".join(json.dumps(row) for row in rows))

@@ -173,6 +173,15 @@ def killed_worker_export(
     return message, killed
 
 
+# every episode in files of its own, each decoded whole: 24 tasks of some milliseconds (the
+# killed-worker exports of lerobot_v3)
+V3_FILE_PER_EPISODE = ExportOptions(
+    format=LeRobotV3Options(
+        data_files_size_in_mb=1e-6, video_files_size_in_mb=1e-6, verify_decode=True
+    )
+)
+
+
 def kill_a_pool_worker() -> int:
     workers = multiprocessing.active_children()
     assert workers
@@ -208,15 +217,11 @@ def test_a_killed_worker_fails_the_job_naming_the_episode(tmp_path: Path) -> Non
 def test_a_killed_worker_fails_a_v3_export_naming_the_episodes_of_its_file(
     tmp_path: Path,
 ) -> None:
-    # every episode in files of its own, each decoded whole: 24 tasks of some milliseconds
-    settings = LeRobotV3Options(
-        data_files_size_in_mb=1e-6, video_files_size_in_mb=1e-6, verify_decode=True
-    )
     message, _ = killed_worker_export(
         tmp_path,
         kill_a_running_pool_worker,
         "lerobot_v3",
-        ExportOptions(format=settings),
+        V3_FILE_PER_EPISODE,
         executor="processes",
     )
     assert re.search(

@@ -53,21 +53,23 @@ def _incremental_then_full(
     return result, tree
 
 
-def _counts(result: ExportResult) -> tuple[int, int]:
-    return result.job.episodes_reused, result.job.episodes_rewritten
+def _counts(result: ExportResult) -> tuple[int, int, int]:
+    """Episodes reused (linked), renumbered (copied and patched) and rewritten."""
+    job = result.job
+    return job.episodes_reused, job.episodes_renumbered, job.episodes_rewritten
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_an_unchanged_source_reuses_every_episode_file(tmp_path: Path, fmt: str) -> None:
     source = _synthetic_source(tmp_path)
     first = export_dataset(source, fmt, incremental=True)  # nothing published yet
-    assert _counts(first) == (0, 5)
+    assert _counts(first) == (0, 0, 5)
     root = layout.export_root(source, fmt)
     # (accepted episode 1 is renumbered: a v2.1 export writes its table, not a link)
     episode = root / "accepted" / "data" / "chunk-000" / f"episode_000001.{EXTENSIONS[fmt]}"
     inode = episode.stat().st_ino
     again, _ = _incremental_then_full(source, fmt)
-    assert _counts(again) == (5, 0)
+    assert _counts(again) == (5, 0, 0)
     assert again.job.progress["episodes"] == 5
     # the full export wrote new files; the incremental one had linked the published ones
     assert episode.stat().st_ino != inode
@@ -84,11 +86,13 @@ def test_a_verdict_change_rewrites_only_the_episodes_it_renumbers(
     # no other episode moves.
     _set_verdict(source, 4, "pass")
     last, _ = _incremental_then_full(source, fmt, executor=executor)
-    assert _counts(last) == (4, 1)
+    assert _counts(last) == (4, 0, 1)
     # Episode 1 (rejected 0) becomes accepted 1: accepted 1.. and rejected 0.. are renumbered.
     _set_verdict(source, 1, "pass")
     middle, _ = _incremental_then_full(source, fmt, executor=executor)
-    assert _counts(middle) == (1, 4)  # accepted episode 0 alone keeps its index
+    # accepted episode 0 alone keeps its index; source episode 1 changed subset: written; the
+    # hdf5 and mcap files of the renumbered ones are copied and patched (v2.1: written)
+    assert _counts(middle) == ((1, 0, 4) if fmt == "lerobot_v21" else (1, 3, 1))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -100,7 +104,7 @@ def test_a_touched_source_file_rewrites_its_episode(tmp_path: Path, fmt: str) ->
     st = video.stat()
     os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     touched, _ = _incremental_then_full(source, fmt)
-    assert _counts(touched) == (4, 1)
+    assert _counts(touched) == (4, 0, 1)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -108,7 +112,7 @@ def test_other_format_options_reuse_nothing(tmp_path: Path, fmt: str) -> None:
     source = _synthetic_source(tmp_path)
     export_dataset(source, fmt)
     changed, _ = _incremental_then_full(source, fmt, OTHER_OPTIONS[fmt])
-    assert _counts(changed) == (0, 5)
+    assert _counts(changed) == (0, 0, 5)
 
 
 def test_a_published_file_replaced_since_is_rewritten(tmp_path: Path) -> None:
@@ -120,7 +124,7 @@ def test_a_published_file_replaced_since_is_rewritten(tmp_path: Path) -> None:
     episode.unlink()
     episode.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, another inode
     replaced, _ = _incremental_then_full(source, "mcap")
-    assert _counts(replaced) == (4, 1)
+    assert _counts(replaced) == (4, 0, 1)
 
 
 def test_an_unreadable_record_reuses_nothing(tmp_path: Path) -> None:
@@ -128,7 +132,7 @@ def test_an_unreadable_record_reuses_nothing(tmp_path: Path) -> None:
     export_dataset(source, "hdf5")
     (layout.export_root(source, "hdf5") / FINGERPRINTS).write_text("{not json", encoding="utf-8")
     result, _ = _incremental_then_full(source, "hdf5")
-    assert _counts(result) == (0, 5)
+    assert _counts(result) == (0, 0, 5)
 
 
 def test_eva_export_incremental_reports_reused_and_rewritten(tmp_path: Path) -> None:
@@ -143,9 +147,10 @@ def test_eva_export_incremental_reports_reused_and_rewritten(tmp_path: Path) -> 
     result = CliRunner().invoke(main, [*args, "--json"])
     assert result.exit_code == 0, result.output
     completed = json.loads(result.output.splitlines()[-1])
-    assert (completed["episodes_reused"], completed["episodes_rewritten"]) == (4, 1)
+    counts = [completed[f"episodes_{n}"] for n in ("reused", "renumbered", "rewritten")]
+    assert counts == [4, 0, 1]
     text = CliRunner().invoke(main, args)
-    assert "episodes: 5 reused, 0 rewritten" in text.output
+    assert "episodes: 5 reused, 0 renumbered, 0 rewritten" in text.output
 
 
 V3 = CONFIGS["lerobot_v3"][1]  # small files: one or two episodes each
@@ -163,9 +168,9 @@ def test_v3_files_before_the_first_changed_episode_are_reused(
     source = _synthetic_source(tmp_path)
     root = layout.export_root(source, "lerobot_v3")
     first = export_dataset(source, "lerobot_v3", options=V3, incremental=True)
-    assert _counts(first) == (0, 5)
+    assert _counts(first) == (0, 0, 5)
     unchanged, _ = _incremental_then_full(source, "lerobot_v3", V3, executor)
-    assert _counts(unchanged) == (5, 0)
+    assert _counts(unchanged) == (5, 0, 0)
     before = _files(root)
     # Source episode 4 joins the accepted subset at its end (accepted episode 3): every
     # accepted file stays but the last data file, which takes the new episode (its video
@@ -194,7 +199,7 @@ def test_v3_files_before_the_first_changed_episode_are_reused(
         "rejected/videos/observation.images.cam0/chunk-000/file-000.mp4",
         "rejected/videos/observation.images.cam1/chunk-000/file-000.mp4",
     ]
-    assert _counts(result) == (3, 2)
+    assert _counts(result) == (3, 0, 2)
     tree = export_manifest(root)
     full = export_dataset(source, "lerobot_v3", options=V3)
     assert export_manifest(root) == tree
@@ -207,7 +212,7 @@ def test_v3_a_middle_verdict_change_gives_the_full_export_bytes(tmp_path: Path) 
     _set_verdict(source, 1, "pass")  # accepted 1.. and rejected 0.. are renumbered
     middle, _ = _incremental_then_full(source, "lerobot_v3", V3)
     # accepted episode 0 keeps its index, but its data file now takes accepted episode 1 too
-    assert _counts(middle) == (0, 5)
+    assert _counts(middle) == (0, 0, 5)
     # a touched source video: the data file of its episode (accepted 2, with accepted 3) and
     # its video files are written again, the rest linked
     reader = DatasetReader(source)
@@ -215,7 +220,7 @@ def test_v3_a_middle_verdict_change_gives_the_full_export_bytes(tmp_path: Path) 
     st = video.stat()
     os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     touched, _ = _incremental_then_full(source, "lerobot_v3", V3)
-    assert _counts(touched) == (3, 2)
+    assert _counts(touched) == (3, 0, 2)
     # other options: nothing reused
     changed, _ = _incremental_then_full(source, "lerobot_v3")
-    assert _counts(changed) == (0, 5)
+    assert _counts(changed) == (0, 0, 5)

@@ -1,6 +1,6 @@
 """The ray executor on a real local Ray cluster (a head and a second node, on the loopback): the same
 bytes as a serial export in every per-episode format, and a killed actor fails the job naming
-the episode, with nothing published."""
+the episode (lerobot_v3: the episodes of its file), with nothing published."""
 
 from __future__ import annotations
 
@@ -20,7 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_export_executors import CONFIGS, _synthetic_source, killed_worker_export
+from test_export_executors import (
+    CONFIGS,
+    V3_FILE_PER_EPISODE,
+    _synthetic_source,
+    killed_worker_export,
+)
 from test_golden_exports import export_manifest
 
 from eva.dataset import layout
@@ -162,25 +167,53 @@ def _actor_pids() -> list[int]:
     return pids
 
 
+def _kill_an_actor() -> int:
+    actors = _actor_pids()
+    assert actors
+    os.kill(actors[0], signal.SIGKILL)
+    return actors[0]
+
+
+def _actors_gone() -> bool:
+    """The other actors, killed by the driver, are gone within 30 s."""
+    deadline = time.monotonic() + 30
+    while _actor_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _actor_pids()
+
+
 def test_a_killed_ray_actor_fails_the_job_naming_the_episode(
     tmp_path: Path, ray_cluster: str
 ) -> None:
-    def kill() -> int:
-        actors = _actor_pids()
-        assert actors
-        os.kill(actors[0], signal.SIGKILL)
-        return actors[0]
-
-    message, _ = killed_worker_export(tmp_path, kill, executor="ray", ray_address=ray_cluster)
+    message, _ = killed_worker_export(
+        tmp_path, _kill_an_actor, executor="ray", ray_address=ray_cluster
+    )
     assert re.search(
         r"export worker \(Ray actor\) died while writing accepted episode \d+ "
         r"\(source episode \d+\) \(\w+\); nothing was published",
         message,
     ), message
-    deadline = time.monotonic() + 30
-    while _actor_pids() and time.monotonic() < deadline:  # the other actor, killed by the driver
-        time.sleep(0.2)
-    assert not _actor_pids()
+    assert _actors_gone()
+
+
+def test_a_killed_ray_actor_fails_a_v3_export_naming_the_episodes_of_its_file(
+    tmp_path: Path, ray_cluster: str
+) -> None:
+    # the actor is killed while the driver still has tasks in flight on it
+    message, _ = killed_worker_export(
+        tmp_path,
+        _kill_an_actor,
+        "lerobot_v3",
+        V3_FILE_PER_EPISODE,
+        executor="ray",
+        ray_address=ray_cluster,
+    )
+    assert re.search(
+        r"export worker \(Ray actor\) died while writing (accepted|rejected) episodes \d+-\d+ "
+        r"\((data|videos)/[^)]+\) \(\w+\); nothing was published",
+        message,
+    ), message
+    assert _actors_gone()
 
 
 def test_without_ray_the_executor_is_a_one_line_error_naming_the_extra(tmp_path: Path) -> None:

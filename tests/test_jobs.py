@@ -29,7 +29,7 @@ FIELDS = {
     "pid",
 }
 # export jobs also count the episode files reused by --incremental and written
-EXPORT_FIELDS = FIELDS | {"episodes_reused", "episodes_rewritten"}
+EXPORT_FIELDS = FIELDS | {"episodes_reused", "episodes_renumbered", "episodes_rewritten"}
 
 
 def test_export_job_schema_and_round_trip(tmp_path: Path) -> None:

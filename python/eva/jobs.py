@@ -8,8 +8,9 @@ the field names below are an interface (docs/design.md, "Jobs"):
 ``source_dir`` (resolved), ``format``, ``accepted_dir``, ``rejected_dir``, ``progress``
 {episodes, files, bytes, current, totals {episodes, files, bytes}}, ``error``, ``created_at``,
 ``started_at``, ``finished_at`` (UTC ISO-8601), ``pid``, ``warnings`` (lines about what the work
-did differently from what was asked, e.g. an MCAP camera written decoded), ``episodes_reused``
-and ``episodes_rewritten`` (export: episode files linked by ``--incremental``, and written);
+did differently from what was asked, e.g. an MCAP camera written decoded), ``episodes_reused``,
+``episodes_renumbered`` and ``episodes_rewritten`` (export: episode files linked by
+``--incremental``, copied with their numbering patched, and written);
 upload jobs add ``remote_path``.
 """
 
@@ -70,8 +71,10 @@ class Job:
     pid: int = field(default_factory=os.getpid)
     remote_path: str | None = None
     warnings: list[str] = field(default_factory=list)
-    # export jobs: the episodes linked from the previous pair (--incremental) and written anew
+    # export jobs: the episodes linked from the previous pair (--incremental), copied from it
+    # with their numbering patched, and written anew
     episodes_reused: int = 0
+    episodes_renumbered: int = 0
     episodes_rewritten: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -80,6 +83,7 @@ class Job:
             data.pop("remote_path")
         else:
             data.pop("episodes_reused")
+            data.pop("episodes_renumbered")
             data.pop("episodes_rewritten")
         return data
 

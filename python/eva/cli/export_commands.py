@@ -236,6 +236,7 @@ def export_command(
         "rejected_episodes": result.metas["rejected"].total_episodes,
         "rejected_frames": result.metas["rejected"].total_frames,
         "episodes_reused": result.job.episodes_reused,
+        "episodes_renumbered": result.job.episodes_renumbered,
         "episodes_rewritten": result.job.episodes_rewritten,
         "recovered": result.recovered,
         "warnings": result.job.warnings,
@@ -258,6 +259,7 @@ def export_command(
     if incremental:
         say(
             f"episodes: {result.job.episodes_reused} reused, "
+            f"{result.job.episodes_renumbered} renumbered, "
             f"{result.job.episodes_rewritten} rewritten"
         )
     for subset in ("accepted", "rejected"):

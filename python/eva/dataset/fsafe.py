@@ -56,6 +56,7 @@ __all__ = [
     "read_bytes",
     "read_text",
     "real_directory",
+    "reflink",
     "share_file",
 ]
 
@@ -321,7 +322,9 @@ def make_read_only(path: Path | str) -> None:
     os.chmod(path, stat.S_IMODE(st.st_mode) & ~_WRITE_BITS, follow_symlinks=False)
 
 
-def _reflink(src_fd: int, dest_fd: int) -> bool:
+def reflink(src_fd: int, dest_fd: int) -> bool:
+    """Clone ``src_fd``'s blocks into the empty ``dest_fd`` (``FICLONE``); False where the
+    filesystem cannot (ext4, another filesystem)."""
     try:
         fcntl.ioctl(dest_fd, FICLONE, src_fd)
         return True
@@ -357,7 +360,7 @@ def share_file(src: Path | str, dest: Path | str, *, link: bool = True) -> str:
         st = os.fstat(src_fd)
         dest_fd = _create_new(dest)
         try:
-            if link and _reflink(src_fd, dest_fd):
+            if link and reflink(src_fd, dest_fd):
                 return "reflink"
             if link and is_read_only(st):
                 os.close(dest_fd)

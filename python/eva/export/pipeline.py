@@ -300,22 +300,29 @@ def write_task_subsets(
     progress: Progress,
     options: ExportOptions,
     run: ExportRun,
-) -> int:
+) -> TaskCounts:
     """Both subsets of a format cut into tasks (an episode file each, or a v3 shard each): the
     tasks whose published files can be reused (``run.incremental``) linked, the others run on
     ``run.executor``; then the fingerprints and each subset's finish (warnings, metadata) here,
-    in the driver. Returns the episodes reused."""
+    in the driver. Returns the episodes reused and renumbered (``EpisodePlan``)."""
     from eva.export import incremental as inc
     from eva.export.executors import run_episode_tasks  # a pool is only made if needed
 
     tasks = {s: episodes.subset_tasks(reader, metas[s], staging / s, options) for s in SUBSETS}
     every = [task for subset in SUBSETS for task in tasks[subset]]
-    plan = inc.EpisodePlan.of(fmt, reader, every, options, root, run.incremental)
+    renumber = getattr(episodes, "renumber", None)
+    plan = inc.EpisodePlan.of(
+        fmt, reader, every, options, root, run.incremental, renumber is not None
+    )
     results: dict[int, EpisodeResult] = {}
     for number, entry in plan.reused.items():
         inc.link_published(root, every[number])
         results[number] = episodes.reused_result(every[number], entry)
         report_result(progress, results[number])
+    if plan.renumbered and renumber is not None:
+        for number, result in plan.renumber(renumber, reader, root, every).items():
+            results[number] = result
+            report_result(progress, result)
     if plan.rewrite:
         written = run_episode_tasks(
             fmt,
@@ -331,10 +338,9 @@ def write_task_subsets(
         results.update(zip(plan.rewrite, written, strict=True))
     ordered = [results[number] for number in range(len(every))]
     entries = {
-        inc.record_key(task): inc.fingerprint_entry(
-            plan.fingerprints[inc.record_key(task)], task, result
-        )
+        key: inc.fingerprint_entry(plan.fingerprints[key], task, result, plan.contents.get(key))
         for task, result in zip(every, ordered, strict=True)
+        for key in [inc.record_key(task)]
     }
     with naming_write_errors(staging):
         inc.write_fingerprints(staging, entries)
@@ -348,7 +354,18 @@ def write_task_subsets(
                 progress,
                 options,
             )
-    return sum(results[number].episodes for number in plan.reused)
+    return TaskCounts(
+        sum(results[number].episodes for number in plan.reused),
+        sum(results[number].episodes for number in plan.renumbered),
+    )
+
+
+@dataclass(frozen=True)
+class TaskCounts:
+    """Episodes an incremental export linked from the published pair, and copied and patched."""
+
+    reused: int = 0
+    renumbered: int = 0
 
 
 @dataclass(frozen=True)
@@ -385,8 +402,9 @@ def export_dataset(
     the free cores; ``eva.export.executors``) or ``ray`` (actors on the Ray cluster at
     ``ray_address``, else ``RAY_ADDRESS``, else a local one; ``eva.export.ray_run``). The
     output is the same either way. ``incremental``: the tasks whose fingerprint matches the
-    published pair's are linked from it instead of written again (``eva.export.incremental``);
-    the job counts their episodes (``episodes_reused``).
+    published pair's are linked from it instead of written again, and the hdf5/mcap episodes
+    only renumbered since are copied from it and patched (``eva.export.incremental``); the job
+    counts them (``episodes_reused``, ``episodes_renumbered``).
 
     Raises ``DatasetError`` (bad source, busy lock, unavailable format) or the writer's error;
     in every failure case the previously published pair is left as it was.
@@ -454,10 +472,10 @@ def export_dataset(
                 (staging / subset).mkdir()
             episodes = task_format(module)
             per_episode = episodes is not None
-            reused = 0
+            counts = TaskCounts()
             if episodes is not None:
                 run = ExportRun(executor, workers, incremental, ray_address)
-                reused = write_task_subsets(
+                counts = write_task_subsets(
                     fmt, episodes, reader, metas, root, staging, progress, options, run
                 )
             for subset in SUBSETS:
@@ -474,8 +492,11 @@ def export_dataset(
                 )
                 progress(files=1)
             job.set_progress(progress)
-            job.episodes_reused = reused
-            job.episodes_rewritten = sum(m.total_episodes for m in metas.values()) - reused
+            job.episodes_reused = counts.reused
+            job.episodes_renumbered = counts.renumbered
+            job.episodes_rewritten = (
+                sum(m.total_episodes for m in metas.values()) - counts.reused - counts.renumbered
+            )
             job.complete()
             with naming_write_errors(staging / EXPORT_JOB):
                 write_job(staging / EXPORT_JOB, job, durable=False)

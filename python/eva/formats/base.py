@@ -479,7 +479,9 @@ class EpisodeFormat(SerialWrite):
     ``pool_from_cores``: the free cores from which a process pool is the default executor (a
     format whose one process already keeps several cores busy gains from a pool only beyond);
     ``serial_threads``: tasks at a time in the serial executor (``run_serially``);
-    ``other_files(index, chunks_size, video_keys)``: an episode's files beside ``path``.
+    ``other_files(index, chunks_size, video_keys)``: an episode's files beside ``path``;
+    ``renumber(reader, task, previous, published) -> EpisodeResult | None``: ``task``'s file
+    from ``published``, ``previous``'s file, copied and patched (``eva.formats._renumber``).
     """
 
     path: Callable[[int, int], str]
@@ -491,6 +493,7 @@ class EpisodeFormat(SerialWrite):
     pool_from_cores: int = 2
     serial_threads: int = 1
     other_files: Callable[[int, int, tuple[str, ...]], tuple[str, ...]] | None = None
+    renumber: Callable[..., EpisodeResult | None] | None = None
 
     def episode_tasks(
         self, reader: DatasetReader, meta: SubsetMeta, subset_dir: Path, options: ExportOptions

@@ -28,6 +28,7 @@ from eva.dataset.video import use_decode_threads
 from eva.formats._decode import VideoOpenError, open_video
 from eva.formats.base import EpisodeFormat, EpisodeResult, EpisodeTask, ExportOptions
 from eva.formats.hdf5.items import EPISODE_PATH, FORMAT_NAME, ITEM_NAME, write_mapping
+from eva.formats.hdf5.renumber import renumber_episode
 from eva.formats.options import Hdf5Options
 
 # HDF5's error text carries the errno of a failed write: "... errno = 28, error message ...".
@@ -347,18 +348,23 @@ class Hdf5EpisodeSession:
             )
         table = rewrite_index_columns(table, new, task.index_offset, dict(task.task_remap))
         videos = {key: Path(reader.video_path(src, key)) for key in task.video_keys}
-        fps = task.fps if task.fps is not None else getattr(reader, "fps", None)
         size = self.writer.write_episode(
             task.subset_dir / task.path,
             columns=table,
             videos=videos,
-            metadata={**task.row, "fps": fps},
+            metadata=episode_metadata(reader, task),
             label=task.label,
         )
         return EpisodeResult(task.subset, new, task.path, size, f"{task.subset}/{task.path}")
 
     def close(self) -> None:
         self.writer.close()
+
+
+def episode_metadata(reader: DatasetReader, task: EpisodeTask) -> dict[str, Any]:
+    """The file's ``metadata`` group: the episode's row and the fps."""
+    fps = task.fps if task.fps is not None else getattr(reader, "fps", None)
+    return {**task.row, "fps": fps}
 
 
 def subset_info(meta: SubsetMeta, options: ExportOptions) -> dict[str, Any]:
@@ -371,5 +377,6 @@ EPISODES = EpisodeFormat(
     open_episode_writer=Hdf5EpisodeSession,
     check_options=lambda options: options.format_options(Hdf5Options),
     subset_info=subset_info,
+    renumber=renumber_episode,
 )
 write_subset = EPISODES.write_subset

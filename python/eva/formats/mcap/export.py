@@ -34,6 +34,7 @@ from eva.formats.mcap.layout import (
     frame_period_ns,
     image_topic,
 )
+from eva.formats.mcap.renumber import renumber_episode
 from eva.formats.mcap.writer import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_COMPRESSION,
@@ -279,11 +280,14 @@ def foxglove_session_class() -> type[McapEpisodeSession]:
 
 def episode_table(reader: DatasetReader, task: EpisodeTask) -> pa.Table:
     """The task's source table with its index columns renumbered for the subset."""
+    return renumbered_table(reader.read_table(task.source_index), task)
+
+
+def renumbered_table(table: pa.Table, task: EpisodeTask) -> pa.Table:
+    """``table`` (the task's source rows) with its index columns numbered as ``task`` says."""
     from eva.dataset.subset import rewrite_index_columns
 
-    return rewrite_index_columns(
-        reader.read_table(task.source_index), task.index, task.index_offset, dict(task.task_remap)
-    )
+    return rewrite_index_columns(table, task.index, task.index_offset, dict(task.task_remap))
 
 
 def decode_buffers(
@@ -382,6 +386,7 @@ EPISODES = EpisodeFormat(
     subset_info=subset_info,
     subset_warnings=decoded_camera_warnings,
     pool_from_cores=4,
+    renumber=renumber_episode,
 )
 write_subset = EPISODES.write_subset
 
