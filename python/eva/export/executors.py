@@ -176,14 +176,13 @@ class ProcessRun:
         self.tasks = list(batch.tasks)
         self.context = multiprocessing.get_context("spawn")
         # Per task: NOT_STARTED, DONE or the pid of the worker writing it (no lock: one writer
-        # per slot); per worker, its pid.
+        # per slot).
         self.status = self.context.RawArray("q", len(self.tasks))
-        self.pids = self.context.Array("q", count)
         self.pool = ProcessPoolExecutor(
             max_workers=count,
             mp_context=self.context,
             initializer=start_worker,
-            initargs=(fmt, str(source), options, self.status, self.pids, decoder_threads(count)),
+            initargs=(fmt, str(source), options, self.status, decoder_threads(count)),
         )
 
     def run(self, progress: ProgressSink) -> list[EpisodeResult]:
@@ -224,10 +223,14 @@ class ProcessRun:
     def stop(self) -> None:
         """Stop every worker now (the tasks they are writing, if any, are abandoned) and wait
         for them."""
-        for pid in self.pids[:]:
-            if pid > 0 and is_child(pid):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGTERM)
+        # The pool's own process handles: they include a worker still starting (its initializer
+        # not run yet), and Process.terminate signals only a process not reaped yet (a reaped
+        # worker's pid may be another process's by now). The private attribute is the one way
+        # to a pool's processes; a pool without it is left to shut down by itself.
+        processes = getattr(self.pool, "_processes", None) or {}
+        for process in list(processes.values()):
+            with contextlib.suppress(OSError, ValueError):
+                process.terminate()
         # One shutdown that waits: it joins the workers (a first one that does not wait would
         # forget them, and the staging directory could be removed under a live one).
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -249,18 +252,6 @@ class ProcessRun:
         )
 
 
-def is_child(pid: int) -> bool:
-    """Whether ``pid`` is still a process of ours: a worker that died may have been reaped by
-    the pool already, and its number given to another process, which must not be signalled."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # no /proc to ask: the pool's own pid
-    return int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()
-
-
 # ---- in the worker process ------------------------------------------------------------------
 
 
@@ -280,9 +271,7 @@ def decoder_threads(workers: int) -> int:
     return max(1, free_cores() // workers)
 
 
-def start_worker(
-    fmt: str, source: str, options: ExportOptions, status: Any, pids: Any, threads: int
-) -> None:
+def start_worker(fmt: str, source: str, options: ExportOptions, status: Any, threads: int) -> None:
     """Pool initializer: open the source and one session for all this worker's tasks."""
     from eva.dataset.video import set_decode_threads
     from eva.export.registry import load_format
@@ -291,9 +280,6 @@ def start_worker(
 
     # Ctrl-C reaches the whole process group: the driver alone handles it (it stops the pool).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with pids.get_lock():
-        slot = next(i for i, pid in enumerate(pids) if pid == 0)
-        pids[slot] = os.getpid()
     episodes = task_format(load_format(fmt))
     assert episodes is not None  # checked by the driver
     session = episodes.open_episode_writer(DatasetReader(source), options)
