@@ -248,14 +248,12 @@ def export_command(
         note(f"recovered: {line}", err=False)
     for line in result.job.warnings:
         say(f"warning: {line}", err=True)
-    say(
-        f"accepted: {summary['accepted_dir']} ({summary['accepted_episodes']} episodes, "
-        f"{summary['accepted_frames']} frames)"
-    )
-    say(
-        f"rejected: {summary['rejected_dir']} ({summary['rejected_episodes']} episodes, "
-        f"{summary['rejected_frames']} frames)"
-    )
+    for subset in ("accepted", "rejected"):
+        episodes, frames = summary[f"{subset}_episodes"], summary[f"{subset}_frames"]
+        say(
+            f"{subset}: {summary[f'{subset}_dir']} ({episodes} episode{'' if episodes == 1 else 's'}, "
+            f"{frames} frame{'' if frames == 1 else 's'})"
+        )
     if incremental:
         say(
             f"episodes: {result.job.episodes_reused} reused, "
