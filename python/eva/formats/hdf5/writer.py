@@ -26,6 +26,7 @@ from eva.dataset.rgb import FrameConverter
 from eva.dataset.subset import SubsetMeta
 from eva.dataset.video import use_decode_threads
 from eva.formats._decode import VideoOpenError, open_video
+from eva.formats._direct_io import ALIGN, PositionedWriter, aligned_empty
 from eva.formats.base import EpisodeFormat, EpisodeResult, EpisodeTask, ExportOptions
 from eva.formats.hdf5.items import EPISODE_PATH, FORMAT_NAME, ITEM_NAME, write_mapping
 from eva.formats.hdf5.renumber import renumber_episode
@@ -33,6 +34,9 @@ from eva.formats.options import Hdf5Options
 
 # HDF5's error text carries the errno of a failed write: "... errno = 28, error message ...".
 _HDF5_ERRNO = re.compile(r"\berrno = (\d+)")
+# Uncompressed files place every allocation of at least this size (the image chunks) at a
+# multiple of ALIGN, so that eva can write the chunks past the page cache (formats/_direct_io).
+ALIGNMENT_THRESHOLD = 64 * 1024
 
 
 # ---- images: decode in batches, pack into chunk blocks ------------------------------------------
@@ -54,11 +58,54 @@ class BatchBuffers:
         buffers = self._buffers.get(key)
         if buffers is None:
             self._buffers.clear()  # keep one shape alive: bounded memory
-            buffers = [
-                np.empty((frames, height, width, 3), dtype=np.uint8) for _ in range(self.COUNT)
-            ]
+            # aligned: a batch is written to the file straight from this memory (O_DIRECT)
+            buffers = [aligned_empty((frames, height, width, 3)) for _ in range(self.COUNT)]
             self._buffers[key] = buffers
         return buffers
+
+
+class ChunkFile:
+    """The image chunks of an uncompressed dataset, written by eva at the file offsets HDF5
+    allocated them (at creation: ``ALLOC_TIME_EARLY``), a run of adjacent chunks per write.
+
+    HDF5 writes nothing into those chunks (``FILL_TIME_NEVER``), so eva's writes through its own
+    descriptors never meet HDF5's; the file is complete when HDF5 closes it."""
+
+    def __init__(self, file: Path, dataset: h5py.Dataset) -> None:
+        fpc = int(dataset.chunks[0])
+        self.frames_per_chunk = fpc
+        self.chunk_bytes = fpc * int(np.prod(dataset.shape[1:])) * dataset.dtype.itemsize
+        offsets = np.full(-(-int(dataset.shape[0]) // fpc), -1, np.int64)
+
+        def note(info: Any) -> None:
+            offsets[info.chunk_offset[0] // fpc] = info.byte_offset
+
+        dataset_id = dataset.id
+        try:
+            dataset_id.chunk_iter(note)
+        except (AttributeError, NotImplementedError):  # HDF5 before 1.14: one call per chunk
+            for index in range(dataset_id.get_num_chunks()):
+                note(dataset_id.get_chunk_info(index))
+        if (offsets < 0).any():
+            raise WriteError(f"{file}: HDF5 did not allocate every image chunk of {dataset.name}")
+        self.offsets = offsets
+        self.writer = PositionedWriter(file)
+
+    def write(self, batch: np.ndarray, start: int, count: int) -> None:
+        """batch[:count] at frame ``start`` (chunk-aligned); the episode's last chunk is padded."""
+        fpc = self.frames_per_chunk
+        padded = -(-count // fpc) * fpc
+        if padded > count:
+            batch[count:padded] = 0  # HDF5 stores an edge chunk whole
+        first, chunks = start // fpc, padded // fpc
+        offsets = self.offsets[first : first + chunks]
+        breaks = np.flatnonzero(np.diff(offsets) != self.chunk_bytes) + 1
+        bounds = [0, *breaks.tolist(), chunks]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            self.writer.write_at(int(offsets[a]), batch[a * fpc : b * fpc])
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 @dataclass
@@ -118,16 +165,22 @@ class EpisodeWriter:
             "compression": opts.h5py_compression,
             "compression_level": opts.compression_level,
         }
+        # Uncompressed: chunks aligned and allocated up front, then written by eva (_flush).
+        layout_args = (
+            {"alignment_threshold": ALIGNMENT_THRESHOLD, "alignment_interval": ALIGN}
+            if opts.h5py_compression is None
+            else {}
+        )
         try:
             # h5py reports a full disk as "Can't close file (file write failed ...)": name it.
-            with naming_write_errors(path), h5py.File(tmp, "w") as h5:
+            with naming_write_errors(path), h5py.File(tmp, "w", **layout_args) as h5:
                 write_mapping(h5.create_group("columns"), column_values, **compression)
                 images = h5.create_group("images")
                 for index, (key, video) in enumerate(videos.items()):
                     item = images.create_group(ITEM_NAME.format(index))
                     item.attrs["key"] = key
                     item.attrs["kind"] = "array"
-                    self._write_camera(item, key, Path(video), rows, label)
+                    self._write_camera(item, key, Path(video), rows, label, tmp)
                 write_mapping(h5.create_group("metadata"), metadata)
             os.replace(tmp, path)
         except RuntimeError as e:
@@ -142,12 +195,16 @@ class EpisodeWriter:
             raise
         return path.stat().st_size
 
-    def _write_camera(self, item: h5py.Group, key: str, video: Path, rows: int, label: str) -> None:
+    def _write_camera(
+        self, item: h5py.Group, key: str, video: Path, rows: int, label: str, file: Path
+    ) -> None:
         """Decode ``video`` into ``item/value`` (rows, H, W, 3).
 
         A decode thread (PyAV and the native conversion release the GIL) fills one batch buffer
-        while this thread writes the other with direct chunk writes, so decoding, conversion and
-        HDF5 I/O overlap. Memory: two batches, whatever the episode length.
+        while this thread writes the other, so decoding, conversion and I/O overlap. Memory: two
+        batches, whatever the episode length. Compressed chunks are HDF5 direct chunk writes.
+        Uncompressed ones are allocated by HDF5 when the dataset is made (never filled) and
+        written by eva at their file offsets (``file``), past the page cache where it can.
         """
         opts = self.options
         fpc = opts.frames_per_chunk
@@ -162,6 +219,7 @@ class EpisodeWriter:
         free: queue.Queue[int | None] = queue.Queue()
         full: queue.Queue[tuple[int, int] | BaseException | None] = queue.Queue()
         decoder: threading.Thread | None = None
+        chunk_file: ChunkFile | None = None
         written = 0
         try:
             use_decode_threads(stream)
@@ -175,6 +233,12 @@ class EpisodeWriter:
                     f"{where}: {video.name} has no frames, the table has {rows} rows"
                 )
             shape = (first.height, first.width)
+            preallocated = opts.h5py_compression is None
+            dcpl = None
+            if preallocated:
+                dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+                dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+                dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # every byte is written below
             dataset = item.create_dataset(
                 "value",
                 shape=(rows, *shape, 3),
@@ -183,7 +247,10 @@ class EpisodeWriter:
                 dtype=np.uint8,
                 compression=opts.h5py_compression,
                 compression_opts=opts.compression_level,
+                dcpl=dcpl,
             )
+            if preallocated:
+                chunk_file = ChunkFile(file, dataset)
             buffers = self.buffers.get(opts.batch_length(shape[0] * shape[1] * 3), *shape)
             converter.start_video(first, buffers[0], 0)
             for index in range(1, len(buffers)):
@@ -206,7 +273,10 @@ class EpisodeWriter:
                 if isinstance(message, BaseException):
                     raise message
                 index, count = message
-                self._flush(dataset, buffers[index], written, count)
+                if chunk_file is not None:
+                    chunk_file.write(buffers[index], written, count)
+                else:
+                    self._flush(dataset, buffers[index], written, count)
                 written += count
                 free.put(index)
         finally:
@@ -215,6 +285,8 @@ class EpisodeWriter:
             if decoder is not None:
                 decoder.join()
             container.close()
+            if chunk_file is not None:
+                chunk_file.close()
         if written != rows:
             raise DatasetError(
                 f"{where}: {video.name} decodes to {written} frames but the table has {rows} rows"

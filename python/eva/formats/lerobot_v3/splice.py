@@ -3,9 +3,9 @@
 A v3.0 video shard is a concatenation: every sample of every episode MP4, unchanged, with its
 timestamps shifted. Muxing that packet by packet through FFmpeg costs ~10 us of Python and muxer
 work per frame; here the shard's sample tables are written from the ones ``eva.dataset.mp4box``
-parsed, and the sample bytes go from file to file with ``os.copy_file_range`` (the kernel copies,
-or shares the blocks on filesystems with reflinks), in one call per run of adjacent samples,
-typically one per episode.
+parsed, and the sample bytes go from file to file in one read per run of adjacent samples
+(typically one per episode), written past the page cache where the filesystem allows it, else
+with ``os.copy_file_range``.
 
 The layout is what FFmpeg's MP4 muxer writes with ``movflags=faststart``: ``ftyp``, ``moov``
 (``mvhd``; one ``trak`` with ``tkhd``, one edit, ``mdhd``, ``hdlr`` "vide", ``vmhd``, a
@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from eva.dataset import mp4box
+from eva.formats._direct_io import SequentialWriter
 
 __all__ = ["SpliceError", "SplicedMp4"]
 
@@ -209,6 +210,8 @@ class SplicedMp4:
             mdat = struct.pack(">I4sQ", 1, b"mdat", payload + 16)
         else:
             mdat = struct.pack(">I4s", payload + 8, b"mdat")
+        if self._write_direct(ftyp + moov + mdat):
+            return
         fd = os.open(
             self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
         )
@@ -219,6 +222,41 @@ class SplicedMp4:
             self._copy_runs(fd)
         finally:
             os.close(fd)
+
+    def _write_direct(self, head: bytes) -> bool:
+        """The shard written past the page cache: the sample bytes read into an aligned buffer
+        and written a buffer at a time with ``O_DIRECT``. On these VMs that costs a tenth of the
+        system time of ``copy_file_range``, which fills a new cache page per 4 KiB (the ranges
+        are not block-aligned, so no filesystem can share their blocks). False when the
+        filesystem refuses ``O_DIRECT`` (nothing written: the caller copies in the kernel)."""
+        out = SequentialWriter(self.path)
+        if not out.direct:
+            out.abandon()
+            return False
+        try:
+            out.write(head)
+            src_fd = -1
+            src_path: Path | None = None
+            try:
+                for path, offset, length, _ in self._runs:
+                    if path != src_path:
+                        if src_fd >= 0:
+                            os.close(src_fd)
+                            src_fd = -1
+                        src_fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                        src_path = path
+                    try:
+                        out.copy_from(src_fd, offset, length)
+                    except EOFError:
+                        raise SpliceError(f"{path}: file shrank while being copied") from None
+            finally:
+                if src_fd >= 0:
+                    os.close(src_fd)
+        except BaseException:
+            out.abandon()
+            raise
+        out.close()
+        return True
 
     def _copy_runs(self, out: int) -> None:
         src_fd: int | None = None

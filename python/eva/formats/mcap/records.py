@@ -25,7 +25,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Sequence
-from typing import IO, Protocol
+from typing import Protocol
 
 import numpy as np
 from mcap.data_stream import RecordBuilder
@@ -94,6 +94,13 @@ def message_index_bytes(channel_id: int, pairs: np.ndarray) -> bytes:
         Opcode.MESSAGE_INDEX, 6 + len(entries), channel_id, len(entries)
     )
     return head + entries
+
+
+class BinaryOutput(Protocol):
+    """Where an MCAP file's bytes go: an open binary file, ``io.BytesIO``, or eva's
+    ``formats._direct_io.SequentialWriter``."""
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int: ...
 
 
 class RecordFill(Protocol):
@@ -293,7 +300,7 @@ class StreamRecords(RecordBuilder):
             head += data
         self._count += size
 
-    def write_to(self, stream: IO[bytes]) -> int:
+    def write_to(self, stream: BinaryOutput) -> int:
         """Write every record collected so far to ``stream``; return the byte count."""
         for part in self._parts:
             if part:

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 from mcap.opcode import Opcode
@@ -54,9 +54,11 @@ from mcap.writer import MCAP0_MAGIC
 
 from eva.dataset.errors import naming_write_errors
 from eva.dataset.msgpack_codec import encode_ndarray_into, encoded_ndarray_size
+from eva.formats._direct_io import SequentialWriter
 from eva.formats.mcap.layout import LIBRARY, PROFILE
 from eva.formats.mcap.records import (
     MESSAGE_OVERHEAD,
+    BinaryOutput,
     Bytes,
     ChunkBuffer,
     RecordFill,
@@ -116,7 +118,7 @@ class McapEpisodeWriter:
 
     def __init__(
         self,
-        stream: IO[bytes],
+        stream: BinaryOutput,
         *,
         compression: str = DEFAULT_COMPRESSION,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -508,7 +510,8 @@ def episode_file(
     a write error naming the file. ``background``: as ``McapEpisodeWriter``'s."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with naming_write_errors(path), open(path, "wb") as stream:
+        # frames written past the page cache where the filesystem allows (formats/_direct_io)
+        with naming_write_errors(path), SequentialWriter(path) as stream:
             writer = McapEpisodeWriter(
                 stream,
                 compression=compression,
