@@ -193,3 +193,24 @@ def test_hdf5_chunks_written_by_eva_match_hdf5s_own_writes(
         value = h5["images/item_000000/value"]
         assert value.chunks == (fpc, height, width, 3)
         np.testing.assert_array_equal(value[()], decoded)
+
+
+@pytest.mark.parametrize("fmt", ["lerobot_v3", "hdf5", "mcap"])
+def test_exports_are_the_same_bytes_with_and_without_direct_writes(
+    tmp_path: Path, lerobot_fixture_dir: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """Every file of the export, direct (the default) and through the page cache (v3 shards then
+    go by copy_file_range, MCAP through the staging buffer's plain writes)."""
+    from test_golden_exports import export_manifest, judged_fixture_copy
+
+    from eva.export.pipeline import export_dataset
+
+    manifests = {}
+    for direct in ("1", "0"):
+        root = tmp_path / direct
+        root.mkdir()
+        source = judged_fixture_copy(root, lerobot_fixture_dir)
+        monkeypatch.setenv("EVA_DIRECT_IO", direct)
+        export_dataset(source, fmt)
+        manifests[direct] = export_manifest(root / "export")
+    assert manifests["1"] and manifests["1"] == manifests["0"]
