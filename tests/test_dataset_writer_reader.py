@@ -206,6 +206,46 @@ def test_read_table_gives_exactly_the_columns_asked_for(tmp_path: Path) -> None:
     assert state.column(0).equals(full.column("observation.state"))
 
 
+def test_a_table_read_twice_is_read_once_unless_its_file_changed(tmp_path: Path) -> None:
+    """A validation and the export after it read every episode table: the second read is the
+    first's table while the file is the one read, and a rewritten file is read anew."""
+    from eva.dataset import reader as reader_module
+
+    root = tmp_path / "raw"
+    with _open(root, cameras=[]) as writer:
+        for _ in range(3):
+            ep = writer.begin_episode("t")
+            ep.add_frames(vectors={"observation.state": np.ones((2, 3)), "action": np.ones((2, 3))})
+            ep.commit()
+    reader = DatasetReader(root)
+    first = reader.read_table(0)
+    assert reader.read_table(0) is first
+    assert reader.read_table(0, ["action"]) is not first  # column reads are not cached
+    path = reader.data_path(0)
+    changed = first.set_column(
+        first.column_names.index("action"),
+        "action",
+        pa.array([[2.0] * 3] * 2, pa.list_(pa.float32())),
+    )
+    tmp = path.with_name("tmp.parquet")
+    pq.write_table(changed, tmp)
+    tmp.replace(path)  # a new inode, as every writer commits
+    again = reader.read_table(0)
+    assert again is not first and again.equals(pq.read_table(path))
+    # the budget: the oldest tables go first
+    budget = reader_module.TABLE_CACHE_BYTES
+    reader_module.TABLE_CACHE_BYTES = again.nbytes * 5 // 2  # room for two tables
+    try:
+        small = DatasetReader(root)
+        tables = [small.read_table(i) for i in (0, 1)]
+        assert small.read_table(0) is tables[0] and small.read_table(1) is tables[1]
+        small.read_table(2)  # episode 0, the least recently read, makes room
+        assert small.read_table(1) is tables[1]
+        assert small.read_table(0) is not tables[0]
+    finally:
+        reader_module.TABLE_CACHE_BYTES = budget
+
+
 @pytest.mark.parametrize("video_path", ["{video_key:03d}.mp4", 7])
 def test_unusable_video_path_template_names_info_json(tmp_path: Path, video_path: object) -> None:
     """A template that passes the field-name check but cannot format (a numeric spec on the text

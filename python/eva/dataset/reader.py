@@ -9,6 +9,8 @@ to be a regular file (``eva.dataset.fsafe``).
 from __future__ import annotations
 
 import json
+import os
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -40,6 +42,18 @@ def read_columns(parquet: pq.ParquetFile, path: Path, wanted: list[str]) -> pa.T
     return table
 
 
+TABLE_CACHE_BYTES = 64 << 20  # episode tables a reader keeps (see DatasetReader.read_table)
+
+
+def _file_identity(path: Path) -> tuple[int, ...] | None:
+    """What says a file is still the one read: size, mtime, ctime, inode, device."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
 class DatasetReader:
     """Read-only view of one raw v2.1 dataset directory."""
 
@@ -52,6 +66,11 @@ class DatasetReader:
         # episode file paths found (checked, existing) by _resolve_template: a validation and
         # the export after it ask for each one several times
         self._resolved: dict[tuple[str, int, str], Path] = {}
+        # whole episode tables read, by episode: a validation reads each one and the export
+        # after it reads it again. Served only while the file is the one read (size, times,
+        # inode), within TABLE_CACHE_BYTES (oldest dropped first)
+        self._tables: OrderedDict[int, tuple[tuple[int, ...], pa.Table]] = OrderedDict()
+        self._table_bytes = 0
 
     # ---- metadata ------------------------------------------------------------------------
 
@@ -312,12 +331,22 @@ class DatasetReader:
         path = self.data_path(episode_index)
         if not path.exists():
             raise DatasetError(f"{path}: episode {episode_index} parquet missing")
+        identity = None
+        if columns is None:
+            identity = _file_identity(path)
+            cached = self._tables.get(episode_index)
+            if cached is not None and identity is not None and cached[0] == identity:
+                self._tables.move_to_end(episode_index)
+                return cached[1]
         try:
             # one file, read by its own reader: pq.read_table goes through the dataset layer
             # (discovery, fragments), which costs more than reading a small episode file
             with pq.ParquetFile(path) as parquet:
                 if columns is None:
-                    return parquet.read(use_threads=False)
+                    table = parquet.read(use_threads=False)
+                    if identity is not None and identity == _file_identity(path):
+                        self._remember_table(episode_index, identity, table)
+                    return table
                 present = set(parquet.schema_arrow.names)
                 missing = [c for c in columns if c not in present]
                 if missing:  # ParquetFile.read would leave them out without a word
@@ -325,6 +354,18 @@ class DatasetReader:
                 return read_columns(parquet, path, list(columns))
         except (pa.ArrowInvalid, pa.ArrowKeyError, KeyError, OSError) as e:
             raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
+
+    def _remember_table(self, episode: int, identity: tuple[int, ...], table: pa.Table) -> None:
+        old = self._tables.pop(episode, None)
+        if old is not None:
+            self._table_bytes -= old[1].nbytes
+        if table.nbytes > TABLE_CACHE_BYTES // 2:
+            return  # a huge episode: not worth the memory
+        self._tables[episode] = (identity, table)
+        self._table_bytes += table.nbytes
+        while self._table_bytes > TABLE_CACHE_BYTES:
+            _, (_, dropped) = self._tables.popitem(last=False)
+            self._table_bytes -= dropped.nbytes
 
     def read_vector(self, episode_index: int, column: str) -> np.ndarray:
         """A vector column as an (n, dim) numpy array (scalars as (n,))."""
