@@ -181,9 +181,11 @@ def test_files_are_planned_from_the_source_file_sizes(source: Path, tmp_path: Pa
     reader = DatasetReader(source)
     parquet = [reader.data_path(ep).stat().st_size for ep in range(len(FRAMES))]
     videos = {key: [reader.video_path(ep, key).stat().st_size for ep in range(4)] for key in CAMS}
-    # Room for about two source parquet files per data file, and about 1.5 MP4s per video file.
+    # Room for about two source parquet files per data file, and for the largest MP4 alone in a
+    # video file: two episodes of one data file then never share a video file, whatever the
+    # encoder made of them (MP4 sizes differ with x264's thread count, which the host sets)
     data_mb = 2.1 * max(parquet) / 2**20
-    video_mb = 1.5 * max(max(v) for v in videos.values()) / 2**20
+    video_mb = max(max(v) for v in videos.values()) / 2**20
     dest = tmp_path / "v3"
     export(source, dest, data_files_size_in_mb=data_mb, video_files_size_in_mb=video_mb)
     rows = locators(dest)
