@@ -214,3 +214,46 @@ def test_exports_are_the_same_bytes_with_and_without_direct_writes(
         export_dataset(source, fmt)
         manifests[direct] = export_manifest(root / "export")
     assert manifests["1"] and manifests["1"] == manifests["0"]
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_mcap_chunks_are_placed_to_be_written_uncopied(disk_dir: Path, background: bool) -> None:
+    """The MCAP writer places each uncompressed chunk's records in memory at the offset from a
+    block boundary they have in the file, so the direct writer sends them uncopied; the file is
+    the bytes an in-memory stream gets, and the official reader reads it with CRCs checked."""
+    import io
+
+    from mcap.reader import make_reader
+
+    from eva.formats.mcap.writer import McapEpisodeWriter
+
+    rng = np.random.default_rng(5)
+    frames = rng.integers(0, 256, (40, 120, 160, 3), np.uint8)
+    texts = [rng.bytes(int(n)) for n in rng.integers(1, 3000, 40)]
+
+    def write(stream: object) -> None:
+        writer = McapEpisodeWriter(
+            stream,  # type: ignore[arg-type]
+            compression="none",
+            chunk_size=256 * 1024,
+            background=background,
+        )
+        writer.register_schema(1, "eva.Test", "jsonschema", b"{}")
+        writer.register_channel(1, "/camera", "msgpack", 1)
+        writer.register_channel(2, "/text", "json", 1)
+        for i, (frame, text) in enumerate(zip(frames, texts, strict=True)):
+            writer.add_ndarray_message(1, i, 1000 + i, 1000 + i, frame)
+            writer.add_message(2, i, 1000 + i, 1000 + i, text)
+        writer.finish()
+        writer.close()
+
+    memory = io.BytesIO()
+    write(memory)
+    path = disk_dir / "ep.mcap"
+    with SequentialWriter(path) as out:
+        write(out)
+    assert path.read_bytes() == memory.getvalue()
+    assert out.uncopied_bytes > 0.9 * frames.nbytes
+    with path.open("rb") as f:
+        reader = make_reader(f, validate_crcs=True)
+        assert sum(1 for _ in reader.iter_messages()) == 80

@@ -74,7 +74,11 @@ def frame_fill(
     stamps = np.ascontiguousarray(times, np.int64)
 
     def fill(
-        buffer: bytearray, used: int, chunk_size: int, message: int, offsets: np.ndarray
+        buffer: bytearray | memoryview,
+        used: int,
+        chunk_size: int,
+        message: int,
+        offsets: np.ndarray,
     ) -> tuple[int, int, int]:
         done, used, needed = kernel.frame_records(
             sources, stamps, first, message, buffer, used, chunk_size, offsets

@@ -111,7 +111,13 @@ class RecordFill(Protocol):
     message not written, ``used`` after them, the size of the record that did not fit or 0)."""
 
     def __call__(
-        self, buffer: bytearray, used: int, chunk_size: int, first: int, offsets: np.ndarray, /
+        self,
+        buffer: bytearray | memoryview,
+        used: int,
+        chunk_size: int,
+        first: int,
+        offsets: np.ndarray,
+        /,
     ) -> tuple[int, int, int]: ...
 
 
@@ -136,7 +142,12 @@ class PayloadFill:
         self.head_starts, self.tail_starts = heads.starts, tails.starts
 
     def __call__(
-        self, buffer: bytearray, used: int, chunk_size: int, first: int, offsets: np.ndarray
+        self,
+        buffer: bytearray | memoryview,
+        used: int,
+        chunk_size: int,
+        first: int,
+        offsets: np.ndarray,
     ) -> tuple[int, int, int]:
         count = len(self.records)
         if first >= count:
@@ -189,8 +200,9 @@ class ChunkBuffer(RecordBuilder):
     for a record that does not fit.
     """
 
-    def __init__(self, buffer: bytearray) -> None:
+    def __init__(self, buffer: bytearray | memoryview) -> None:
         # No super().__init__(): the library's builder would make a BytesIO this one never uses.
+        # A memoryview: a part of a larger buffer (the MCAP writer places chunks so).
         self.buffer = buffer
         self.used = 0
         self._record_start = 0
@@ -204,7 +216,7 @@ class ChunkBuffer(RecordBuilder):
     def room(self) -> int:
         return len(self.buffer) - self.used
 
-    def reset(self, buffer: bytearray | None = None) -> None:
+    def reset(self, buffer: bytearray | memoryview | None = None) -> None:
         """Start a new chunk (in ``buffer`` when given)."""
         if buffer is not None:
             self.buffer = buffer

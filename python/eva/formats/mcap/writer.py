@@ -54,7 +54,7 @@ from mcap.writer import MCAP0_MAGIC
 
 from eva.dataset.errors import naming_write_errors
 from eva.dataset.msgpack_codec import encode_ndarray_into, encoded_ndarray_size
-from eva.formats._direct_io import SequentialWriter
+from eva.formats._direct_io import ALIGN, SequentialWriter
 from eva.formats.mcap.layout import LIBRARY, PROFILE
 from eva.formats.mcap.records import (
     MESSAGE_OVERHEAD,
@@ -137,9 +137,17 @@ class McapEpisodeWriter:
         self._compressor = _make_compressor(compression)
         self._chunk_size = int(chunk_size)
         self._crc = crc
+        # Uncompressed chunks into a file written past the page cache: each chunk's records are
+        # placed in their buffer at the offset from a block boundary they will have in the file,
+        # so the stream writes them from the buffer uncopied (formats/_direct_io). ``_planned``
+        # is the file offset of the next chunk record, known once the messages begin.
+        self._placing = compression == "none" and bool(getattr(stream, "direct", False))
+        self._buffer_size = self._chunk_size + BUFFER_SLACK + (ALIGN if self._placing else 0)
+        self._planned: int | None = None
         # Two chunk buffers, reused for every chunk (the second is allocated when first needed);
-        # a buffer only grows (once) for a message larger than the chunk size.
-        first = spare_buffers.take(self._chunk_size + BUFFER_SLACK)
+        # a buffer only grows (once) for a message larger than the chunk size. The records of a
+        # chunk are written into a view of one (``_view``).
+        first = spare_buffers.take(self._buffer_size)
         self._bufs: list[bytearray | None] = [first, None]
         self._buf_index = 0
         self._records = ChunkBuffer(first)
@@ -193,6 +201,24 @@ class McapEpisodeWriter:
         self._channel_counts[channel_id] = 0
         self._emit(channel)
 
+    def _view(self, index: int) -> bytearray | memoryview:
+        """Chunk buffer ``index`` as the next chunk's records go into it: placed (a view from
+        the right offset) when the next chunk's file offset is known, else the whole buffer."""
+        buffer = self._bufs[index]
+        assert buffer is not None
+        if self._planned is None or len(buffer) != self._buffer_size or not self._placing:
+            return buffer
+        address = np.frombuffer(buffer, np.uint8).ctypes.data
+        shift = (self._planned + CHUNK_HEAD - address) % ALIGN
+        return memoryview(buffer)[shift : shift + self._chunk_size + BUFFER_SLACK]
+
+    def _begin_messages(self) -> None:
+        """The first message: the data section before the chunks is written, so the first
+        chunk's offset is known and its buffer can be placed."""
+        self._planned = self._pos
+        if self._records.used == 0:
+            self._records.reset(self._view(self._buf_index))
+
     def _check_no_messages_yet(self, what: str) -> None:
         # Schemas and channels go straight to the stream, which the helper thread owns once
         # chunks are being flushed.
@@ -201,6 +227,8 @@ class McapEpisodeWriter:
 
     def _reserve(self, size: int) -> int:
         """Make room for a ``size``-byte record in the chunk buffer; return its offset."""
+        if self._planned is None:
+            self._begin_messages()
         if self._records.used and self._records.used + size > self._chunk_size:
             self._flush_chunk()
         if size > self._records.room:
@@ -312,6 +340,8 @@ class McapEpisodeWriter:
         count = len(channel_ids)
         offsets = np.empty(count, np.int64)
         first = 0
+        if self._planned is None:
+            self._begin_messages()
         while first < count:
             records = self._records
             done, used, needed = fill(
@@ -363,23 +393,24 @@ class McapEpisodeWriter:
             return
         chunk.used = self._records.used
         buffer = self._records.buffer
+        if self._planned is not None:  # where the chunk after this one starts in the file
+            self._planned += CHUNK_HEAD + chunk.used + index_length(chunk)
         # The other buffer is free once its flush (the only one in flight) has finished.
         self._wait_pending()
         self._chunk = _ChunkState()
         if last or not self._background:
-            self._records.reset()
             self._write_chunk(buffer, chunk)
+            self._records.reset(self._view(self._buf_index))
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eva-mcap-flush")
         self._pending = self._executor.submit(self._write_chunk, buffer, chunk)
         self._buf_index ^= 1
-        other = self._bufs[self._buf_index]
-        if other is None:
-            other = self._bufs[self._buf_index] = spare_buffers.take(len(buffer))
-        self._records.reset(other)
+        if self._bufs[self._buf_index] is None:
+            self._bufs[self._buf_index] = spare_buffers.take(self._buffer_size)
+        self._records.reset(self._view(self._buf_index))
 
-    def _write_chunk(self, buf: bytearray, chunk: _ChunkState) -> None:
+    def _write_chunk(self, buf: bytearray | memoryview, chunk: _ChunkState) -> None:
         out = self._chunk_out
         with memoryview(buf)[: chunk.used] as records:
             crc = crc32(records) if self._crc else 0
@@ -493,6 +524,21 @@ class McapEpisodeWriter:
         spare_buffers.give_back([b for b in self._bufs if b is not None])
         self._bufs = [None, None]
         self._records.reset(bytearray())
+
+
+# The bytes of an uncompressed Chunk record before its records: opcode and length (9), start
+# and end times, uncompressed size (24), CRC (4), the empty compression string (4), the
+# records' length (8).
+CHUNK_HEAD = 9 + 24 + 4 + 4 + 8
+
+
+def index_length(chunk: _ChunkState) -> int:
+    """The bytes of ``chunk``'s MessageIndex records: one per channel (opcode, length, channel
+    id, array length: 15 bytes) plus 16 per message."""
+    channels = set(chunk.index)
+    for channel_ids, _, _ in chunk.batches:
+        channels.update(np.unique(channel_ids).tolist())
+    return 15 * len(channels) + 16 * chunk.messages
 
 
 @contextlib.contextmanager
