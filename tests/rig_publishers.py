@@ -50,6 +50,10 @@ def publish_udp(port: int, seconds: float, width: int = 160, height: int = 120) 
         stream.pix_fmt = "yuv420p"
         # a keyframe a third of a second: a receiver that joins late starts quickly
         stream.options = {"preset": "ultrafast", "tune": "zerolatency", "g": "10", "bf": "0"}
+        # RIG_SEND_LOG: each frame's lateness against its schedule, as it leaves (a test tells
+        # a stall of this process, which the receiver rightly reports, from one of eva's)
+        log_path = os.environ.get("RIG_SEND_LOG")
+        log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
         start = time.monotonic()
         i = 0
         while time.monotonic() - start < seconds:
@@ -57,6 +61,8 @@ def publish_udp(port: int, seconds: float, width: int = 160, height: int = 120) 
             frame.pts = i
             for packet in stream.encode(frame):
                 out.mux(packet)
+            if log is not None:
+                log.write(f"{i} {time.monotonic() - (start + i / FPS):.6f}\n")
             i += 1
             delay = start + i / FPS - time.monotonic()
             if delay > 0:
