@@ -64,6 +64,15 @@ class BatchBuffers:
         return buffers
 
 
+def pad_edge_chunk(batch: np.ndarray, count: int, frames_per_chunk: int) -> int:
+    """Frames ``batch[:count]`` rounded up to whole chunks, the rest of the last one zeroed
+    (HDF5 stores an episode's edge chunk whole); returns that frame count."""
+    padded = -(-count // frames_per_chunk) * frames_per_chunk
+    if padded > count:
+        batch[count:padded] = 0
+    return padded
+
+
 class ChunkFile:
     """The image chunks of an uncompressed dataset, written by eva at the file offsets HDF5
     allocated them (at creation: ``ALLOC_TIME_EARLY``), a run of adjacent chunks per write.
@@ -94,9 +103,7 @@ class ChunkFile:
     def write(self, batch: np.ndarray, start: int, count: int) -> None:
         """batch[:count] at frame ``start`` (chunk-aligned); the episode's last chunk is padded."""
         fpc = self.frames_per_chunk
-        padded = -(-count // fpc) * fpc
-        if padded > count:
-            batch[count:padded] = 0  # HDF5 stores an edge chunk whole
+        padded = pad_edge_chunk(batch, count, fpc)
         first, chunks = start // fpc, padded // fpc
         offsets = self.offsets[first : first + chunks]
         breaks = np.flatnonzero(np.diff(offsets) != self.chunk_bytes) + 1
@@ -165,7 +172,7 @@ class EpisodeWriter:
             "compression": opts.h5py_compression,
             "compression_level": opts.compression_level,
         }
-        # Uncompressed: chunks aligned and allocated up front, then written by eva (_flush).
+        # Uncompressed: chunks aligned and allocated up front, then written by eva (ChunkFile).
         layout_args = (
             {"alignment_threshold": ALIGNMENT_THRESHOLD, "alignment_interval": ALIGN}
             if opts.h5py_compression is None
@@ -276,7 +283,7 @@ class EpisodeWriter:
                 if chunk_file is not None:
                     chunk_file.write(buffers[index], written, count)
                 else:
-                    self._flush(dataset, buffers[index], written, count)
+                    self._flush_compressed(dataset, buffers[index], written, count)
                 written += count
                 free.put(index)
         finally:
@@ -340,27 +347,25 @@ class EpisodeWriter:
         full.put((current, filled))
         full.put(None)
 
-    def _flush(self, dataset: h5py.Dataset, batch: np.ndarray, start: int, count: int) -> None:
-        """Write batch[:count] at frame ``start``: whole chunks only (``start`` is chunk-aligned)."""
+    def _flush_compressed(
+        self, dataset: h5py.Dataset, batch: np.ndarray, start: int, count: int
+    ) -> None:
+        """Write batch[:count] at frame ``start`` (chunk-aligned) into a compressed dataset
+        (uncompressed ones are ``ChunkFile``'s)."""
         fpc = self.options.frames_per_chunk
-        compression = self.options.h5py_compression
-        if compression not in (None, "gzip"):
+        if self.options.h5py_compression != "gzip":
             # lzf has no Python-side compressor: HDF5's filter pipeline, one whole-chunk block.
             dataset[start : start + count] = batch[:count]
             return
-        padded = -(-count // fpc) * fpc
-        if padded > count:
-            # The last chunk of the episode: HDF5 stores edge chunks whole, so pad it.
-            batch[count:padded] = 0
-        blocks: list[np.ndarray] | list[bytes] = [
-            batch[offset : offset + fpc] for offset in range(0, padded, fpc)
-        ]
-        if compression == "gzip":
-            # HDF5's deflate filter stores a zlib stream: compress the chunks ourselves on every
-            # core (zlib releases the GIL) and write the results as already-filtered chunks.
-            level = self.options.compression_level
-            level = 4 if level is None else level
-            blocks = list(self._pool().map(lambda block: zlib.compress(block, level), blocks))
+        padded = pad_edge_chunk(batch, count, fpc)
+        # HDF5's deflate filter stores a zlib stream: compress the chunks ourselves on every
+        # core (zlib releases the GIL) and write the results as already-filtered chunks.
+        level = self.options.compression_level
+        level = 4 if level is None else level
+        blocks = self._pool().map(
+            lambda offset: zlib.compress(batch[offset : offset + fpc].data, level),
+            range(0, padded, fpc),
+        )
         dataset_id = dataset.id
         for offset, block in zip(range(0, padded, fpc), blocks, strict=True):
             dataset_id.write_direct_chunk((start + offset, 0, 0, 0), block)
