@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -17,6 +18,7 @@ import av
 import h5py
 import numpy as np
 import pyarrow as pa
+from h5py import h5f, h5i
 
 from eva.dataset import embedded, layout
 from eva.dataset.columns import column_values as column_value  # the `columns` group's values
@@ -62,6 +64,32 @@ class BatchBuffers:
             buffers = [aligned_empty((frames, height, width, 3)) for _ in range(self.COUNT)]
             self._buffers[key] = buffers
         return buffers
+
+
+def abandon(h5: h5py.File, path: Path) -> None:
+    """Close the file at ``path`` that a failed write leaves (it is deleted next), so that no
+    HDF5 object of it is left to fail later. HDF5 flushes its metadata as the objects close,
+    which fails again on a full disk; h5py's ``close`` stops at the first failure, and the
+    objects left open fail once more when Python collects them (the traceback keeps them
+    alive), as "Exception ignored" lines on stderr after the error was reported. So the file's
+    blocks are freed first (truncated: its bytes are garbage now), which leaves room for that
+    last flush, and whatever still fails to close is released anyway."""
+    with contextlib.suppress(OSError):
+        os.truncate(path, 0)
+    with contextlib.suppress(Exception):
+        h5.close()
+    file_id = h5.id
+    for kinds in (h5f.OBJ_LOCAL | ~h5f.OBJ_FILE, h5f.OBJ_LOCAL | h5f.OBJ_FILE):
+        try:
+            objects = h5f.get_obj_ids(file_id, kinds) if file_id.valid else []
+        except Exception:
+            objects = []
+        for obj in objects:
+            for _ in range(64):  # a reference per handle; a failed close still drops one
+                if not obj.valid:
+                    break
+                with contextlib.suppress(Exception):
+                    h5i.dec_ref(obj)
 
 
 def pad_edge_chunk(batch: np.ndarray, count: int, frames_per_chunk: int) -> int:
@@ -180,15 +208,21 @@ class EpisodeWriter:
         )
         try:
             # h5py reports a full disk as "Can't close file (file write failed ...)": name it.
-            with naming_write_errors(path), h5py.File(tmp, "w", **layout_args) as h5:
-                write_mapping(h5.create_group("columns"), column_values, **compression)
-                images = h5.create_group("images")
-                for index, (key, video) in enumerate(videos.items()):
-                    item = images.create_group(ITEM_NAME.format(index))
-                    item.attrs["key"] = key
-                    item.attrs["kind"] = "array"
-                    self._write_camera(item, key, Path(video), rows, label, tmp)
-                write_mapping(h5.create_group("metadata"), metadata)
+            with naming_write_errors(path):
+                h5 = h5py.File(tmp, "w", **layout_args)
+                try:
+                    write_mapping(h5.create_group("columns"), column_values, **compression)
+                    images = h5.create_group("images")
+                    for index, (key, video) in enumerate(videos.items()):
+                        item = images.create_group(ITEM_NAME.format(index))
+                        item.attrs["key"] = key
+                        item.attrs["kind"] = "array"
+                        self._write_camera(item, key, Path(video), rows, label, tmp)
+                    write_mapping(h5.create_group("metadata"), metadata)
+                    h5.close()  # HDF5's last metadata flush: it fails too on a full disk
+                except BaseException:
+                    abandon(h5, tmp)
+                    raise
             os.replace(tmp, path)
         except RuntimeError as e:
             tmp.unlink(missing_ok=True)
