@@ -176,3 +176,15 @@ def test_progress_shows_names_as_they_are_not_as_markup() -> None:
     text = out.getvalue()
     assert "e[red]1[/]" in text
     assert "x [b]p[/b]: [i]" in text
+
+
+def test_the_command_keeps_openblas_to_one_thread_unless_told() -> None:
+    # eva makes no BLAS call; NumPy's OpenBLAS threads only took CPU from the video checks
+    code = "import os, eva.cli, numpy; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"
+    env["OPENBLAS_NUM_THREADS"] = "3"  # the user's value wins
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "3"

@@ -8,6 +8,13 @@ library. Exit codes, the same for every command: 0 ok, 1 the work failed or the 
 
 from __future__ import annotations
 
+import os
+
+# Before NumPy is imported: its OpenBLAS starts a thread per core at import, which busy-wait as
+# they start (about 0.1 CPU-s; a v3 export's median CPU fell 0.14 s without them, on 2 cores where
+# the video checks' decode threads need both). eva makes no BLAS call. A value set by the user wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import importlib
 import signal
 from typing import Any
