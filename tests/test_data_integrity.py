@@ -253,6 +253,44 @@ def test_damaged_mp4_fails_validate_and_export(raw: Path) -> None:
     assert not _export_root(raw).exists()
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("fmt", ["lerobot_v21", "lerobot_v3", "hdf5", "mcap"])
+def test_a_damaged_mp4_found_while_the_pair_is_written_keeps_the_published_one(
+    raw: Path, fmt: str
+) -> None:
+    # The MP4 inspections run while the staging dir is written: their refusal comes after files
+    # were made, and must leave exactly what a refusal before the lock leaves.
+    export_dataset(raw, fmt)
+    root = layout.export_root(raw, fmt)
+    published = _tree(root / "accepted"), _tree(root / "rejected")
+    video = DatasetReader(raw).video_path(2, FRONT)
+    _damage(video)
+    expected = [p for p in validate_dataset(raw)][0].message
+    with pytest.raises(DatasetError) as refused:
+        export_dataset(raw, fmt)
+    assert str(refused.value).startswith(expected) and str(video) in str(refused.value)
+    assert (_tree(root / "accepted"), _tree(root / "rejected")) == published
+    assert sorted(p.name for p in root.parent.iterdir() if p.name.startswith(".eva-")) == [
+        f".eva-{fmt}.lock"
+    ]  # no staging or backup dir left
+    job = json.loads((root / "job.json").read_text())
+    assert job["state"] == "failed" and job["error"].startswith(expected)
+
+
+def test_a_damaged_mp4_refused_while_writing_a_first_export_leaves_nothing(raw: Path) -> None:
+    video = DatasetReader(raw).video_path(0, FRONT)
+    _damage(video)
+    for fmt in ("lerobot_v3", "hdf5"):
+        with pytest.raises(DatasetError, match=str(video)):
+            export_dataset(raw, fmt)
+        assert not _export_root(raw).exists()  # not the root, its job.json, nor the lock
+
+
 def test_verify_decodes_a_whole_file_per_camera_and_full_decodes_all(raw: Path) -> None:
     result = export_dataset(
         raw, "lerobot_v21", options=ExportOptions(format=LeRobotV21Options(copy_videos=True))
@@ -503,10 +541,11 @@ def test_episode_committed_between_validation_and_preparation(
     reader = DatasetReader(raw)
     assert validate_dataset(raw, reader=reader) == []  # the snapshot: 3 episodes
     synthetic_dataset(episodes=1, frames=[9], state_dim=4, tasks=["a"])  # a capture commits
-    _, plan, metas = prepare(raw, reader=reader)
+    _, plan, metas, late = prepare(raw, reader=reader)
+    assert late is None  # every check done before it returned
     assert sum(m.total_episodes for m in metas.values()) == 3
     assert sorted(plan.accepted + plan.rejected) == [0, 1, 2]
-    _, plan, metas = prepare(raw)  # a new export sees the new episode
+    _, plan, metas, _ = prepare(raw)  # a new export sees the new episode
     assert sum(m.total_episodes for m in metas.values()) == 4
 
 

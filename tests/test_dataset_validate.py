@@ -337,3 +337,30 @@ def test_on_table_hands_over_the_index_columns_read(raw: Path) -> None:
         source = DatasetReader(raw).read_table(ep)
         for name in table.column_names:
             assert table.column(name).equals(source.column(name))
+
+
+def test_checks_run_later_keep_their_place_in_the_walk() -> None:
+    from eva.dataset.validate import ProblemCollector
+
+    out = ProblemCollector()
+    out.add("a", "first")
+    out.later(lambda c: c.add("b", "second"))
+    out.add("c", "third")
+    out.later(lambda c: None)  # a later check that finds nothing
+    out.later(lambda c: (c.add("d", "fourth"), c.later(lambda cc: cc.add("e", "fifth"))))
+    out.add("f", "sixth")
+    assert [p.code for p in out.problems] == ["a", "c", "f"] and out.unsettled
+    assert [p.code for p in out.settle()] == ["a", "b", "c", "d", "e", "f"]
+    assert not out.unsettled and [p.code for p in out.problems] == ["a", "b", "c", "d", "e", "f"]
+
+
+def test_a_started_validation_completes_as_validate_dataset(raw: Path) -> None:
+    from eva.dataset.validate import start_validation
+
+    video = DatasetReader(raw).video_path(1, FRONT)
+    video.write_bytes(video.read_bytes()[:-300])  # a truncated mdat: found by its inspection
+    with start_validation(raw) as validation:
+        assert validation.waiting  # the walk is done; the MP4 checks may still run
+        assert all(p.path != str(video) for p in validation.found)
+        problems = validation.complete()
+    assert problems == validate_dataset(raw) and any(p.path == str(video) for p in problems)

@@ -87,7 +87,7 @@ def test_renumbered_files_are_new_files_and_the_published_ones_are_untouched(
     root = layout.export_root(source, fmt)
     published = {p: p.read_bytes() for p in (root / "accepted" / "data").rglob("*.*")}
     _set_verdict(source, 1, "pass")
-    reader, _, metas = prepare(source)
+    reader, _, metas, _ = prepare(source)
     episodes = importlib.import_module(f"eva.formats.{fmt}").EPISODES  # an EpisodeFormat
     staging = tmp_path / "staging"
     tasks = episodes.subset_tasks(reader, metas["accepted"], staging, ExportOptions())

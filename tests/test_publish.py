@@ -142,3 +142,24 @@ def test_lock_refuses_second_export(tmp_path: Path) -> None:
         holder.wait()
     with export_lock(root, "raw to lerobot_v21"):
         pass
+
+
+def test_the_lock_is_taken_on_the_file_its_path_names(tmp_path: Path) -> None:
+    # A refused export removes the lock file it created; one that opened it just before locks
+    # the file now at the path instead, so that two exports never hold two different locks.
+    from eva.publish import _still_linked, lock_path
+
+    root = tmp_path / "export" / "lerobot_v3"
+    with export_lock(root, "a dataset"):
+        path = lock_path(root)
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _still_linked(fd, path)
+        path.unlink()
+        assert not _still_linked(fd, path)
+        path.write_text("")  # another file by that name
+        assert not _still_linked(fd, path)
+    finally:
+        os.close(fd)
+    with export_lock(root, "a dataset"):
+        assert path.read_text().strip() == str(os.getpid())

@@ -42,6 +42,7 @@ from eva.jobs import EXPORT_JOB, mark_interrupted
 STAGING_PREFIX = ".eva-staging-"
 BACKUP_PREFIX = ".eva-backup-"
 COMPLETE_MARKER = ".eva-complete"
+LOCK_ATTEMPTS = 3  # opens of the lock file when the one locked was unlinked meanwhile
 
 
 class ExportBusy(DatasetError):
@@ -65,23 +66,43 @@ def export_lock(root: Path, description: str) -> Iterator[None]:
     """Hold the exclusive export lock of ``root`` or raise ``ExportBusy`` at once."""
     path = lock_path(root)
     fsafe.check_export_tree(root)
-    fsafe.real_directory(path.parent, create=True)
-    try:
-        fd = fsafe.create_file(path)
-    except OSError as e:  # EROFS, EACCES: one line naming the lock
-        raise fsafe.os_error(e, path) from None
-    try:
+    for _ in range(LOCK_ATTEMPTS):
+        fsafe.real_directory(path.parent, create=True)
+        try:
+            fd = fsafe.create_file(path)
+        except OSError as e:  # EROFS, EACCES: one line naming the lock
+            raise fsafe.os_error(e, path) from None
         if not flock_fd(fd, wait=False):
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            try:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            finally:
+                os.close(fd)
             raise ExportBusy(
                 f"{path}: another export (or an upload) of {description} is already running "
                 f"(pid {holder}); wait for it to finish"
             )
+        if _still_linked(fd, path):
+            break
+        # a refused export removed the lock file it had made, after this open: lock the new one
+        os.close(fd)
+    else:
+        raise ExportBusy(f"{path}: replaced while it was being locked; try again")
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # closing releases the flock
+
+
+def _still_linked(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def make_staging(root: Path, export_id: str) -> Path:

@@ -6,7 +6,10 @@ Order of work (nothing is written before the source has passed validation):
 2. source validation (``eva.dataset.validate``) plus the export's own checks (v2.1 only, task
    indices resolvable, stats available) -> one-line ``DatasetError`` naming file/episode/field,
    the split plan and one ``SubsetMeta`` per subset, all from one snapshot of the source's
-   metadata, before anything is written (not even the lock or job.json);
+   metadata, before anything is written (not even the lock or job.json). Only the MP4
+   inspections of a source that passed every other check may still run after this step
+   (``LateVideoChecks``); their verdict is awaited before step 5, and a refusal from them
+   removes whatever this run made, so that it leaves what a refusal here leaves;
 3. the export lock (a second export of the same source+format is refused), then ``recover`` of
    whatever an interrupted earlier run left;
 4. both subsets written by the format module into one hidden staging dir, each with its
@@ -52,7 +55,14 @@ from eva.jobs import (
     write_job,
 )
 from eva.progress import Progress
-from eva.publish import export_lock, make_staging, mark_complete, publish_pair, recover
+from eva.publish import (
+    export_lock,
+    lock_path,
+    make_staging,
+    mark_complete,
+    publish_pair,
+    recover,
+)
 from eva.quality.split import SplitPlan, plan_split
 from eva.quality.verdicts import RULE
 from eva.timestamps import utc_now
@@ -80,17 +90,73 @@ def problem_line(problem: Any) -> str:
 CARRIABLE_PROBLEMS = {"allow_non_finite": ("non_finite_values",)}
 
 
+class SourceRefused(DatasetError):
+    """The source failed validation: nothing of this export may remain (``export_dataset``)."""
+
+
+def _refusal(source: Path, problems: list[Any], allow_non_finite: bool) -> SourceRefused | None:
+    """The error of a source with ``problems`` (its first one, with a count of the others), or
+    None when every problem is one the export was asked to carry."""
+    if allow_non_finite:
+        problems = [p for p in problems if p.code not in CARRIABLE_PROBLEMS["allow_non_finite"]]
+    if not problems:
+        return None
+    more = (
+        f" (and {len(problems) - 1} more problems: eva validate {source} lists them)"
+        if len(problems) > 1
+        else ""
+    )
+    hint = (
+        " (eva export --allow-non-finite exports them as they are)"
+        if problems[0].code in CARRIABLE_PROBLEMS["allow_non_finite"]
+        else ""
+    )
+    return SourceRefused(problem_line(problems[0]) + hint + more)
+
+
+class LateVideoChecks:
+    """The MP4 inspections of a source validation that passed every other check, still running
+    while the export writes its staging dir (a v3 export copies sample bytes, an hdf5 export
+    decodes: the inspections' keyframe decodes take the other core meanwhile). ``refusal()``
+    waits for them: the source's refusal, the one an up-front validation would have raised
+    (problems in the same order), or None. Nothing is published before it returned None."""
+
+    def __init__(self, source: Path, validation: Any, allow_non_finite: bool) -> None:
+        self._source = source
+        self._validation = validation
+        self._allow_non_finite = allow_non_finite
+        self._refusal: SourceRefused | None = None
+        self._done = False
+
+    def refusal(self) -> SourceRefused | None:
+        if not self._done:
+            self._done = True
+            problems = self._validation.complete()
+            self._refusal = _refusal(self._source, problems, self._allow_non_finite)
+        return self._refusal
+
+    def close(self) -> None:
+        """Stop the inspections (an interrupted export does not wait for their verdict)."""
+        self._validation.close()
+
+
 def validate_source(
-    source: Path, *, reader: DatasetReader | None = None, allow_non_finite: bool = False
-) -> dict[int, np.ndarray]:
+    source: Path,
+    *,
+    reader: DatasetReader | None = None,
+    allow_non_finite: bool = False,
+    late_videos: bool = False,
+) -> tuple[dict[int, np.ndarray], LateVideoChecks | None]:
     """Stop with the first problem of the shared v2.1 validation (file/episode/field named).
 
     Returns each episode's ``task_index`` column as read by the validation's checks (so the
     export does not read every parquet again for the task remap); an episode without rows or
     without that column is absent. ``reader``: validate the snapshot that reader holds.
     ``allow_non_finite``: NaN/inf in vector columns are exported as they are, not refused.
+    ``late_videos``: when every check but the MP4 inspections has passed, return without
+    waiting for those, as ``LateVideoChecks`` (else None: the whole validation has passed).
     """
-    from eva.dataset.validate import validate_dataset
+    from eva.dataset.validate import start_validation
 
     task_values: dict[int, np.ndarray] = {}
 
@@ -98,22 +164,22 @@ def validate_source(
         if "task_index" in table.column_names:
             task_values[episode] = table.column("task_index").to_numpy()
 
-    problems = validate_dataset(source, decode=False, on_table=keep_task_index, reader=reader)
-    if allow_non_finite:
-        problems = [p for p in problems if p.code not in CARRIABLE_PROBLEMS["allow_non_finite"]]
-    if problems:
-        more = (
-            f" (and {len(problems) - 1} more problems: eva validate {source} lists them)"
-            if len(problems) > 1
-            else ""
-        )
-        hint = (
-            " (eva export --allow-non-finite exports them as they are)"
-            if problems[0].code in CARRIABLE_PROBLEMS["allow_non_finite"]
-            else ""
-        )
-        raise DatasetError(problem_line(problems[0]) + hint + more)
-    return task_values
+    validation = start_validation(source, decode=False, on_table=keep_task_index, reader=reader)
+    try:
+        if (
+            late_videos
+            and validation.waiting
+            and not _refusal(source, validation.found, allow_non_finite)
+        ):
+            return task_values, LateVideoChecks(source, validation, allow_non_finite)
+        # a problem found already: the inspections decide which one comes first
+        refusal = _refusal(source, validation.complete(), allow_non_finite)
+    except BaseException:
+        validation.close()
+        raise
+    if refusal is not None:
+        raise refusal
+    return task_values, None
 
 
 def _check_version(reader: DatasetReader) -> None:
@@ -176,16 +242,40 @@ def complete_episode_stats(reader: DatasetReader, episode: int) -> dict[str, Any
 
 
 def prepare(
-    source: Path, *, reader: DatasetReader | None = None, allow_non_finite: bool = False
-) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]]:
+    source: Path,
+    *,
+    reader: DatasetReader | None = None,
+    allow_non_finite: bool = False,
+    late_videos: bool = False,
+) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta], LateVideoChecks | None]:
     """Validate ``source`` and describe both subsets. Reads metadata and index columns only.
 
     Validation and description use ONE reader, hence one snapshot of the metadata files: an
     episode a running capture commits meanwhile is not half-seen (validated by neither, but
-    described), it is simply not part of this export.
+    described), it is simply not part of this export. ``late_videos``: as ``validate_source``
+    (the caller must settle the returned checks, or close them).
     """
     reader = reader if reader is not None else DatasetReader(source)
-    task_values = validate_source(source, reader=reader, allow_non_finite=allow_non_finite)
+    task_values, late = validate_source(
+        source, reader=reader, allow_non_finite=allow_non_finite, late_videos=late_videos
+    )
+    try:
+        described = _describe(reader, task_values)
+    except BaseException as e:
+        if late is not None:
+            # a validation problem comes before the export's own checks, as when none is late
+            refusal = late.refusal() if isinstance(e, DatasetError) else None
+            late.close()
+            if refusal is not None:
+                raise refusal from None
+        raise
+    return (*described, late)
+
+
+def _describe(
+    reader: DatasetReader, task_values: dict[int, np.ndarray]
+) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]]:
+    """The split plan and both subsets' metadata of a validated source."""
     _check_version(reader)
     plan = plan_split(reader.episodes)
     rows = {row["episode_index"]: row for row in reader.episodes}
@@ -270,11 +360,18 @@ def _record_refusal(
     nothing is created: the caller reports the error. A busy root keeps its running job."""
     if not (root / EXPORT_JOB).is_file():
         return
+    job = _refused_job(root, source, fmt, job_id, error)
+    with contextlib.suppress(DatasetError, OSError), export_lock(root, f"{source} to {fmt}"):
+        write_job(root / EXPORT_JOB, job)
+
+
+def _refused_job(
+    root: Path, source: Path, fmt: str, job_id: str | None, error: DatasetError
+) -> Job:
     job = _new_job(root, source, fmt, job_id)
     job.start()
     job.fail(_one_line(error))
-    with contextlib.suppress(DatasetError, OSError), export_lock(root, f"{source} to {fmt}"):
-        write_job(root / EXPORT_JOB, job)
+    return job
 
 
 def _new_job(root: Path, source: Path, fmt: str, job_id: str | None) -> Job:
@@ -429,95 +526,192 @@ def export_dataset(
         raise DatasetError(f"export job id {job_id!r}: letters, digits and '-' only")
     # The source is validated and described before anything is written (the lock and job.json
     # included): a directory that is not a dataset leaves no export root behind. Only the
-    # source is read, so no lock is needed for it.
+    # source is read, so no lock is needed for it. The MP4 inspections of a source that passed
+    # every other check go on while the staging dir is written (LateVideoChecks); a refusal
+    # from them removes all this run made, as if it had come first.
+    before = _ExportTrace.of(root)
     try:
-        prepared = prepare(source, allow_non_finite=options.allow_non_finite)
+        prepared = prepare(source, allow_non_finite=options.allow_non_finite, late_videos=True)
     except DatasetError as e:
         _record_refusal(root, source, fmt, job_id, e)
         raise
-
-    with export_lock(root, f"{source} to {fmt}"):
-        upload = read_job(job_path(root, "upload"))
-        if upload is not None and upload.state in ("queued", "running") and pid_alive(upload.pid):
-            raise DatasetError(
-                f"{job_path(root, 'upload')}: an upload of this export is {upload.state} "
-                f"(pid {upload.pid}); replacing the pair now would change files under it"
-            )
-        recovered = recover(root)
-        root.mkdir(parents=True, exist_ok=True)
-        job = _new_job(root, source, fmt, job_id)
-        recorder = JobRecorder(job, root / EXPORT_JOB)
-        # The queued -> running records need no fsync: after a power loss a "running" job whose
-        # pid is gone is marked failed by recover(); the final record is made durable below.
-        with naming_write_errors(recorder.path):
-            write_job(recorder.path, job, durable=False)
-            job.start()
-            write_job(recorder.path, job, durable=False)
-        progress = Progress()
-
-        def listener(p: Progress) -> None:
-            with naming_write_errors(recorder.path):
-                recorder.on_progress(p)
-            if on_progress is not None:
-                on_progress(p, job)
-
-        progress.listeners.append(listener)
-        staging: Path | None = None
-        try:
-            reader, plan, metas = prepared
-            progress.total_episodes = sum(m.total_episodes for m in metas.values())
-            listener(progress)
-            staging = make_staging(root, job.job_id)
-            for subset in SUBSETS:
-                (staging / subset).mkdir()
-            episodes = task_format(module)
-            per_episode = episodes is not None
-            counts = TaskCounts()
-            if episodes is not None:
-                run = ExportRun(executor, workers, incremental, ray_address)
-                counts = write_task_subsets(
-                    fmt, episodes, reader, metas, root, staging, progress, options, run
-                )
-            for subset in SUBSETS:
-                subset_dir = staging / subset
-                if not per_episode:
-                    # a write that fails (a full disk) names its file, whatever the format
-                    with naming_write_errors(subset_dir):
-                        module.write_subset(reader, metas[subset], subset_dir, progress, options)
-                write_staged_json(
-                    subset_dir / layout.QUALITY_SPLIT,
-                    quality_split_record(
-                        metas[subset], source=source, fmt=fmt, export_id=job.job_id, plan=plan
-                    ),
-                )
-                progress(files=1)
-            job.set_progress(progress)
-            job.episodes_reused = counts.reused
-            job.episodes_renumbered = counts.renumbered
-            job.episodes_rewritten = (
-                sum(m.total_episodes for m in metas.values()) - counts.reused - counts.renumbered
-            )
-            job.complete()
-            with naming_write_errors(staging / EXPORT_JOB):
-                write_job(staging / EXPORT_JOB, job, durable=False)
-                _carry_unfinished_upload(root, staging)
-            progress.set_stage("publishing")
-            with naming_write_errors(staging):
-                mark_complete(staging, job.job_id, durable=options.durable)
-            publish_pair(root, staging, exchange=exchange)
-            staging = None
-        except BaseException as e:
-            job.fail(_one_line(e))
-            job.set_progress(progress)
-            if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
-            # Recording the failure must not mask the error itself.
-            with contextlib.suppress(OSError):
-                root.mkdir(parents=True, exist_ok=True)
-                write_job(root / EXPORT_JOB, job)
+    late = prepared[3]
+    try:
+        call = _ExportCall(
+            module, source, root, fmt, options, on_progress, exchange, job_id,
+            ExportRun(executor, workers, incremental, ray_address),
+        )  # fmt: skip
+        return _export_prepared(call, prepared[:3], late, before)
+    except BaseException as e:
+        # not holding the lock (busy): nothing of this run to remove; the source's refusal
+        # still comes first, as when it is found before the lock
+        refusal = late.refusal() if late is not None and isinstance(e, Exception) else None
+        if refusal is None or refusal is e:
             raise
+        raise refusal from None
+    finally:
+        if late is not None:
+            late.close()
+
+
+@dataclass(frozen=True)
+class _ExportTrace:
+    """What of an export root existed before a run: a refused source leaves just that."""
+
+    parent: bool
+    root: bool
+    job: bool
+
+    @classmethod
+    def of(cls, root: Path) -> _ExportTrace:
+        return cls(root.parent.is_dir(), root.is_dir(), (root / EXPORT_JOB).is_file())
+
+    def restore(self, root: Path, refused: Job) -> None:
+        """Under the export lock: remove what a refused run created (its staging dir is gone
+        already), or record ``refused`` in a root that had a job record, as a refusal before
+        the lock does (``_record_refusal``)."""
+        with contextlib.suppress(OSError):
+            if self.job:
+                write_job(root / EXPORT_JOB, refused)
+                return
+            (root / EXPORT_JOB).unlink(missing_ok=True)
+            if not self.root:
+                root.rmdir()
+            if not self.parent:  # export_lock notices a lock file unlinked under it
+                lock_path(root).unlink(missing_ok=True)
+                root.parent.rmdir()
+
+
+@dataclass(frozen=True)
+class _ExportCall:
+    """An ``export_dataset`` call, its arguments checked."""
+
+    module: Any
+    source: Path
+    root: Path
+    fmt: str
+    options: ExportOptions
+    on_progress: Callable[[Progress, Job], None] | None
+    exchange: bool
+    job_id: str | None
+    run: ExportRun
+
+
+def _export_prepared(
+    call: _ExportCall,
+    prepared: tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]],
+    late: LateVideoChecks | None,
+    before: _ExportTrace,
+) -> ExportResult:
+    """``export_dataset`` from the lock on, for a source validated (but for ``late``): a
+    refusal from ``late``, whatever failed first, leaves the root as ``before`` had it."""
+    with export_lock(call.root, f"{call.source} to {call.fmt}"):
+        try:
+            return _export_locked(call, prepared, late)
+        except BaseException as e:
+            refusal = late.refusal() if late is not None and isinstance(e, Exception) else None
+            if refusal is None:
+                raise
+            refused = _refused_job(call.root, call.source, call.fmt, call.job_id, refusal)
+            before.restore(call.root, refused)
+            if refusal is e:
+                raise
+            raise refusal from None
+
+
+def _export_locked(
+    call: _ExportCall,
+    prepared: tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]],
+    late: LateVideoChecks | None,
+) -> ExportResult:
+    """The export under its lock: job record, staging dir, the format's files, publication."""
+    module, source, root, fmt = call.module, call.source, call.root, call.fmt
+    options, on_progress, exchange, job_id, run = (
+        call.options, call.on_progress, call.exchange, call.job_id, call.run
+    )  # fmt: skip
+    upload = read_job(job_path(root, "upload"))
+    if upload is not None and upload.state in ("queued", "running") and pid_alive(upload.pid):
+        raise DatasetError(
+            f"{job_path(root, 'upload')}: an upload of this export is {upload.state} "
+            f"(pid {upload.pid}); replacing the pair now would change files under it"
+        )
+    recovered = recover(root)
+    root.mkdir(parents=True, exist_ok=True)
+    job = _new_job(root, source, fmt, job_id)
+    recorder = JobRecorder(job, root / EXPORT_JOB)
+    # The queued -> running records need no fsync: after a power loss a "running" job whose
+    # pid is gone is marked failed by recover(); the final record is made durable below.
+    with naming_write_errors(recorder.path):
+        write_job(recorder.path, job, durable=False)
+        job.start()
+        write_job(recorder.path, job, durable=False)
+    progress = Progress()
+
+    def listener(p: Progress) -> None:
+        with naming_write_errors(recorder.path):
+            recorder.on_progress(p)
         if on_progress is not None:
-            on_progress(progress, job)
+            on_progress(p, job)
+
+    progress.listeners.append(listener)
+    staging: Path | None = None
+    try:
+        reader, plan, metas = prepared
+        progress.total_episodes = sum(m.total_episodes for m in metas.values())
+        listener(progress)
+        staging = make_staging(root, job.job_id)
+        for subset in SUBSETS:
+            (staging / subset).mkdir()
+        episodes = task_format(module)
+        per_episode = episodes is not None
+        counts = TaskCounts()
+        if episodes is not None:
+            counts = write_task_subsets(
+                fmt, episodes, reader, metas, root, staging, progress, options, run
+            )
+        for subset in SUBSETS:
+            subset_dir = staging / subset
+            if not per_episode:
+                # a write that fails (a full disk) names its file, whatever the format
+                with naming_write_errors(subset_dir):
+                    module.write_subset(reader, metas[subset], subset_dir, progress, options)
+            write_staged_json(
+                subset_dir / layout.QUALITY_SPLIT,
+                quality_split_record(
+                    metas[subset], source=source, fmt=fmt, export_id=job.job_id, plan=plan
+                ),
+            )
+            progress(files=1)
+        refusal = late.refusal() if late is not None else None
+        if refusal is not None:
+            raise refusal
+        job.set_progress(progress)
+        job.episodes_reused = counts.reused
+        job.episodes_renumbered = counts.renumbered
+        job.episodes_rewritten = (
+            sum(m.total_episodes for m in metas.values()) - counts.reused - counts.renumbered
+        )
+        job.complete()
+        with naming_write_errors(staging / EXPORT_JOB):
+            write_job(staging / EXPORT_JOB, job, durable=False)
+            _carry_unfinished_upload(root, staging)
+        progress.set_stage("publishing")
+        with naming_write_errors(staging):
+            mark_complete(staging, job.job_id, durable=options.durable)
+        publish_pair(root, staging, exchange=exchange)
+        staging = None
+    except BaseException as e:
+        job.fail(_one_line(e))
+        job.set_progress(progress)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        # Recording the failure must not mask the error itself.
+        with contextlib.suppress(OSError):
+            root.mkdir(parents=True, exist_ok=True)
+            write_job(root / EXPORT_JOB, job)
+        raise
+    if on_progress is not None:
+        on_progress(progress, job)
     return ExportResult(
         job=job,
         export_root=root,

@@ -30,8 +30,10 @@ The checks live beside this module by concern: ``meta`` (info.json, jsonl files,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
@@ -57,7 +59,57 @@ from eva.dataset.validate.problems import Problem, ProblemCollector
 from eva.dataset.validate.table import REQUIRED_COLUMNS, check_table
 from eva.dataset.validate.videos import VideoInspections
 
-__all__ = ["Problem", "ProblemCollector", "validate_dataset", "REQUIRED_COLUMNS"]
+__all__ = [
+    "Problem",
+    "ProblemCollector",
+    "REQUIRED_COLUMNS",
+    "Validation",
+    "start_validation",
+    "validate_dataset",
+]
+
+
+class Validation:
+    """A validation whose walk is done and whose MP4 checks may still be running on the
+    inspection threads (``start_validation``). ``found``: the problems of the checks that have
+    run; ``complete()`` waits for the others and returns every problem in walk order, exactly
+    what ``validate_dataset`` returns. ``close()`` (or leaving the ``with`` block) stops the
+    inspections not yet started."""
+
+    def __init__(self, out: ProblemCollector, videos: VideoInspections | None = None) -> None:
+        self._out = out
+        self._videos = videos
+
+    @property
+    def found(self) -> list[Problem]:
+        return list(self._out.problems)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether some checks wait on inspections (``complete`` may block)."""
+        return self._out.unsettled
+
+    def complete(self) -> list[Problem]:
+        try:
+            return self._out.settle()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._videos is not None:
+            self._videos.__exit__(None, None, None)
+            self._videos = None
+
+    def __enter__(self) -> Validation:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def validate_dataset(
@@ -80,16 +132,34 @@ def validate_dataset(
     episode_index, task_index, index, frame_index, timestamp the file has), so a caller that needs
     them (the export's task remap) does not read every parquet a second time.
     """
+    with start_validation(
+        root, decode, on_episode=on_episode, on_table=on_table, reader=reader
+    ) as validation:
+        return validation.complete()
+
+
+def start_validation(
+    root: Path | str,
+    decode: bool = False,
+    *,
+    on_episode: Callable[[int, int], None] | None = None,
+    on_table: Callable[[int, pa.Table], None] | None = None,
+    reader: DatasetReader | None = None,
+) -> Validation:
+    """``validate_dataset``'s walk, returned as soon as only the MP4 inspections may still be
+    running: a caller with other work (the export writing its staged pair) does it meanwhile,
+    then ``complete()`` gives the same problems ``validate_dataset`` would have. Arguments as
+    there."""
     root = Path(root)
     out = ProblemCollector()
     if not root.is_dir():
         out.add("missing_info", f"{root}: not a directory", root)
-        return out.problems
+        return Validation(out)
     try:  # the shared containment check: a link or FIFO in meta/, .eva-work/, data/, videos/
         fsafe.check_dataset_tree(root, episode_files=True)
     except DatasetError as e:
         out.add("unsafe_path", str(e), root)
-        return out.problems
+        return Validation(out)
     if reader is None:
         reader = DatasetReader(root)
     info_path = root / layout.INFO
@@ -103,7 +173,7 @@ def validate_dataset(
         out, episodes_path, "episodes", lambda: reader.episodes
     )
     if out.problems and (episodes is None or not info_path.exists() or out.has("invalid_info")):
-        return out.problems
+        return Validation(out)
 
     check_torn_tails(root, out)
     try:
@@ -120,11 +190,16 @@ def validate_dataset(
 
     assert episodes is not None
     video_keys = safe_video_keys(reader, out)
-    with VideoInspections(reader, episodes, video_keys, enabled=not decode) as videos:
-        return _check_episodes(
+    videos = VideoInspections(reader, episodes, video_keys, enabled=not decode)
+    try:
+        _check_episodes(
             reader, root, info_path, episodes_path, episodes, tasks, episodes_stats, video_keys,
             decode, out, on_episode, on_table, videos,
         )  # fmt: skip
+    except BaseException:
+        videos.__exit__(None, None, None)
+        raise
+    return Validation(out, videos)
 
 
 def _check_episodes(
@@ -141,7 +216,7 @@ def _check_episodes(
     on_episode: Callable[[int, int], None] | None,
     on_table: Callable[[int, pa.Table], None] | None,
     videos: VideoInspections,
-) -> list[Problem]:
+) -> None:
     seen: set[int] = set()
     total_frames = 0
     numbering: list[tuple[int, int | None, int | None]] = []
@@ -195,7 +270,6 @@ def _check_episodes(
     check_global_index(reader, numbering, out)
     check_image_histograms(reader, out)
     check_totals(reader, root, info_path, len(seen), total_frames, out)
-    return out.problems
 
 
 def _check_episode(
@@ -264,30 +338,11 @@ def _check_episode(
             continue
         if rows is None:
             continue
-        damaged: str | None = None
-        try:
-            if decode or videos is None:
-                frames = (
-                    video.count_decoded_frames(video_path)
-                    if decode
-                    else video.count_frames(video_path)
-                )
-            else:
-                frames, damaged = videos.result(video_path)
-        except DatasetError as e:
-            out.add("unreadable_video", f"{e} (episode {ep} camera {key})", video_path, ep)
-            continue
-        if frames != rows:
-            how = "decoded" if decode else "container"
-            out.add(
-                "frame_count_mismatch",
-                f"{video_path}: episode {ep} camera {key} has {frames} frames ({how}), "
-                f"parquet has {rows} rows",
-                video_path,
-                ep,
-            )
-        elif damaged is not None:  # decode=True has decoded every frame already
-            out.add("undecodable_video", f"{damaged} (episode {ep} camera {key})", video_path, ep)
+        check = functools.partial(_check_frames, video_path, ep, key, rows, decode, videos)
+        if decode or videos is None:
+            check(out)
+        else:  # the inspection may still be running: its problems keep their place
+            out.later(check)
 
     # Every feature needs stats: from the per-episode stats, or computable from the table.
     stats = stats or {}
@@ -306,3 +361,37 @@ def _check_episode(
             ep,
         )
     return rows, first_index
+
+
+def _check_frames(
+    video_path: Path,
+    ep: int,
+    key: str,
+    rows: int,
+    decode: bool,
+    videos: VideoInspections | None,
+    out: ProblemCollector,
+) -> None:
+    """One MP4 against its episode's rows: readable, as many frames, and (inspected) intact."""
+    damaged: str | None = None
+    try:
+        if decode or videos is None:
+            frames = (
+                video.count_decoded_frames(video_path) if decode else video.count_frames(video_path)
+            )
+        else:
+            frames, damaged = videos.result(video_path)
+    except DatasetError as e:
+        out.add("unreadable_video", f"{e} (episode {ep} camera {key})", video_path, ep)
+        return
+    if frames != rows:
+        how = "decoded" if decode else "container"
+        out.add(
+            "frame_count_mismatch",
+            f"{video_path}: episode {ep} camera {key} has {frames} frames ({how}), "
+            f"parquet has {rows} rows",
+            video_path,
+            ep,
+        )
+    elif damaged is not None:  # decode=True has decoded every frame already
+        out.add("undecodable_video", f"{damaged} (episode {ep} camera {key})", video_path, ep)

@@ -3,6 +3,7 @@ them (one line each, with a stable code)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,38 @@ class Problem:
 
 
 class ProblemCollector:
-    """The problems found so far, in the order found."""
+    """The problems found so far, in the order found.
+
+    A check that waits on work still running elsewhere (a video inspection on a thread) is
+    registered with ``later``: its problems take the place the check had in the walk once
+    ``settle`` runs it, so the order is the same as if it had run there."""
 
     def __init__(self) -> None:
         self.problems: list[Problem] = []
+        self._later: list[tuple[int, Callable[[ProblemCollector], None]]] = []
+
+    def later(self, check: Callable[[ProblemCollector], None]) -> None:
+        """Run ``check(collector)`` at ``settle``; its problems go where it was registered."""
+        self._later.append((len(self.problems), check))
+
+    @property
+    def unsettled(self) -> bool:
+        return bool(self._later)
+
+    def settle(self) -> list[Problem]:
+        """Run the checks registered with ``later``, in order; every problem, in walk order."""
+        merged: list[Problem] = []
+        start = 0
+        for position, check in self._later:
+            merged.extend(self.problems[start:position])
+            start = position
+            found = ProblemCollector()
+            check(found)
+            merged.extend(found.settle())
+        merged.extend(self.problems[start:])
+        self.problems = merged
+        self._later = []
+        return merged
 
     def add(
         self, code: str, message: str, path: Path | str | None = None, episode: int | None = None
