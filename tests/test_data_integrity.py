@@ -33,8 +33,9 @@ from eva.dataset.repair import MetadataNotUpdated, repair_metadata
 from eva.dataset.validate import validate_dataset
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
 from eva.export.options import parse_options
-from eva.export.pipeline import export_dataset, prepare
+from eva.export.pipeline import export_dataset
 from eva.export.registry import ExportOptions
+from eva.export.source import prepare
 from eva.export.verify import verify_export
 from eva.formats.options import LeRobotV21Options
 

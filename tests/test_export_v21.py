@@ -301,7 +301,7 @@ def test_verify_does_not_follow_links_out_of_the_export(source: Path, tmp_path: 
 
 def test_missing_vector_stats_are_computed_from_the_table(source: Path) -> None:
     from eva.dataset.reader import DatasetReader
-    from eva.export.pipeline import complete_episode_stats
+    from eva.export.source import complete_episode_stats
 
     rows = read_jsonl(source / layout.EPISODES_STATS)
     written = rows[1]["stats"].pop("observation.state")

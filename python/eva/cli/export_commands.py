@@ -306,7 +306,7 @@ def verify_command(
       eva verify demo-data/logs/pick_cube/export/lerobot_v3/rejected --full --source demo-data/logs/pick_cube/raw
     """
     from eva.dataset.errors import DatasetError
-    from eva.export.pipeline import problem_line
+    from eva.export.source import problem_line
     from eva.export.verify import verify_export_report
 
     try:
