@@ -188,3 +188,45 @@ def test_the_command_keeps_openblas_to_one_thread_unless_told() -> None:
     env["OPENBLAS_NUM_THREADS"] = "3"  # the user's value wins
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "3"
+
+
+def _run_eva(args: list[str], prelude: str = "") -> subprocess.CompletedProcess[str]:
+    # an atexit handler shows whether the interpreter's teardown ran
+    code = (
+        "import atexit, sys\n"
+        f"{prelude}\n"
+        "atexit.register(lambda: sys.stderr.write('teardown ran\\n'))\n"
+        f"sys.argv = ['eva', *{args!r}]\n"
+        "from eva.cli import run\n"
+        "run()\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+def test_a_finished_data_command_exits_at_once_with_its_status_and_output(
+    small_dataset: Path, tmp_path: Path
+) -> None:
+    ok = _run_eva(["info", str(small_dataset), "--json"])
+    assert ok.returncode == 0 and "teardown ran" not in ok.stderr
+    assert json.loads(ok.stdout.splitlines()[-1])  # the whole output, flushed
+    bad = _run_eva(["validate", str(tmp_path)])
+    assert bad.returncode == 1 and "teardown ran" not in bad.stderr
+    assert "problem(s)" in bad.stderr and "missing" in bad.stdout  # flushed too
+    usage = _run_eva(["export", str(small_dataset), "--format", "zip"])
+    assert usage.returncode == 2 and "teardown ran" not in usage.stderr
+
+
+def test_the_interpreter_exits_normally_when_something_may_need_it(small_dataset: Path) -> None:
+    # not a fast-exit command, a thread still running, a tracer (coverage) waiting to write
+    for args, prelude in [
+        (["--help"], ""),
+        (["upload", "--help"], ""),
+        (
+            ["info", str(small_dataset)],
+            "import threading; threading.Thread(target=lambda: __import__('time').sleep(0.3)).start()",
+        ),
+        (["info", str(small_dataset)], "sys.settrace(lambda *a: None)"),
+    ]:
+        done = _run_eva(args, prelude)
+        assert done.returncode == 0, done.stderr
+        assert "teardown ran" in done.stderr, (args, prelude)

@@ -1,5 +1,5 @@
 """``python -m eva.cli``: the ``eva`` command."""
 
-from eva.cli import main
+from eva.cli import run
 
-main()
+run()
