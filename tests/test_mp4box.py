@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import av
 import numpy as np
@@ -593,3 +595,50 @@ def test_parsed_tables_are_reused_only_while_the_file_is_unchanged(tmp_path: Pat
     again = mp4box.read_video_samples(path)
     assert again is not first
     np.testing.assert_array_equal(again.sizes, first.sizes)
+
+
+def test_a_table_being_parsed_is_waited_for_not_parsed_again() -> None:
+    import threading
+    import time
+
+    from eva.dataset.mp4box import _SampleCache
+
+    cache = _SampleCache()
+    calls: list[str] = []
+    started = threading.Event()
+
+    def slow_parse() -> Any:
+        calls.append(threading.current_thread().name)
+        started.set()
+        time.sleep(0.2)
+        return SimpleNamespace(sizes=np.zeros(3))
+
+    results: list[object] = []
+    first = threading.Thread(target=lambda: results.append(cache.get_or_parse(("k",), slow_parse)))
+    first.start()
+    started.wait()
+    results.append(cache.get_or_parse(("k",), slow_parse))  # waits for the first thread's
+    first.join()
+    assert len(calls) == 1 and results[0] is results[1]
+
+    def failing_parse() -> Any:
+        calls.append("failed")
+        started.set()
+        time.sleep(0.1)
+        raise mp4box.Mp4Unsupported("no")
+
+    started.clear()
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            cache.get_or_parse(("bad",), failing_parse)
+        except mp4box.Mp4Unsupported as e:
+            errors.append(e)
+
+    other = threading.Thread(target=ask)
+    other.start()
+    started.wait()
+    ask()  # the other parse failed: this one parses and fails the same way
+    other.join()
+    assert len(errors) == 2 and calls.count("failed") == 2

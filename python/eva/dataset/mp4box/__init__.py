@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from eva.dataset.mp4box.boxes import (
@@ -173,23 +174,27 @@ def read_video_samples(path: Path) -> VideoSamples:
     an export's validation and its writer read every MP4 once. The arrays are shared: read only.
     """
     key = _SampleCache.key(path)
-    cached = _CACHE.get(key) if key is not None else None
-    if cached is not None:
-        return cached
+    if key is None:
+        return _parse_samples(path)
+    return _CACHE.get_or_parse(key, lambda: _parse_samples(path))
+
+
+def _parse_samples(path: Path) -> VideoSamples:
     track = _read_track(path, samples=True)
     assert isinstance(track, VideoSamples)
-    if key is not None:
-        for array in (track.offsets, track.sizes, track.dts, track.pts, track.durations):
-            array.flags.writeable = False
-        track.keyframes.flags.writeable = False
-        _CACHE.put(key, track)
+    for array in (track.offsets, track.sizes, track.dts, track.pts, track.durations):
+        array.flags.writeable = False
+    track.keyframes.flags.writeable = False
     return track
 
 
 class _SampleCache:
     """Recently parsed sample tables, keyed by the file's (path, device, inode, size, mtime,
     ctime): any write to the file or replacement of it changes the key. Bounded by the total
-    number of samples held (``limit``; ~50 bytes each), least recently used out first."""
+    number of samples held (``limit``; ~50 bytes each), least recently used out first. A file
+    being parsed on one thread is waited for by another that asks for it (an export's planner
+    and validation's inspection threads ask for the same files at the same time), not parsed
+    twice."""
 
     def __init__(self, limit: int = 2_000_000) -> None:
         import threading
@@ -199,6 +204,38 @@ class _SampleCache:
         self._samples = 0
         self._limit = limit
         self._lock = threading.Lock()
+        self._parsing: dict[tuple[object, ...], threading.Event] = {}
+
+    def get_or_parse(
+        self, key: tuple[object, ...], parse: Callable[[], VideoSamples]
+    ) -> VideoSamples:
+        """The cached table of ``key``, else ``parse()``'s (kept), parsed by one thread at a
+        time: a caller that finds it being parsed waits, then takes the result, or parses
+        itself when that parse failed (and so raises its error)."""
+        import threading
+
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+                return item
+            busy = self._parsing.get(key)
+            if busy is None:
+                done = self._parsing[key] = threading.Event()
+        if busy is not None:
+            busy.wait()
+            with self._lock:
+                item = self._items.get(key)
+            # None: the other parse failed (its error is ours too) or its table was not kept
+            return item if item is not None else parse()
+        try:
+            item = parse()
+            self.put(key, item)
+            return item
+        finally:
+            with self._lock:
+                del self._parsing[key]
+            done.set()
 
     @staticmethod
     def key(path: Path) -> tuple[object, ...] | None:
