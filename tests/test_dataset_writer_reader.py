@@ -991,3 +991,16 @@ def test_read_vector_of_list_column_matches_to_pylist(tmp_path: Path, rows: list
     else:
         assert got.dtype == want.dtype == np.float64
         np.testing.assert_array_equal(got, want)
+
+
+def test_validation_reads_each_table_whole_once_for_the_export(small_dataset: Path) -> None:
+    # every column of a LeRobot table is a feature or an index column: validation reads the
+    # table whole through the reader, and the export's writers get that read again
+    from eva.dataset.validate import validate_dataset
+
+    reader = DatasetReader(small_dataset)
+    assert validate_dataset(small_dataset, reader=reader) == []
+    read = {ep: table for ep, (_, table) in reader._tables.items()}
+    assert sorted(read) == reader.episode_indices  # kept by the validation's reads
+    for ep, table in read.items():
+        assert reader.read_table(ep) is table and table.equals(pq.read_table(reader.data_path(ep)))

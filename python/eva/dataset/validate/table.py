@@ -18,6 +18,7 @@ from eva.dataset.columns import (
     list_parent_indices,
     list_values,
 )
+from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader, read_columns
 from eva.dataset.validate.problems import ProblemCollector
 
@@ -211,7 +212,15 @@ def _check_feature_columns(
     if not names_to_read:
         return pa.table({})
     try:
-        table = read_columns(parquet, data_path, names_to_read)
+        if len(names) == len(set(names)) and set(names_to_read) == set(names):
+            # every column: the reader's whole-table read, which the export's writers are then
+            # served (while the file is unchanged) instead of reading the file again
+            table = reader.read_table(ep)
+        else:
+            table = read_columns(parquet, data_path, names_to_read)
+    except DatasetError as e:
+        out.add("unreadable_parquet", str(e), data_path, ep)
+        return None
     except (pa.ArrowInvalid, OSError) as e:
         out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
         return None

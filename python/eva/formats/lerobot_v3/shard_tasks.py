@@ -115,20 +115,6 @@ def written(task: ShardTask, **fields: Any) -> ShardResult:
 # ---- data files ---------------------------------------------------------------------------------
 
 
-def read_episode_table(reader: DatasetReader, source: int) -> pa.Table:
-    """The source episode's whole table (``ParquetFile.read``: ~4x less overhead per file than
-    ``pq.read_table``'s dataset machinery, the same table)."""
-    path = Path(reader.data_path(source))
-    try:
-        with pq.ParquetFile(path) as parquet:
-            # one small file: Arrow's thread pool costs more than it saves
-            return parquet.read(use_threads=False)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: episode {source} parquet missing") from None
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DatasetError(f"{path}: episode {source}: {e}") from None
-
-
 def write_data_file(reader: DatasetReader, task: ShardTask) -> ShardResult:
     """The data file's rows (renumbered), written with one ``write_table``; each episode's row
     of ``meta/episodes`` with its vector quantiles."""
@@ -152,7 +138,7 @@ def write_data_file(reader: DatasetReader, task: ShardTask) -> ShardResult:
 
 def episode_table(reader: DatasetReader, episode: EpisodeTask) -> pa.Table:
     source = episode.source_index
-    table = read_episode_table(reader, source)
+    table = reader.read_table(source)  # the one validation read, while the file is unchanged
     where = f"{reader.data_path(source)}: episode {source}"
     n = table.num_rows
     if n == 0:
