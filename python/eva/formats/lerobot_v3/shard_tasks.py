@@ -5,6 +5,7 @@ driver needs to finish the subset travels back in the ``ShardResult``."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -87,18 +88,22 @@ class ShardSession:
         self.settings = options.format_options(LeRobotV3Options)
         self.params_cache = ParamsCache()
         self.keyframes: KeyframeHistograms | None = None
+        self._lock = threading.Lock()  # the serial executor writes SERIAL_THREADS files at once
 
     def write(self, task: ShardTask) -> ShardResult:
         if task.camera is None:
             return write_data_file(self.reader, task)
-        if self.keyframes is None:
-            self.keyframes = KeyframeHistograms()
-        return write_video_file(self.reader, task, self.settings, self.params_cache, self.keyframes)
+        with self._lock:
+            if self.keyframes is None:
+                self.keyframes = KeyframeHistograms()
+            keyframes = self.keyframes
+        return write_video_file(self.reader, task, self.settings, self.params_cache, keyframes)
 
     def close(self) -> None:
-        if self.keyframes is not None:
-            self.keyframes.shutdown()
-            self.keyframes = None
+        with self._lock:
+            keyframes, self.keyframes = self.keyframes, None
+        if keyframes is not None:
+            keyframes.shutdown()
 
 
 def open_shard_writer(reader: DatasetReader, options: ExportOptions) -> ShardSession:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,13 +58,18 @@ class KeyframeHistograms:
         )
         self._pending: list[Future[np.ndarray]] = []
         self._max_pending = max_pending
+        self._lock = threading.Lock()  # video files written on two threads share this
 
     def submit(self, params: StreamParams, packets: list[bytes]) -> Future[np.ndarray]:
-        self._pending = [f for f in self._pending if not f.done()]
-        while len(self._pending) >= self._max_pending:
-            self._pending.pop(0).result()
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()]
+            oldest = self._pending[: max(0, len(self._pending) - self._max_pending + 1)]
+            del self._pending[: len(oldest)]
+        for future in oldest:  # outside the lock: the other writer need not wait for these
+            future.result()
         future = self._executor.submit(_keyframe_histogram, params, packets)
-        self._pending.append(future)
+        with self._lock:
+            self._pending.append(future)
         return future
 
     def shutdown(self) -> None:

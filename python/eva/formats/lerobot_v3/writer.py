@@ -131,8 +131,16 @@ def file_numbers(path: str) -> tuple[int, int]:
 
 # The v3 format's tasks (``eva.formats.base.TaskFormat``): one per planned data or video file,
 # run by any executor; the driver finishes each subset. The default executor stays serial: the
-# files are packet copies, and a pool's start costs more than it saves.
+# files are packet copies, and a pool's start costs more than it saves. Two files at a time on
+# threads there: a video file's writes wait on the disk (GIL released) while the data file's
+# tables are built.
+SERIAL_THREADS = 2
 SHARDS = TaskFunctions(
-    plan_subset, open_shard_writer, finish_subset, ShardResult.from_record, pool_from_cores=1 << 30
+    plan_subset,
+    open_shard_writer,
+    finish_subset,
+    ShardResult.from_record,
+    pool_from_cores=1 << 30,
+    serial_threads=SERIAL_THREADS,
 )
 write_subset = SHARDS.write_subset
