@@ -13,6 +13,7 @@ from test_export_executors import CONFIGS, _synthetic_source
 from test_golden_exports import export_manifest
 
 from eva.dataset import layout
+from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.export.incremental import FINGERPRINTS
 from eva.export.pipeline import ExportResult, export_dataset
@@ -224,3 +225,83 @@ def test_v3_a_middle_verdict_change_gives_the_full_export_bytes(tmp_path: Path) 
     # other options: nothing reused
     changed, _ = _incremental_then_full(source, "lerobot_v3")
     assert _counts(changed) == (0, 0, 5)
+
+
+# ---- the MP4 checks of an unchanged source ----------------------------------------------------
+
+
+def _counting_inspections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from eva.dataset import decode_check, mp4box
+
+    monkeypatch.setattr(mp4box, "SETTLED_NS", 0)  # the files were written just now
+    inspected: list[str] = []
+    inspect = decode_check.inspect_video
+
+    def counting(path: Path | str, keyframes: int = 1) -> int:
+        inspected.append(str(path))
+        return inspect(path, keyframes)
+
+    monkeypatch.setattr(decode_check, "inspect_video", counting)
+    return inspected
+
+
+@pytest.mark.parametrize("fmt", ["lerobot_v3", "hdf5"])
+def test_an_incremental_export_inspects_only_the_mp4s_changed_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    from eva.export.incremental import VIDEO_CHECKS
+
+    inspected = _counting_inspections(monkeypatch)
+    source = _synthetic_source(tmp_path)
+    export_dataset(source, fmt)  # a full export records what it found intact
+    assert len(inspected) == 10
+    root = layout.export_root(source, fmt)
+    record = json.loads((root / VIDEO_CHECKS).read_text())["videos"]
+    reader = DatasetReader(source)
+    video = reader.video_path(3, reader.video_keys[0])
+    assert sorted(record) == sorted(p.relative_to(source).as_posix() for p in source.rglob("*.mp4"))
+    inspected.clear()
+    tree = export_manifest(root)
+    export_dataset(source, fmt, incremental=True)
+    assert inspected == []  # every MP4 is the one inspected then
+    assert export_manifest(root) == tree
+    export_dataset(source, fmt)  # a full export inspects everything, whatever the record says
+    assert len(inspected) == 10
+    # damaged in place, size and mtime put back: the ctime still tells
+    st = video.stat()
+    with open(video, "r+b") as f:
+        f.seek(st.st_size // 2)
+        f.write(bytes(st.st_size // 4))
+    os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (video.stat().st_size, video.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    inspected.clear()
+    with pytest.raises(DatasetError, match=str(video)):
+        export_dataset(source, fmt, incremental=True)
+    assert inspected == [str(video)]
+    assert export_manifest(root) == tree  # the published pair stays
+
+
+def test_a_forged_or_stale_record_vouches_for_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eva.export.incremental import VIDEO_CHECKS
+
+    inspected = _counting_inspections(monkeypatch)
+    source = _synthetic_source(tmp_path)
+    export_dataset(source, "lerobot_v3")
+    root = layout.export_root(source, "lerobot_v3")
+    path = root / VIDEO_CHECKS
+    data = json.loads(path.read_text())
+    names = sorted(data["videos"])
+    data["videos"][names[0]][3] += 1  # another inode
+    data["videos"][names[1]] = "yes"
+    data["videos"][names[2]] = [*data["videos"][names[2]], 1]
+    data["videos"]["../../etc/passwd"] = data["videos"][names[3]]
+    path.write_text(json.dumps(data))
+    inspected.clear()
+    export_dataset(source, "lerobot_v3", incremental=True)
+    assert sorted(inspected) == [str(source / n) for n in names[:3]]
+    path.write_text(json.dumps({**data, "version": 99}))
+    inspected.clear()
+    export_dataset(source, "lerobot_v3", incremental=True)
+    assert len(inspected) == 10

@@ -8,6 +8,10 @@ files' own identity when they were written, and what the task handed back to the
 (``EpisodeResult.record``: bytes, warnings, counted pairs; a v3 file's rows, timestamps and
 histograms), so that a reused task reports exactly what a rewritten one would.
 
+Beside it, ``video_checks.json``: the source MP4s the validation found intact, with their
+identity (size, mtime, ctime, inode, device); an incremental export's validation does not inspect
+them again while each is the same file (``eva.dataset.validate.videos``).
+
 ``eva export --incremental`` (``export_dataset(incremental=True)``) reads the published record
 under the export lock. An episode whose fingerprint matches, at the same output path, and whose
 published file still has the identity recorded, is hard-linked from the published pair into the
@@ -61,6 +65,8 @@ from eva.formats.base import EpisodeResult, EpisodeTask, ExportOptions, ExportTa
 
 FINGERPRINTS = "fingerprints.json"  # in the export root, beside job.json
 FINGERPRINT_VERSION = 2  # 2: content and numbering apart (a version-1 record: all rewritten)
+VIDEO_CHECKS = "video_checks.json"  # beside it: the source MP4s validation found intact
+VIDEO_CHECKS_VERSION = 1
 # info.json fields that change when episodes are added: no episode file depends on them.
 INFO_TOTALS = ("total_episodes", "total_frames", "total_videos", "total_chunks", "splits")
 FICLONE = 0x40049409  # ioctl: share the source file's extents (btrfs, xfs)
@@ -142,18 +148,31 @@ def episode_fingerprint(
     return _digest({"content": content, "path": task.path, **episode_numbering(task)})
 
 
-def task_fingerprint(context: SourceContext, reader: DatasetReader, task: ExportTask) -> str:
+def task_fingerprint(
+    context: SourceContext,
+    reader: DatasetReader,
+    task: ExportTask,
+    known: dict[int, str] | None = None,
+) -> str:
     """The fingerprint of ``task``'s output files: an episode's (``episode_fingerprint``), or,
     for a task over several episodes (a v3 shard), their fingerprints with the task's file and
-    its ``layout`` (what the file depends on beyond its episodes)."""
+    its ``layout`` (what the file depends on beyond its episodes). ``known``: episode
+    fingerprints by ``id`` of their task, kept across calls (a v3 subset's data file and video
+    files hold the same episode tasks: each is fingerprinted, and its files stat'ed, once)."""
     if isinstance(task, EpisodeTask):
         return episode_fingerprint(context, reader, task)
+    known = {} if known is None else known
     episodes: Sequence[EpisodeTask] = getattr(task, "episodes", ())
+    fingerprints = []
+    for episode in episodes:
+        if id(episode) not in known:
+            known[id(episode)] = episode_fingerprint(context, reader, episode)
+        fingerprints.append(known[id(episode)])
     return _digest(
         {
             "subset": task.subset,
             "path": task.path,
-            "episodes": [episode_fingerprint(context, reader, e) for e in episodes],
+            "episodes": fingerprints,
             "layout": getattr(task, "layout", None),
         }
     )
@@ -174,14 +193,19 @@ def record_key(task: ExportTask) -> str:
 def read_fingerprints(root: Path) -> dict[str, dict[str, Any]]:
     """The published pair's record (empty when there is none, or it does not parse: then
     nothing is reused)."""
+    return _read_record(Path(root) / FINGERPRINTS, FINGERPRINT_VERSION, "episodes")
+
+
+def _read_record(path: Path, version: int, key: str) -> dict[str, Any]:
+    """``path``'s ``key`` object when the file parses and has ``version``, else empty."""
     try:
-        data = json.loads((Path(root) / FINGERPRINTS).read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict) or data.get("version") != FINGERPRINT_VERSION:
+    if not isinstance(data, dict) or data.get("version") != version:
         return {}
-    episodes = data.get("episodes")
-    return episodes if isinstance(episodes, dict) else {}
+    found = data.get(key)
+    return found if isinstance(found, dict) else {}
 
 
 def fingerprint_entry(
@@ -209,6 +233,22 @@ def write_fingerprints(staging: Path, entries: Mapping[str, dict[str, Any]]) -> 
     atomic_write_json(
         Path(staging) / FINGERPRINTS,
         {"version": FINGERPRINT_VERSION, "episodes": dict(entries)},
+        durable=False,
+    )
+
+
+def read_video_checks(root: Path) -> dict[str, Any]:
+    """The published pair's record of the source MP4s its validation found intact (empty when
+    there is none or it does not parse: then every MP4 is inspected)."""
+    return _read_record(Path(root) / VIDEO_CHECKS, VIDEO_CHECKS_VERSION, "videos")
+
+
+def write_video_checks(staging: Path, videos: Mapping[str, list[int]]) -> None:
+    """``videos``: path below the source -> [size, mtime_ns, ctime_ns, inode, device]
+    (``eva.dataset.validate.videos.VideoInspections.inspected``)."""
+    atomic_write_json(
+        Path(staging) / VIDEO_CHECKS,
+        {"version": VIDEO_CHECKS_VERSION, "videos": dict(sorted(videos.items()))},
         durable=False,
     )
 
@@ -333,6 +373,7 @@ class EpisodePlan:
             if isinstance(entry, dict) and isinstance(entry.get("content"), str)
         }
         plan = cls({}, {}, {}, {}, [])
+        known: dict[int, str] = {}  # the tasks (and so their episodes) live through the loop
         for number, task in enumerate(tasks):
             key = record_key(task)
             content = None
@@ -340,7 +381,7 @@ class EpisodePlan:
                 content = plan.contents[key] = episode_content(context, reader, task)
                 fingerprint = episode_fingerprint(context, reader, task, content)
             else:
-                fingerprint = task_fingerprint(context, reader, task)
+                fingerprint = task_fingerprint(context, reader, task, known)
             plan.fingerprints[key] = fingerprint
             entry = reusable(root, published, task, fingerprint) if published else None
             if entry is not None:

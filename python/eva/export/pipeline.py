@@ -38,6 +38,7 @@ from eva.dataset.errors import DatasetError, error_line, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, write_staged_json
 from eva.export.executors import EXECUTORS
+from eva.export.incremental import read_video_checks, write_video_checks
 from eva.export.registry import ExportOptions, load_format
 from eva.export.source import LateVideoChecks, prepare
 from eva.formats.base import EpisodeResult, TaskFormat, report_result, task_format
@@ -301,8 +302,16 @@ def export_dataset(
     # every other check go on while the staging dir is written (LateVideoChecks); a refusal
     # from them removes all this run made, as if it had come first.
     before = _ExportTrace.of(root)
+    # --incremental: the source MP4s the published pair's validation found intact are not
+    # inspected again while unchanged (eva.export.incremental.VIDEO_CHECKS)
+    known = read_video_checks(root) if incremental else None
     try:
-        prepared = prepare(source, allow_non_finite=options.allow_non_finite, late_videos=True)
+        prepared = prepare(
+            source,
+            allow_non_finite=options.allow_non_finite,
+            late_videos=True,
+            known_videos=known,
+        )
     except DatasetError as e:
         _record_refusal(root, source, fmt, job_id, e)
         raise
@@ -456,6 +465,9 @@ def _export_locked(
         refusal = late.refusal() if late is not None else None
         if refusal is not None:
             raise refusal
+        if late is not None:
+            with naming_write_errors(staging):
+                write_video_checks(staging, late.inspected())
         job.set_progress(progress)
         job.episodes_reused = counts.reused
         job.episodes_renumbered = counts.renumbered

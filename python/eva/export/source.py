@@ -7,6 +7,7 @@ problem in ``eva validate``'s order, with a count of the others)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,9 @@ class LateVideoChecks:
     while the export writes its staging dir (a v3 export copies sample bytes, an hdf5 export
     decodes: the inspections' keyframe decodes take the other core meanwhile). ``refusal()``
     waits for them: the source's refusal, the one an up-front validation would have raised
-    (problems in the same order), or None. Nothing is published before it returned None."""
+    (problems in the same order), or None. Nothing is published before it returned None.
+    ``inspected()``: the MP4s found intact, for the next ``--incremental`` export's
+    ``known_videos`` (``eva.dataset.validate.videos``)."""
 
     def __init__(self, source: Path, validation: Any, allow_non_finite: bool) -> None:
         self._source = source
@@ -88,6 +91,9 @@ class LateVideoChecks:
             self._refusal = _refusal(self._source, problems, self._allow_non_finite)
         return self._refusal
 
+    def inspected(self) -> dict[str, list[int]]:
+        return dict(self._validation.inspected())
+
     def close(self) -> None:
         """Stop the inspections (an interrupted export does not wait for their verdict)."""
         self._validation.close()
@@ -99,6 +105,7 @@ def validate_source(
     reader: DatasetReader | None = None,
     allow_non_finite: bool = False,
     late_videos: bool = False,
+    known_videos: Mapping[str, Any] | None = None,
 ) -> tuple[dict[int, np.ndarray], LateVideoChecks | None]:
     """Stop with the first problem of the shared v2.1 validation (file/episode/field named).
 
@@ -107,7 +114,9 @@ def validate_source(
     without that column is absent. ``reader``: validate the snapshot that reader holds.
     ``allow_non_finite``: NaN/inf in vector columns are exported as they are, not refused.
     ``late_videos``: when every check but the MP4 inspections has passed, return without
-    waiting for those, as ``LateVideoChecks`` (else None: the whole validation has passed).
+    waiting for those, as ``LateVideoChecks`` (settled already when nothing was left; without
+    ``late_videos``, None: the whole validation has passed). ``known_videos``: MP4s inspected
+    before that need not be again while unchanged (``LateVideoChecks.inspected()``).
     """
     from eva.dataset.validate import start_validation
 
@@ -117,16 +126,15 @@ def validate_source(
         if "task_index" in table.column_names:
             task_values[episode] = table.column("task_index").to_numpy()
 
-    validation = start_validation(source, decode=False, on_table=keep_task_index, reader=reader)
+    validation = start_validation(
+        source, decode=False, on_table=keep_task_index, reader=reader, known_videos=known_videos
+    )
+    checks = LateVideoChecks(source, validation, allow_non_finite)
     try:
-        if (
-            late_videos
-            and validation.waiting
-            and not _refusal(source, validation.found, allow_non_finite)
-        ):
-            return task_values, LateVideoChecks(source, validation, allow_non_finite)
+        if late_videos and not _refusal(source, validation.found, allow_non_finite):
+            return task_values, checks
         # a problem found already: the inspections decide which one comes first
-        refusal = _refusal(source, validation.complete(), allow_non_finite)
+        refusal = checks.refusal()
     except BaseException:
         validation.close()
         raise
@@ -200,17 +208,22 @@ def prepare(
     reader: DatasetReader | None = None,
     allow_non_finite: bool = False,
     late_videos: bool = False,
+    known_videos: Mapping[str, Any] | None = None,
 ) -> tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta], LateVideoChecks | None]:
     """Validate ``source`` and describe both subsets. Reads metadata and index columns only.
 
     Validation and description use ONE reader, hence one snapshot of the metadata files: an
     episode a running capture commits meanwhile is not half-seen (validated by neither, but
-    described), it is simply not part of this export. ``late_videos``: as ``validate_source``
-    (the caller must settle the returned checks, or close them).
+    described), it is simply not part of this export. ``late_videos``, ``known_videos``: as
+    ``validate_source`` (the caller must settle the returned checks, or close them).
     """
     reader = reader if reader is not None else DatasetReader(source)
     task_values, late = validate_source(
-        source, reader=reader, allow_non_finite=allow_non_finite, late_videos=late_videos
+        source,
+        reader=reader,
+        allow_non_finite=allow_non_finite,
+        late_videos=late_videos,
+        known_videos=known_videos,
     )
     try:
         described = _describe(reader, task_values)

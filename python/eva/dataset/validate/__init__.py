@@ -31,7 +31,7 @@ The checks live beside this module by concern: ``meta`` (info.json, jsonl files,
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -79,6 +79,11 @@ class Validation:
     def __init__(self, out: ProblemCollector, videos: VideoInspections | None = None) -> None:
         self._out = out
         self._videos = videos
+        self._inspections = videos
+
+    def inspected(self) -> dict[str, list[int]]:
+        """The MP4s found intact (``VideoInspections.inspected``; waits for them)."""
+        return self._inspections.inspected() if self._inspections is not None else {}
 
     @property
     def found(self) -> list[Problem]:
@@ -145,11 +150,13 @@ def start_validation(
     on_episode: Callable[[int, int], None] | None = None,
     on_table: Callable[[int, pa.Table], None] | None = None,
     reader: DatasetReader | None = None,
+    known_videos: Mapping[str, Any] | None = None,
 ) -> Validation:
     """``validate_dataset``'s walk, returned as soon as only the MP4 inspections may still be
     running: a caller with other work (the export writing its staged pair) does it meanwhile,
     then ``complete()`` gives the same problems ``validate_dataset`` would have. Arguments as
-    there."""
+    there; ``known_videos``: MP4s an earlier validation found intact (its ``inspected()``),
+    not inspected again while their identity is the recorded one."""
     root = Path(root)
     out = ProblemCollector()
     if not root.is_dir():
@@ -190,7 +197,7 @@ def start_validation(
 
     assert episodes is not None
     video_keys = safe_video_keys(reader, out)
-    videos = VideoInspections(reader, episodes, video_keys, enabled=not decode)
+    videos = VideoInspections(reader, episodes, video_keys, not decode, known_videos)
     try:
         _check_episodes(
             reader, root, info_path, episodes_path, episodes, tasks, episodes_stats, video_keys,

@@ -1,18 +1,26 @@
 """The MP4 checks of validation: every episode's videos inspected on worker threads while the
-parquet checks run (``eva.dataset.decode_check.inspect_video``)."""
+parquet checks run (``eva.dataset.decode_check.inspect_video``).
+
+A caller may vouch for files inspected before (``known``: what ``inspected()`` returned then): a
+file whose identity (size, mtime, ctime, inode, device) is the one recorded is not inspected
+again. Any write to a file, or its replacement, changes that identity (ctime cannot be set
+back), so only a file the earlier inspection saw, unchanged, is vouched for."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import decode_check, video
+from eva.dataset import decode_check, mp4box, video
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 
-__all__ = ["VIDEO_CHECK_THREADS", "VideoInspections"]
+__all__ = ["VIDEO_CHECK_THREADS", "VideoInspections", "file_identity"]
 
 # Threads that inspect MP4s (framing, keyframe decode) while the episode loop checks parquet.
 VIDEO_CHECK_THREADS = 2
@@ -30,15 +38,15 @@ class VideoInspections:
         episodes: list[dict[str, Any]],
         video_keys: list[str],
         enabled: bool,
+        known: Mapping[str, Any] | None = None,
     ) -> None:
-        self._futures: dict[Path, Future[tuple[int | None, str | None, str | None]]] = {}
+        self._root = reader.root
+        self._futures: dict[Path, Future[_Inspection]] = {}
+        self._known: dict[Path, tuple[int, list[int]]] = {}
         self._pool: ThreadPoolExecutor | None = None
         if not enabled or not video_keys or not episodes:
             return
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, min(VIDEO_CHECK_THREADS, os.cpu_count() or 1)),
-            thread_name_prefix="eva-validate",
-        )
+        paths: dict[Path, None] = {}  # in order, once each
         for row in episodes:
             ep = row.get("episode_index")
             if not isinstance(ep, int) or isinstance(ep, bool):
@@ -48,8 +56,36 @@ class VideoInspections:
                     path = reader.video_path(ep, key)
                 except DatasetError:
                     continue  # reported by _check_episode
-                if path not in self._futures:
-                    self._futures[path] = self._pool.submit(_inspect_video, path)
+                vouched = _vouched(known, self._name(path), path)
+                if vouched is not None:
+                    self._known[path] = vouched
+                else:
+                    paths[path] = None
+        if not paths:
+            return
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, min(VIDEO_CHECK_THREADS, os.cpu_count() or 1)),
+            thread_name_prefix="eva-validate",
+        )
+        for path in paths:
+            self._futures[path] = self._pool.submit(_inspect_video, path)
+
+    def _name(self, path: Path) -> str:
+        return path.relative_to(self._root).as_posix()
+
+    def inspected(self) -> dict[str, list[int]]:
+        """Every MP4 found intact, by its path below the dataset root: [frames, *identity] as
+        it was throughout its inspection (or as vouched for): the ``known`` of a later one.
+        Waits for the inspections still running."""
+        found = {
+            self._name(p): [frames, *identity] for p, (frames, identity) in self._known.items()
+        }
+        for path, future in self._futures.items():
+            with contextlib.suppress(Exception):  # cancelled or failed: not vouched for
+                frames, unreadable, damaged, identity = future.result()
+                if frames is not None and unreadable is None and damaged is None and identity:
+                    found[self._name(path)] = [frames, *identity]
+        return found
 
     def __enter__(self) -> VideoInspections:
         return self
@@ -59,8 +95,10 @@ class VideoInspections:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
     def result(self, path: Path) -> tuple[int, str | None]:
+        if path in self._known:
+            return self._known[path][0], None
         future = self._futures.get(path)
-        frames, unreadable, damaged = (
+        frames, unreadable, damaged, _ = (
             future.result() if future is not None else _inspect_video(path)
         )
         if unreadable is not None or frames is None:
@@ -68,15 +106,47 @@ class VideoInspections:
         return frames, damaged
 
 
-def _inspect_video(path: Path) -> tuple[int | None, str | None, str | None]:
-    """(frames, unreadable message, damage message) of one MP4: never raises a DatasetError, so
-    that the result can wait in a future."""
+# (frames, unreadable message, damage message, identity throughout the inspection or None)
+_Inspection = tuple[int | None, str | None, str | None, list[int] | None]
+
+
+def file_identity(path: Path) -> list[int] | None:
+    """size, mtime_ns, ctime_ns, inode, device of the file at ``path`` (no link followed)."""
     try:
-        return decode_check.inspect_video(path), None, None
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _vouched(
+    known: Mapping[str, Any] | None, name: str, path: Path
+) -> tuple[int, list[int]] | None:
+    """(frames, identity) of a file ``known`` vouches for and that is still the one recorded."""
+    entry = known.get(name) if known else None
+    if not isinstance(entry, list) or len(entry) != 6:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in entry):
+        return None
+    identity = file_identity(path)
+    return (entry[0], identity) if identity is not None and identity == entry[1:] else None
+
+
+def _inspect_video(path: Path) -> _Inspection:
+    """The inspection of one MP4, with the file's identity when it was the same before and
+    after: never raises a DatasetError, so that the result can wait in a future."""
+    before = file_identity(path)
+    try:
+        frames, unreadable, damaged = decode_check.inspect_video(path), None, None
     except decode_check.UndecodableVideo as e:
         try:
-            return video.count_frames(path), None, str(e)
+            frames, unreadable, damaged = video.count_frames(path), None, str(e)
         except DatasetError as count_error:
-            return None, str(count_error), None
+            frames, unreadable, damaged = None, str(count_error), None
     except DatasetError as e:
-        return None, str(e), None
+        frames, unreadable, damaged = None, str(e), None
+    # A file changed within SETTLED_NS of the check could be changed again with the same
+    # times (the file clock is coarse): not vouched for.
+    settled = before is not None and time.time_ns() - before[2] >= mp4box.SETTLED_NS
+    same = settled and file_identity(path) == before
+    return frames, unreadable, damaged, before if same else None
