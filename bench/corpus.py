@@ -522,9 +522,11 @@ def ensure_all(
     return {name: ensure_corpus(name, params, **kwargs) for name in names}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", default=list(CORPUS_NAMES), choices=CORPUS_NAMES)
+    # checked below, not with choices=: Python 3.11's argparse checks an empty or default list
+    # against the choices as one value and refuses it
+    parser.add_argument("names", nargs="*", metavar="NAME", help=", ".join(CORPUS_NAMES))
     parser.add_argument("--quick", action="store_true", help=f"{QUICK.describe()}")
     parser.add_argument("--episodes", type=int)
     parser.add_argument("--frames", type=int)
@@ -532,6 +534,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, help="encode jobs at once (default: CPUs)")
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(CORPUS_NAMES))
+    if unknown:
+        parser.error(f"unknown corpus {', '.join(unknown)} (choose from {', '.join(CORPUS_NAMES)})")
+    args.names = args.names or list(CORPUS_NAMES)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     params = QUICK if args.quick else FULL
     changes = {k: getattr(args, k) for k in ("episodes", "frames", "cameras") if getattr(args, k)}
     params = dataclasses.replace(params, **changes)

@@ -73,3 +73,11 @@ def test_params_hash_names_the_corpus() -> None:
     other = corpus.CorpusParams(episodes=3, frames=30, cameras=1, width=128, height=96)
     assert corpus.corpus_dir("high", TINY).name != corpus.corpus_dir("high", other).name
     assert corpus.corpus_dir("high", TINY).name.startswith("high-")
+
+
+def test_command_line_defaults_to_every_corpus_and_refuses_unknown_names() -> None:
+    assert corpus.parse_args([]).names == list(corpus.CORPUS_NAMES)
+    assert corpus.parse_args(["--episodes", "4", "high"]).names == ["high"]
+    with pytest.raises(SystemExit) as exit_info:
+        corpus.parse_args(["high", "h264"])
+    assert exit_info.value.code == 2
