@@ -292,24 +292,28 @@ def quantiles_from_histogram(
     hist = np.asarray(histogram)
     if hist.ndim != 2 or hist.shape[1] != _BINS:
         raise ValueError(f"expected a (channels, 256) histogram, got shape {hist.shape}")
+    for q in qs:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile {q!r} is outside [0, 1]")
+    # cumulative[c, v] = pixels of channel c with value <= v; x[k] = first v with cumulative > k.
+    # One searchsorted per channel for every quantile's two ranks (the v3 export asks 120 files
+    # x 3 channels x 10 quantiles; per-rank calls were ~0.04 s of a 0.9 s export).
+    cumulative = np.cumsum(hist.astype(np.uint64, copy=False), axis=1, dtype=np.uint64)
     quantiles: dict[str, list[list[list[float]]]] = {quantile_key(q): [] for q in qs}
     for channel in range(hist.shape[0]):
-        counts = [int(c) for c in hist[channel]]
-        total = sum(counts)
+        total = int(cumulative[channel, -1])
         if total == 0:
             raise ValueError(f"channel {channel} of the histogram is empty")
-        # cumulative[v] = number of pixels with value <= v; x[k] = first v with cumulative[v] > k.
-        cumulative = np.cumsum(np.asarray(counts, dtype=np.uint64))
-        for q in qs:
-            if not 0.0 <= q <= 1.0:
-                raise ValueError(f"quantile {q!r} is outside [0, 1]")
-            position = (total - 1) * q
-            below = math.floor(position)
-            fraction = position - below
-            above = min(below + 1, total - 1)
-            x_below = int(np.searchsorted(cumulative, below, side="right"))
-            x_above = int(np.searchsorted(cumulative, above, side="right"))
-            value = x_below + fraction * (x_above - x_below)
+        positions = [(total - 1) * q for q in qs]
+        belows = [math.floor(position) for position in positions]
+        ranks = belows + [min(below + 1, total - 1) for below in belows]
+        values = np.searchsorted(
+            cumulative[channel], np.asarray(ranks, dtype=np.uint64), side="right"
+        ).tolist()
+        count = len(qs)
+        for i, q in enumerate(qs):
+            x_below, x_above = values[i], values[count + i]
+            value = x_below + (positions[i] - belows[i]) * (x_above - x_below)
             quantiles[quantile_key(q)].append([[value / 255.0]])
     return quantiles
 
