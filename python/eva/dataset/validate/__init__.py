@@ -79,11 +79,11 @@ class Validation:
     def __init__(self, out: ProblemCollector, videos: VideoInspections | None = None) -> None:
         self._out = out
         self._videos = videos
-        self._inspections = videos
+        self._closed = False  # the inspections stay readable (``inspected``) once closed
 
     def inspected(self) -> dict[str, list[int]]:
         """The MP4s found intact (``VideoInspections.inspected``; waits for them)."""
-        return self._inspections.inspected() if self._inspections is not None else {}
+        return self._videos.inspected() if self._videos is not None else {}
 
     @property
     def found(self) -> list[Problem]:
@@ -101,9 +101,9 @@ class Validation:
             self.close()
 
     def close(self) -> None:
-        if self._videos is not None:
+        if self._videos is not None and not self._closed:
+            self._closed = True
             self._videos.__exit__(None, None, None)
-            self._videos = None
 
     def __enter__(self) -> Validation:
         return self
