@@ -1,15 +1,18 @@
 """Decoded PyAV frames -> rgb24 pixels written straight into a slot of a reused batch buffer.
 
-``frame.to_ndarray(format="rgb24")`` allocates a fresh frame-sized array per frame (page faults
-on every frame, then a copy into the caller's buffer). When the native core is built, yuv420p
-frames are converted by the native ``rgb`` kernel straight into the batch slot through lookup
-tables calibrated from PyAV's own conversion, so pixels are identical to ``to_ndarray``; a
-self-check on each video's first frame falls back to PyAV for that video if they ever differ.
-Used by the HDF5 exporter; any decoder that fills reused batches (``dataset/video.py``) can use
-``FrameConverter`` the same way. The ``*_reference`` functions are the numpy definitions the
-kernels are tested against.
-"""
+``frame.to_ndarray(format="rgb24")`` converts into a fresh frame-sized buffer that the caller
+then copies into its batch. ``FrameConverter`` writes into the slot itself, by the first of:
 
+1. libswscale, the library PyAV converts with, called with the slot as its destination
+   (``eva.dataset.swscale``: 0.15 ms a 640x480 frame);
+2. the native ``rgb`` kernel, lookup tables calibrated from PyAV's own conversion (0.5 ms);
+3. PyAV's ``to_ndarray`` and a copy (0.35-0.5 ms).
+
+The first two are checked on each video's first frame against ``to_ndarray`` and used for that
+video only if the pixels are identical, so every path gives PyAV's pixels. Used by the HDF5 and
+MCAP exporters (``dataset/video.py``'s batch decoders) and by camera sources. The
+``*_reference`` functions are the numpy definitions the kernels are tested against.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -24,6 +27,7 @@ import av
 import numpy as np
 
 from eva._native import load
+from eva.dataset import swscale
 
 _native = load("rgb")
 
@@ -237,7 +241,12 @@ def _plane_array(plane: Any) -> np.ndarray:
 
 
 class FrameConverter:
-    """Writes decoded PyAV frames as rgb24 into a batch slot (native LUT path or PyAV's own)."""
+    """Writes decoded PyAV frames as rgb24 into a batch slot: libswscale called straight into
+    the slot (``eva.dataset.swscale``), else the native LUT kernel, else PyAV's own conversion
+    and a copy. Whichever is chosen for a video has matched ``to_ndarray`` on its first frame.
+
+    ``native_frames`` counts the frames written straight into their slot (libswscale or the LUT
+    kernel), ``pyav_frames`` those converted by ``to_ndarray`` and copied."""
 
     def __init__(self, native_convert: bool = True) -> None:
         self.use_native = native_convert and _native is not None
@@ -245,10 +254,39 @@ class FrameConverter:
         self.pyav_frames = 0
         self._luts: YuvTables | None = None
         self._luts_for: tuple[str, int, int] | None = None
+        self._scaler: swscale.Rgb24Scaler | None = None
+        self._scaler_for: tuple[str, int, int, int, int] | None = None
+
+    @staticmethod
+    def _description(frame: av.VideoFrame) -> tuple[str, int, int, int, int]:
+        return (frame.format.name, frame.width, frame.height, frame.colorspace, frame.color_range)
+
+    def _start_scaler(self, frame: av.VideoFrame, batch: np.ndarray, slot: int) -> bool:
+        """libswscale for this video, if it reproduces ``to_ndarray`` on its first frame."""
+        if self._scaler is not None:
+            self._scaler.close()
+        self._scaler = self._scaler_for = None
+        described = self._description(frame)
+        if not swscale.Rgb24Scaler.supports(described[0], described[1]):
+            return False
+        try:
+            pix_fmt, width, height, colorspace, color_range = described
+            scaler = swscale.Rgb24Scaler(width, height, pix_fmt, colorspace, color_range)
+            scaler.convert(frame, batch[slot])
+        except ValueError:
+            return False
+        if not np.array_equal(batch[slot], frame.to_ndarray(format="rgb24")):
+            scaler.close()
+            return False
+        self._scaler, self._scaler_for = scaler, described
+        return True
 
     def start_video(self, first_frame: av.VideoFrame, batch: np.ndarray, slot: int) -> None:
         """Decide the path for a new video from its first frame (a self-check against PyAV)."""
         self._luts = None
+        if self.use_native and self._start_scaler(first_frame, batch, slot):
+            self.native_frames += 1
+            return
         if self.use_native and first_frame.format.name == "yuv420p":
             luts = calibrate_yuv420p_luts(first_frame.colorspace, first_frame.color_range)
             if luts is not None:
@@ -283,7 +321,15 @@ class FrameConverter:
         )
 
     def convert(self, frame: av.VideoFrame, batch: np.ndarray, slot: int) -> None:
-        # The tables hold for the calibrated pixel format and colour description only.
+        # A scaler and the tables hold for the checked frame description only.
+        if self._scaler is not None and self._description(frame) == self._scaler_for:
+            try:
+                self._scaler.convert(frame, batch[slot])
+            except ValueError:  # a slot unlike the checked one (another batch): PyAV's way
+                pass
+            else:
+                self.native_frames += 1
+                return
         described = (frame.format.name, frame.colorspace, frame.color_range)
         if self._luts is not None and described == self._luts_for:
             self._native_convert(frame, self._luts, batch, slot)
