@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from eva.export.registry import ExportOptions
 from eva.formats import mcap as mcap_format
 from eva.formats.base import OptionError
 from eva.formats.mcap import McapOptions
+from eva.formats.mcap.export import CameraFeed
 
 FPS = 30
 W, H = 64, 48
@@ -384,3 +386,32 @@ def test_unreadable_camera_video_aborts_and_leaves_no_file(
     with pytest.raises(DatasetError, match="wrist.mp4: cannot open video"):
         write(path, two_cameras, 17)
     assert not path.exists()
+
+
+def test_camera_feed_ahead_decodes_the_next_batch_while_the_consumer_holds_one() -> None:
+    """``ahead=True``: taking batch k starts batch k+1 at once, without a request; a request
+    while one is under way asks nothing more; the batches arrive in order, then None."""
+    started: list[threading.Event] = [threading.Event() for _ in range(4)]
+
+    def batches():
+        for k in range(3):
+            started[k].set()
+            yield np.full((2, 1, 1, 3), k, np.uint8)
+        started[3].set()
+
+    feed = CameraFeed(batches(), "test-feed", ahead=True)
+    try:
+        assert not started[0].wait(0.05)  # nothing before the first request
+        feed.request()
+        feed.request()  # already asked: no second batch is started
+        first = feed.result()
+        assert first is not None and int(first[0, 0, 0, 0]) == 0
+        assert started[1].wait(5)  # batch 1 decodes while batch 0 is held
+        feed.request()
+        second = feed.result()
+        assert second is not None and int(second[0, 0, 0, 0]) == 1
+        third = feed.result()  # started when batch 1 was taken
+        assert third is not None and int(third[0, 0, 0, 0]) == 2
+        assert feed.result() is None
+    finally:
+        feed.close()

@@ -98,3 +98,25 @@ def test_mcap_reports_a_shape_mismatch_only_for_frame_size_errors(tmp_path: Path
     with pytest.raises(DatasetError) as info:
         list(camera_batches(reader, 1, key, 4, buffers, "episode 1"))
     assert "as declared" not in str(info.value)
+
+
+def test_alternating_batches_fill_the_two_halves_in_turn(tmp_path: Path) -> None:
+    """``alternate=True``: batch k stays intact while batch k+1 is decoded into the other half,
+    and the frames are those of the one-buffer iteration."""
+    path = tmp_path / "clip.mp4"
+    with VideoEncoder(path, 64, 48, 30) as encoder:
+        encoder.write(_noise(23, 48, 64, seed=4))
+    want = np.concatenate([b.copy() for b in iter_frame_batches(path, 5)])
+    out = np.zeros((10, *want.shape[1:]), np.uint8)
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
+    previous: tuple[np.ndarray, np.ndarray] | None = None
+    for batch in iter_frame_batches(path, 5, out=out, alternate=True):
+        if previous is not None:  # the batch before this one is untouched by this decode
+            np.testing.assert_array_equal(previous[0], previous[1])
+            assert not np.shares_memory(previous[0], batch)
+        previous = (batch, batch.copy())
+        kept.append(previous)
+    np.testing.assert_array_equal(np.concatenate([copy for _, copy in kept]), want)
+    assert [len(b) for b, _ in kept] == [5, 5, 5, 5, 3]
+    with pytest.raises(FrameSizeError):
+        next(iter_frame_batches(path, 5, out=out[:1], alternate=True))

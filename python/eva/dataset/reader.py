@@ -394,17 +394,24 @@ class DatasetReader:
         return cast(np.ndarray, arr.to_numpy(zero_copy_only=False))
 
     def iter_frames(
-        self, episode_index: int, key: str, batch_size: int = 32, *, out: np.ndarray | None = None
+        self,
+        episode_index: int,
+        key: str,
+        batch_size: int = 32,
+        *,
+        out: np.ndarray | None = None,
+        alternate: bool = False,
     ) -> Iterator[np.ndarray]:
         """Decoded (n, H, W, 3) uint8 RGB batches of one camera of one episode.
 
         The yielded arrays are views of ONE reused buffer (``out`` if given) and are overwritten by
         the next batch: ``.copy()`` a batch you keep. Memory stays bounded by ``batch_size``.
+        ``alternate``: two batches in the buffer, filled in turn (``video.iter_frame_batches``).
         """
         path = self.video_path(episode_index, key)
         if not path.exists():
             raise DatasetError(f"{path}: episode {episode_index} camera {key} video missing")
-        return video.iter_frame_batches(path, batch_size, out=out)
+        return video.iter_frame_batches(path, batch_size, out=out, alternate=alternate)
 
     def count_frames(self, episode_index: int, key: str) -> int:
         """Frames in the camera's MP4 according to the container (no decoding)."""

@@ -13,6 +13,7 @@ video only if the pixels are identical, so every path gives PyAV's pixels. Used 
 MCAP exporters (``dataset/video.py``'s batch decoders) and by camera sources. The
 ``*_reference`` functions are the numpy definitions the kernels are tested against.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -345,7 +345,7 @@ def count_decoded_frames(path: Path) -> int:
 
 
 def iter_frame_batches(
-    path: Path, batch_size: int = 32, *, out: np.ndarray | None = None
+    path: Path, batch_size: int = 32, *, out: np.ndarray | None = None, alternate: bool = False
 ) -> Iterator[np.ndarray]:
     """Yield (n, H, W, 3) uint8 RGB batches of at most ``batch_size`` frames.
 
@@ -355,6 +355,10 @@ def iter_frame_batches(
     Every batch is a view of ONE preallocated buffer (``out`` if given, shape
     (batch_size, H, W, 3)) that is overwritten by the next batch: copy a batch if you keep it
     past the next iteration. This keeps memory bounded and avoids touching fresh pages per batch.
+
+    ``alternate``: the buffer holds two batches (``out`` of at least 2 x ``batch_size`` frames)
+    and batches fill its halves in turn, so a batch stays valid while the next one is decoded
+    (a consumer may ask for batch k+1 as soon as it has batch k, and use k meanwhile).
     """
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
@@ -363,14 +367,18 @@ def iter_frame_batches(
         stream = _video_stream(container, path)
         use_decode_threads(stream)
         height, width = stream.codec_context.height, stream.codec_context.width
+        halves = 2 if alternate else 1
         if out is None:
-            out = np.empty((batch_size, height, width, 3), dtype=np.uint8)
-        elif out.shape[1:] != (height, width, 3) or out.dtype != np.uint8 or len(out) < 1:
+            out = np.empty((halves * batch_size, height, width, 3), dtype=np.uint8)
+        elif out.shape[1:] != (height, width, 3) or out.dtype != np.uint8 or len(out) < halves:
             raise FrameSizeError(
                 f"{path}: frames are {width}x{height}, the out buffer {out.shape} {out.dtype} "
                 f"does not fit them"
             )
-        capacity = min(batch_size, len(out))
+        capacity = min(batch_size, len(out) // halves)
+        # the half being filled: a view, so slots are numbered from 0 in either half
+        fill = out[:capacity]
+        half = 0
         filled = 0
         # Straight into the batch slot (no frame-sized temporary per frame): the native
         # yuv420p converter, calibrated against PyAV and self-checked on the first frame, or
@@ -385,15 +393,18 @@ def iter_frame_batches(
                         f"stream is {width}x{height}"
                     )
                 if started:
-                    converter.convert(frame, out, filled)
+                    converter.convert(frame, fill, filled)
                 else:
-                    converter.start_video(frame, out, filled)
+                    converter.start_video(frame, fill, filled)
                     started = True
                 filled += 1
                 if filled == capacity:
-                    yield out[:filled]
+                    yield fill
                     filled = 0
+                    if alternate:
+                        half ^= 1
+                        fill = out[half * capacity : (half + 1) * capacity]
         except av.error.FFmpegError as e:
             raise DatasetError(f"{path}: decode failed ({e})") from None
         if filled:
-            yield out[:filled]
+            yield fill[:filled]

@@ -161,7 +161,10 @@ class McapOptions(Options):
         minimum=MIN_CHUNK_SIZE,
         help="uncompressed chunk size in bytes.",
     )
-    batch_size: int = 32  # frames decoded per camera per batch
+    # frames decoded per camera per batch, two batches per camera (one decoded while the other is
+    # written); small batches stay in the caches between the conversion and the copy into a
+    # chunk (4 episodes of 640x480: 32 -> 4 frames, 5.16 -> 4.91 s)
+    batch_size: int = 4
     profile: str = option(
         "eva-client",
         name="mcap_profile",

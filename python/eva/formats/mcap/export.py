@@ -89,13 +89,16 @@ def write_episode_file(
     episode_label: str = "",
     compression: str = DEFAULT_COMPRESSION,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    double_buffered: bool = False,
 ) -> int:
     """Write one episode's MCAP at ``path``; return its size in bytes.
 
     ``frame_batches`` maps each video key (in channel order) to an iterator of (n, H, W, 3) uint8
     batches of that camera's decoded frames (batches may be views of a reused buffer). Cameras are
     consumed in lockstep; a camera with fewer or more frames than ``table`` has rows raises
-    ``DatasetError`` and the partial file is removed.
+    ``DatasetError`` and the partial file is removed. ``double_buffered``: each iterator fills
+    two buffers in turn (``alternate=True``), so each camera decodes its next batch while this
+    one is written (``CameraFeed``'s ``ahead``).
     """
     path = Path(path)
     label = episode_label or path.name
@@ -111,7 +114,7 @@ def write_episode_file(
             writer.register_channel(channel_ids[key], image_topic(key), MESSAGE_ENCODING)
         payload = episode_payload(table, metadata, fps, image_features)
         writer.add_message(1, 0, 0, 0, payload)
-        _write_frames(writer, frame_batches, channel_ids, rows, fps, label)
+        _write_frames(writer, frame_batches, channel_ids, rows, fps, label, double_buffered)
     return os.stat(path).st_size
 
 
@@ -123,15 +126,22 @@ class CameraFeed:
     is awaited, so their decodes (PyAV releases the GIL for decoding and the RGB conversion) run
     in parallel. The thread touches the iterator only between request and result, and a yielded
     batch (a view of the iterator's reused buffer) stays valid until the next request.
+
+    ``ahead``: for an iterator that fills two buffers in turn (``alternate=True``), the next
+    batch is requested as soon as a result is handed out, so the camera decodes batch k+1 while
+    the consumer writes batch k; ``request()`` then only asks when nothing is under way, and a
+    batch stays valid until the result after it is taken.
     """
 
     _END = object()
 
-    def __init__(self, iterator: Iterator[np.ndarray], name: str) -> None:
+    def __init__(self, iterator: Iterator[np.ndarray], name: str, *, ahead: bool = False) -> None:
         self._iterator = iterator
         self._ready: queue.Queue[np.ndarray | BaseException | None] = queue.Queue(maxsize=1)
         self._go = threading.Semaphore(0)
         self._stop = False
+        self._ahead = ahead
+        self._asked = False  # a request the thread has not answered yet
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -150,12 +160,17 @@ class CameraFeed:
                 return
 
     def request(self) -> None:
-        self._go.release()
+        if not self._asked:
+            self._asked = True
+            self._go.release()
 
     def result(self) -> np.ndarray | None:
         item = self._ready.get()
+        self._asked = False
         if isinstance(item, BaseException):
             raise item
+        if self._ahead and item is not None:
+            self.request()
         return item
 
     def close(self) -> None:
@@ -174,11 +189,15 @@ def _write_frames(
     rows: int,
     fps: float,
     label: str,
+    double_buffered: bool = False,
 ) -> None:
     keys = list(frame_batches)
     if not keys:
         return
-    feeds = {key: CameraFeed(iter(frame_batches[key]), f"eva-mcap-decode-{key}") for key in keys}
+    feeds = {
+        key: CameraFeed(iter(frame_batches[key]), f"eva-mcap-decode-{key}", ahead=double_buffered)
+        for key in keys
+    }
     try:
         _write_frames_from(writer, feeds, channel_ids, rows, fps, label)
     finally:
@@ -291,15 +310,16 @@ def renumbered_table(table: pa.Table, task: EpisodeTask) -> pa.Table:
 
 
 def decode_buffers(
-    reader: DatasetReader, video_keys: Sequence[str], batch_size: int
+    reader: DatasetReader, video_keys: Sequence[str], batch_size: int, halves: int = 1
 ) -> dict[str, np.ndarray]:
     """One decode buffer per (h, w, 3) camera, reused for every episode (no per-episode page
-    faults); ``camera_batches`` decodes into it."""
+    faults); ``camera_batches`` decodes into it (``halves`` = 2: two batches filled in turn)."""
     buffers: dict[str, np.ndarray] = {}
     for key in video_keys:
         shape = reader.features[key].get("shape") or []
         if len(shape) == 3 and int(shape[2]) == 3:
-            buffers[key] = np.empty((batch_size, int(shape[0]), int(shape[1]), 3), np.uint8)
+            frames = halves * batch_size
+            buffers[key] = np.empty((frames, int(shape[0]), int(shape[1]), 3), np.uint8)
     return buffers
 
 
@@ -315,7 +335,7 @@ class McapEpisodeSession:
 
     def camera_buffers(self, task: EpisodeTask) -> dict[str, np.ndarray]:
         if self.buffers is None:
-            self.buffers = decode_buffers(self.reader, task.video_keys, self.opts.batch_size)
+            self.buffers = decode_buffers(self.reader, task.video_keys, self.opts.batch_size, 2)
         return self.buffers
 
     def write(self, task: EpisodeTask) -> EpisodeResult:
@@ -323,7 +343,7 @@ class McapEpisodeSession:
         buffers = self.camera_buffers(task)
         batches = {
             key: camera_batches(
-                reader, task.source_index, key, opts.batch_size, buffers, task.label
+                reader, task.source_index, key, opts.batch_size, buffers, task.label, alternate=True
             )
             for key in task.video_keys
         }
@@ -337,6 +357,7 @@ class McapEpisodeSession:
             episode_label=task.label,
             compression=opts.compression,
             chunk_size=opts.chunk_size,
+            double_buffered=True,
         )
         return EpisodeResult(task.subset, task.index, task.path, size, result_current(task))
 
@@ -398,11 +419,14 @@ def camera_batches(
     batch_size: int,
     buffers: dict[str, np.ndarray],
     label: str,
+    *,
+    alternate: bool = False,
 ) -> Iterator[np.ndarray]:
-    """reader.iter_frames into this camera's decode buffer, which every episode reuses."""
+    """reader.iter_frames into this camera's decode buffer, which every episode reuses
+    (``alternate``: a buffer of two batches, filled in turn)."""
     out = buffers.get(key)
     try:
-        yield from reader.iter_frames(episode_index, key, batch_size, out=out)
+        yield from reader.iter_frames(episode_index, key, batch_size, out=out, alternate=alternate)
     except FrameSizeError as e:
         # The reused buffer has the info.json shape; this video has another frame size.
         raise DatasetError(
