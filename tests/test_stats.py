@@ -447,3 +447,23 @@ def test_running_merge_seeded_from_stats_json_equals_full_merge(seed_episodes: i
     for episode in per_episode[seed_episodes:]:
         running.add(episode)
     _assert_stats_close(running.result(), full, rtol=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=hnp.arrays(
+        np.float64,
+        hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=40),
+        elements=st.floats(allow_nan=False, allow_infinity=False, width=64)
+        | st.sampled_from([0.0, -0.0, 1.0, -1.0]),
+    ),
+    qs=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=12),
+)
+def test_linear_quantiles_are_np_quantile_bit_for_bit(values: np.ndarray, qs: list[float]) -> None:
+    """The v3 export's vector quantiles without ``np.quantile`` (it imports numpy.ma): the
+    same floats, signed zeros included, for any finite values and quantiles."""
+    q = np.asarray(qs + list(stats.DEFAULT_QUANTILES), dtype=np.float64)
+    want = np.quantile(values, q, axis=0)
+    got = stats._linear_quantiles(values, q)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
