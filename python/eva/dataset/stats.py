@@ -189,7 +189,7 @@ def _linear_quantiles(array: np.ndarray, q: np.ndarray) -> np.ndarray:
     above = ordered[following_ranks]
     gamma = (virtual - previous_ranks).reshape(-1, 1)
     difference = above - below
-    result = np.add(below, difference * gamma)
+    result: np.ndarray = np.add(below, difference * gamma)
     np.subtract(above, difference * (1 - gamma), out=result, where=gamma >= 0.5)
     return result
 
