@@ -130,11 +130,20 @@ def killed_worker_export(
     options: ExportOptions | None = None,
     **run: Any,
 ) -> tuple[str, list[int]]:
-    """An export (hdf5 by default) of 8 episodes on 2 workers whose ``kill`` (it kills a
+    """An export (hdf5 by default) of 16 episodes on 2 workers whose ``kill`` (it kills a
     worker, returns its pid) runs once the first task is done: the job's error, once checked
     that it failed with the previous pair published and no staging left; and the pid killed."""
     source = write_synthetic_dataset(
-        tmp_path / "raw", episodes=8, frames=90, cameras=2, width=160, height=120, seed=5
+        # 16 episodes: with the frames converted straight into their batches an hdf5 episode of
+        # this size takes tens of ms, and 8 of them could all be done before the first progress
+        # callback ran on a loaded CI machine
+        tmp_path / "raw",
+        episodes=16,
+        frames=90,
+        cameras=2,
+        width=160,
+        height=120,
+        seed=5,
     )
     root = layout.export_root(source, fmt)
     previous = export_dataset(source, fmt, options=options).job.job_id
@@ -150,7 +159,7 @@ def killed_worker_export(
     # task before this process runs the first progress callback (the export then rightly
     # succeeds), or the worker killed may be waiting for its next task (the job fails, naming
     # no episode). Neither try shows what the callers check: try again.
-    for _attempt in range(4):
+    for _attempt in range(6):
         killed.clear()
         try:
             export_dataset(
@@ -205,7 +214,7 @@ def kill_a_running_pool_worker() -> int:
 
 
 def test_a_killed_worker_fails_the_job_naming_the_episode(tmp_path: Path) -> None:
-    message, _ = killed_worker_export(tmp_path, kill_a_pool_worker, executor="processes")
+    message, _ = killed_worker_export(tmp_path, kill_a_running_pool_worker, executor="processes")
     assert re.search(
         r"worker process died \(killed, or out of memory\) while writing "
         r"accepted episode \d+ \(source episode \d+\)",
