@@ -133,17 +133,12 @@ def killed_worker_export(
     """An export (hdf5 by default) of 16 episodes on 2 workers whose ``kill`` (it kills a
     worker, returns its pid) runs once the first task is done: the job's error, once checked
     that it failed with the previous pair published and no staging left; and the pid killed."""
+    # 16 episodes: with the frames converted straight into their batches an hdf5 episode of this
+    # size takes tens of ms, and 8 of them could all be done before the first progress callback
+    # ran on a loaded CI machine
+    raw = tmp_path / "raw"
     source = write_synthetic_dataset(
-        # 16 episodes: with the frames converted straight into their batches an hdf5 episode of
-        # this size takes tens of ms, and 8 of them could all be done before the first progress
-        # callback ran on a loaded CI machine
-        tmp_path / "raw",
-        episodes=16,
-        frames=90,
-        cameras=2,
-        width=160,
-        height=120,
-        seed=5,
+        raw, episodes=16, frames=90, cameras=2, width=160, height=120, seed=5
     )
     root = layout.export_root(source, fmt)
     previous = export_dataset(source, fmt, options=options).job.job_id
