@@ -588,3 +588,24 @@ def test_verify_keeps_info_paths_inside_the_export(source: Path, tmp_path: Path)
     data.rename(outside)
     data.symlink_to(outside)
     assert "unsafe_path" in {p.code for p in lerobot_v3.verify(dest)}
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "data/chunk-000/file-000.parquet",
+        "meta/tasks.parquet",
+        "meta/episodes/chunk-000/file-000.parquet",
+    ],
+)
+def test_a_full_disk_names_the_parquet_file_being_written(
+    source: Path, tmp_path: Path, planted: str
+) -> None:
+    # pyarrow's ENOSPC names no file: the writer must (a full disk otherwise names the subset).
+    # /dev/full behind the file's path fails every write with ENOSPC, deterministically.
+    dest = tmp_path / "v3"
+    (dest / planted).parent.mkdir(parents=True)
+    (dest / planted).symlink_to("/dev/full")
+    with pytest.raises(DatasetError) as failed:
+        export(source, dest)
+    assert str(failed.value) == f"{dest / planted}: No space left on device"

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eva.dataset.columns import distinct_scalars
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import rewrite_index_columns
 from eva.formats.base import EpisodeResult, EpisodeTask, ExportOptions, ExportTask
@@ -137,7 +137,8 @@ def write_data_file(reader: DatasetReader, task: ShardTask) -> ShardResult:
     # every column by default, and on noisy float vectors that costs 10x the write (160 ms for
     # 16,000 rows) and gives a larger file.
     dictionary = [n for n in DICTIONARY_COLUMNS if n in table.column_names]
-    pq.write_table(table, path, compression="snappy", use_dictionary=dictionary)
+    with naming_write_errors(path):  # pyarrow's OSError names no file
+        pq.write_table(table, path, compression="snappy", use_dictionary=dictionary)
     return written(task, episodes=len(task.episodes), rows=tuple(rows))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.subset import (
     SubsetMeta,
     arrow_array,
@@ -255,8 +255,10 @@ DICTIONARY_COLUMNS = ("episode_index", "task_index")
 
 def write_parquet(table: pa.Table, path: Path) -> None:
     """A zero-row table gets a file with its schema and no row group (an empty row group makes
-    HF datasets fail with "BatchSize must be greater than 0")."""
-    if table.num_rows == 0:
-        pq.ParquetWriter(path, table.schema).close()
-    else:
-        pq.write_table(table, path)
+    HF datasets fail with "BatchSize must be greater than 0"). A write error names ``path``
+    (pyarrow's own names no file)."""
+    with naming_write_errors(path):
+        if table.num_rows == 0:
+            pq.ParquetWriter(path, table.schema).close()
+        else:
+            pq.write_table(table, path)

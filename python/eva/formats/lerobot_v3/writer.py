@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from eva.dataset import layout
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.stats import DEFAULT_QUANTILES, quantiles_from_histogram
 from eva.dataset.subset import SubsetMeta, write_common_meta, write_staged_json
 from eva.formats.base import EpisodeResult, ExportOptions, TaskFunctions
@@ -90,7 +90,8 @@ def finish_subset(
     episodes_path = root / EPISODES_PATH.format(chunk_index=0, file_index=0)
     episodes_path.parent.mkdir(parents=True, exist_ok=True)
     write_parquet(episodes_table(episode_rows, video_keys), episodes_path)
-    pq.write_table(tasks_table(meta.tasks), root / TASKS_PARQUET)
+    with naming_write_errors(root / TASKS_PARQUET):
+        pq.write_table(tasks_table(meta.tasks), root / TASKS_PARQUET)
 
     write_common_meta(root, meta, v3_info(meta, settings))
     stats = {k: dict(v) for k, v in meta.stats.items()}
