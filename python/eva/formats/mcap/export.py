@@ -133,8 +133,6 @@ class CameraFeed:
     batch stays valid until the result after it is taken.
     """
 
-    _END = object()
-
     def __init__(self, iterator: Iterator[np.ndarray], name: str, *, ahead: bool = False) -> None:
         self._iterator = iterator
         self._ready: queue.Queue[np.ndarray | BaseException | None] = queue.Queue(maxsize=1)
