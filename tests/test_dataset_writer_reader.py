@@ -430,8 +430,10 @@ def test_crash_before_commit_point_leaves_dataset_unchanged(
         ep = writer.begin_episode("new task")
         _add(ep, 0, 4, scene)
         monkeypatch.setattr(atomic, "_write_all", torn_write)
-        with pytest.raises(OSError, match="no space"):
+        with pytest.raises(DatasetError, match="no space.*kept in .*eva recover"):
             ep.commit()
+        kept = ep.work_dir  # the recording stays on disk for eva recover
+        assert (kept / "spool.json").is_file()
         monkeypatch.setattr(atomic, "_write_all", real_write_all)
         assert not (root / "data/chunk-000/episode_000001.parquet").exists()
         assert not (root / f"videos/chunk-000/{FRONT}/episode_000001.mp4").exists()
@@ -446,12 +448,19 @@ def test_crash_before_commit_point_leaves_dataset_unchanged(
         ep = writer.begin_episode("a")
         _add(ep, 0, 2, scene)
         assert ep.commit() == 1
+        assert kept.is_dir()
     reader = DatasetReader(root)
     assert reader.episode_indices == [0, 1]
     assert reader.tasks == {0: "a"}
     assert sorted(reader.episodes_stats) == [0, 1]
     assert len(atomic.read_jsonl(root / layout.EPISODES)) == 2
     assert (root / layout.EPISODES).read_bytes().count(b"\n") == 2
+    # The next writer turns the kept recording into an episode, marked as recovered.
+    with _open(root) as writer:
+        assert [r.episode_index for r in writer.recovered] == [2]
+    row = DatasetReader(root).episodes[2]
+    assert row["tasks"] == ["new task"] and row["length"] == 4 and row["quality"] == "red"
+    assert not kept.exists()
 
 
 def _commit_in_killed_process(root: Path, task: str, patch: str) -> None:
@@ -499,10 +508,18 @@ def test_killed_mid_append_is_repaired_on_reopen(tmp_path: Path) -> None:
     reader = DatasetReader(root)
     assert reader.episode_indices == [0]  # readers ignore it, the validator reports it
     assert [p.code for p in validate_dataset(root)] == ["torn_jsonl_tail"]
-    with _open(root) as writer:  # reopening drops the fragment and the orphan stats row
+    # Reopening drops the fragment and the orphan stats row, then recovers the episode from its
+    # crash spool (all of it: the kill came after STOP), marked as recovered.
+    with _open(root, recover=False) as writer:
         assert writer.next_episode_index == 1
     assert (root / layout.EPISODES).read_bytes() == episodes_before
     assert sorted(DatasetReader(root).episodes_stats) == [0]
+    with _open(root) as writer:
+        assert [(r.episode_index, r.frames) for r in writer.recovered] == [(1, 2)]
+    row = DatasetReader(root).episodes[1]
+    assert row["tasks"] == ["b"] and row["quality"] == "red"
+    assert [i["code"] for i in row["quality_issues"]] == ["recovered_after_crash"]
+    assert sorted(DatasetReader(root).episodes_stats) == [0, 1]
     assert validate_dataset(root) == []
 
 

@@ -128,7 +128,7 @@ class EpisodeConsumer:
                 discard_before(st, s.base[st.name])
             st.ring.reset_high_water()
         try:
-            self.episode = s.writer.begin_episode(s.task)  # START refuses an empty task
+            self.episode = s.writer.begin_episode(s.task, s.started_at)  # START refuses an empty task
             progressed = time.monotonic()
             while True:
                 if self.rec.consumer_throttle_s:

@@ -28,9 +28,12 @@ Threads and data flow::
   to the hard memory limit; samples refused past it are counted and make the episode red
   (``capture_backlog_overflow``). Nothing is dropped silently.
 
-Work in progress lives in ``<raw>/.eva-work/`` (the dataset writer's episode directories). A
-crash leaves it behind; the next ``start`` into that dataset reports (``logging`` warning and
-``Recorder.recovered``) and removes it, and the raw dataset stays valid.
+Work in progress lives in ``<raw>/.eva-work/`` (the dataset writer's episode directories, each
+with its crash spool: ``eva.dataset.spool``). A crash leaves it behind; ``recover_datasets``
+(entry points call it as they start) or the next ``start`` into that dataset turns each spool
+into an episode marked ``recovered_after_crash`` (``eva.dataset.recover``), removes other
+leftovers and reports both (``logging`` warning and ``Recorder.recovered``); the raw dataset
+stays valid.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from eva.capture.save_worker import (
 )
 from eva.capture.streams import EpisodeSession, Stream, discard_before
 from eva.config import CollectionConfig
+from eva.dataset import layout
 from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.video import VideoOptions
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
@@ -126,8 +130,10 @@ class Recorder:
         consumer_throttle_s: float = 0.0,
         native: bool | None = None,
         rings: Mapping[str, Ring] | None = None,
+        spool: bool = True,
     ) -> None:
         self.config = config
+        self.spool = spool
         self.external_rings = dict(rings or {})
         self.default_dataset = dataset if dataset is not None else next(iter(config.tasks))
         self.durable = durable
@@ -417,9 +423,12 @@ class Recorder:
                     gop=cfg.encoder.gop,
                 ),
                 durable=self.durable,
+                spool=self.spool,
             )
         except (DatasetError, ValueError) as e:
             raise RecorderError(str(e)) from None
+        for recovery in writer.recovered:
+            self.recovered.append(f"{root}: {recovery.line()}")
         for path in leftovers:
             msg = f"{root}: removed leftovers of an interrupted capture session: {path.name}"
             log.warning(msg)
@@ -430,6 +439,19 @@ class Recorder:
             self.recovered.append(msg)
         self._writers[root] = writer
         return writer
+
+    def recover_datasets(self) -> list[str]:
+        """Open every configured dataset that holds crash spools (recovering them, see
+        ``_writer_for``); returns what was reported. Entry points call it as they start."""
+        from eva.dataset.recover import find_spools
+
+        before = len(self.recovered)
+        for name in self.config.tasks:
+            root = self.config.dataset_dir(name)
+            if find_spools(root / layout.WORK_DIR):
+                with self._state_lock:
+                    self._writer_for(root)
+        return self.recovered[before:]
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every STOPped/CANCELled episode has been processed; False on timeout."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import layout
+from eva.dataset import layout, spool
 from eva.dataset.errors import error_line
 from eva.dataset.locks import try_flock
 from eva.dataset.repair import MetadataNotUpdated
@@ -110,11 +110,14 @@ def remove_stale_markers(dataset_dir: Path) -> list[Path]:
 
 
 def leftover_work(dataset_dir: Path) -> list[Path]:
-    """Episode work directories under ``.eva-work`` (only crashes leave them while no writer runs)."""
+    """Episode work directories under ``.eva-work`` without a crash spool (only crashes leave
+    them while no writer runs; spooled episodes are recovered, not removed)."""
     work = Path(dataset_dir) / layout.WORK_DIR
     if not work.is_dir():
         return []
-    return sorted(p for p in work.iterdir() if p.is_dir() and not p.is_symlink())
+    return sorted(
+        p for p in work.iterdir() if p.is_dir() and not p.is_symlink() and not spool.is_spool(p)
+    )
 
 
 def commit_episode(

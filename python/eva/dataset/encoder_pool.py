@@ -98,9 +98,11 @@ class CameraEncoder:
         options: VideoOptions,
         buffers: list[np.ndarray] | None,
         codec_threads: int | None = None,
+        spool_path: Path | None = None,
     ) -> None:
         self.cam = cam
         self.path = path
+        self.spool_path = spool_path
         self.fps = fps
         self.options = options
         self.codec_threads = codec_threads
@@ -128,7 +130,7 @@ class CameraEncoder:
         if self.encoder is None:
             self.encoder = VideoEncoder(
                 self.path, self.cam.width, self.cam.height, self.fps, self.options,
-                thread_count=self.codec_threads,
+                thread_count=self.codec_threads, spool_path=self.spool_path,
             )  # fmt: skip
         self.encoder.write(frames)
         self.stats.update(frames)
@@ -226,9 +228,11 @@ class EpisodeEncoders:
         fps: int,
         options: VideoOptions,
         pool: BufferPool | None,
+        spool_files: Mapping[str, Path] | None = None,
     ) -> None:
         self._specs = list(cameras)
         self._video_files = dict(video_files)
+        self._spool_files = dict(spool_files or {})
         self._fps = fps
         self._options = options
         self._pool = pool
@@ -247,8 +251,9 @@ class EpisodeEncoders:
         for cam in self._specs:
             buffers = self._pool.take(cam) if self._pool is not None else None
             self.cameras[cam.key] = CameraEncoder(
-                cam, self._video_files[cam.key], self._fps, self._options, buffers, codec_threads
-            )
+                cam, self._video_files[cam.key], self._fps, self._options, buffers, codec_threads,
+                self._spool_files.get(cam.key),
+            )  # fmt: skip
         # An episode dropped without commit/abort must not leave its encoder threads waiting
         # forever: when it is collected they discard their files and end (the work dir is
         # removed by the next writer that opens the dataset).

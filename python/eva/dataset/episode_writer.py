@@ -3,14 +3,22 @@
 ``add_frames`` checks each batch against the dataset's cameras and vectors, hands the images to
 the cameras' encoders (``eva.dataset.encoder_pool``) and buffers the vectors (they are small);
 ``commit`` waits for the encoders and gives the writer a ``RecordedEpisode`` to publish. An
-encoder failure aborts the episode: its work dir is removed and nothing is published.
+encoder failure while recording aborts the episode: its work dir is removed and nothing is
+published.
+
+With the writer's ``spool`` on (the default), the work dir also holds the episode's crash spool
+(``eva.dataset.spool``): a kill at any instant leaves what ``eva recover`` turns into an episode.
+A commit that fails on a shortage (too many open files, no memory) is retried from what is on
+disk; one that still fails keeps the work dir, spool included, for ``eva recover``.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from eva.dataset import spool
 from eva.dataset.encoder_pool import EpisodeEncoders
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, error_line
+from eva.dataset.repair import MetadataNotUpdated
+from eva.timestamps import utc_now
 
 if TYPE_CHECKING:
     from eva.dataset.writer import DatasetWriter
@@ -28,6 +39,27 @@ __all__ = ["RESERVED_ROW_KEYS", "EpisodeWriter", "RecordedEpisode"]
 
 # Episode-row keys the writer owns; extra_row_fields may not override them.
 RESERVED_ROW_KEYS = frozenset({"episode_index", "tasks", "length", "video_keys"})
+
+# A commit that fails for want of file descriptors or memory (exhausted by something else in
+# the process, say a flood of connections to the console) is tried again for this long.
+COMMIT_RETRY_S = 30.0
+_SHORTAGES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def is_shortage(error: BaseException) -> bool:
+    """A failure that waiting may cure: no memory, no file descriptors (the error or its cause)."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, MemoryError):
+            return True
+        if isinstance(seen, OSError) and seen.errno in _SHORTAGES:
+            return True
+        if "Too many open files" in str(seen) or "Cannot allocate memory" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +75,8 @@ class RecordedEpisode:
     image_stats: dict[str, Any]
     histograms: dict[str, list[list[int]]]
     video_files: dict[str, Path]
+    # The episode's crash spool: the writer marks in it which index the commit claims.
+    spool_dir: Path | None = None
 
 
 def _jsonable(value: Any, where: str) -> Any:
@@ -65,7 +99,7 @@ def _jsonable(value: Any, where: str) -> Any:
 class EpisodeWriter:
     """One episode being recorded: ``add_frames`` batches, then ``commit`` or ``abort``."""
 
-    def __init__(self, writer: DatasetWriter, task: str) -> None:
+    def __init__(self, writer: DatasetWriter, task: str, started_at: str | None = None) -> None:
         self.writer = writer
         self.task = task
         self.length = 0
@@ -73,14 +107,36 @@ class EpisodeWriter:
         self._video_files = {
             c.key: self.work_dir / f"{i:02d}.mp4" for i, c in enumerate(writer.cameras)
         }
+        self._rows: spool.RowSpool | None = None
+        spool_files: dict[str, Path] = {}
+        if writer.spool:
+            spool_files = {
+                c.key: self.work_dir / spool.video_spool_name(i)
+                for i, c in enumerate(writer.cameras)
+            }
+            self._rows = self._start_spool(started_at or utc_now(), spool_files)
         self._encoders = EpisodeEncoders(  # started on the first frames
             writer.cameras, self._video_files, writer.fps, writer.video,
-            writer.buffer_pool if writer.parallel_encode else None,
+            writer.buffer_pool if writer.parallel_encode else None, spool_files,
         )  # fmt: skip
         self._vector_parts: dict[str, list[np.ndarray]] = {v.name: [] for v in writer.vectors}
         self._capture_parts: list[np.ndarray] = []
         self._done = False
         self._failure: str | None = None  # why the episode was aborted by an encoder failure
+        self.kept_for_recovery = False  # a failed commit left the work dir for eva recover
+
+    def _start_spool(self, started_at: str, video_files: dict[str, Path]) -> spool.RowSpool:
+        w = self.writer
+        spool.write_manifest(
+            self.work_dir, task=self.task, fps=w.fps, started_at=started_at,
+            cameras=[
+                {"key": c.key, "height": c.height, "width": c.width,
+                 "spool": video_files[c.key].name}
+                for c in w.cameras
+            ],
+            vectors=[{"name": v.name, "dim": v.dim} for v in w.vectors],
+        )  # fmt: skip
+        return spool.RowSpool(self.work_dir / spool.ROWS, [(v.name, v.dim) for v in w.vectors])
 
     def _check_open(self) -> None:
         if self._failure is not None:
@@ -161,7 +217,10 @@ class EpisodeWriter:
         self._raise_on_failure()
         for name, arr in checked.items():
             self._vector_parts[name].append(arr)
-        self._capture_parts.append(np.array(capture_time, dtype=np.float64))
+        times = np.array(capture_time, dtype=np.float64)
+        self._capture_parts.append(times)
+        if self._rows is not None:
+            self._rows.add(times, checked)
         self.length += n
 
     def commit(self, extra_row_fields: Mapping[str, Any] | None = None) -> int | None:
@@ -186,13 +245,47 @@ class EpisodeWriter:
                     raise DatasetError(
                         f"camera {key}: encoded {frames} frames, episode has {self.length}"
                     )
-            episode_index = self.writer.commit_episode(self._recorded(), extra)
+            if self._rows is not None:
+                self._rows.close()
+                spool.write_marker(self.work_dir, spool.STOPPED, {"row_fields": extra})
         except BaseException:
             self.abort()
             raise
+        try:
+            episode_index = self._commit_retrying(self._recorded(), extra)
+        except MetadataNotUpdated:  # committed: only info.json / stats.json are behind
+            self._done = True
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            raise
+        except BaseException as e:
+            if self._rows is None:
+                self.abort()
+                raise
+            # Everything recorded is on disk: keep it for `eva recover` rather than lose it.
+            self._done = True
+            self.kept_for_recovery = True
+            raise DatasetError(
+                f"{error_line(e)}; the recording is kept in {self.work_dir}: "
+                f"run eva recover {self.writer.root}"
+            ) from e
         self._done = True
         shutil.rmtree(self.work_dir, ignore_errors=True)
         return episode_index
+
+    def _commit_retrying(self, episode: RecordedEpisode, extra: dict[str, Any]) -> int:
+        """The writer's commit, tried again while it fails on a shortage (see ``is_shortage``)."""
+        deadline = time.monotonic() + COMMIT_RETRY_S
+        delay = 0.05
+        while True:
+            try:
+                return self.writer.commit_episode(episode, extra)
+            except MetadataNotUpdated:
+                raise
+            except Exception as e:
+                if not is_shortage(e) or time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def _recorded(self) -> RecordedEpisode:
         """What the writer publishes, once the encoders have stopped."""
@@ -210,13 +303,18 @@ class EpisodeWriter:
             image_stats=self._encoders.image_stats(),
             histograms=self._encoders.histograms(),
             video_files=dict(self._video_files),
+            spool_dir=self.work_dir if self._rows is not None else None,
         )
 
     def abort(self) -> None:
-        """Drop the episode: stop the encoders, remove the work dir. Idempotent."""
+        """Drop the episode: stop the encoders, remove the work dir (unless a failed commit kept
+        it for ``eva recover``). Idempotent."""
         self._done = True
         self._encoders.stop(close=False)
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        if self._rows is not None:
+            self._rows.abandon()
+        if not self.kept_for_recovery:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def __enter__(self) -> EpisodeWriter:
         return self

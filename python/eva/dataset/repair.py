@@ -26,7 +26,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import atomic, fsafe, layout
+from eva.dataset import atomic, fsafe, layout, spool
 from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.locks import meta_lock, try_flock
 from eva.dataset.reader import DatasetReader
@@ -211,9 +211,10 @@ def remove_stale_temporaries(root: Path | str) -> list[Path]:
 
 
 def clean_stale_work(root: Path, work_root: Path) -> None:
-    """Work dirs and temp files left by a crashed writer; the caller holds the writer lock."""
+    """Work dirs and temp files left by a crashed writer; the caller holds the writer lock.
+    Work dirs holding a crash spool stay: the writer recovers them (``eva.dataset.recover``)."""
     for entry in work_root.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
+        if entry.is_dir() and not entry.is_symlink() and not spool.is_spool(entry):
             shutil.rmtree(entry, ignore_errors=True)
     remove_temporaries_as_writer(root)
 

@@ -23,6 +23,7 @@ import numpy as np
 from eva.dataset import mp4box
 from eva.dataset.errors import DatasetError
 from eva.dataset.rgb import FrameConverter
+from eva.dataset.spool import VideoSpool
 
 # Threads per decoder in this process; None: FFmpeg's own choice (one per core).
 _decode_threads: list[int | None] = [None]
@@ -134,8 +135,13 @@ class VideoEncoder:
         *,
         thread_type: str | None = None,
         thread_count: int | None = None,
+        spool_path: Path | None = None,
     ) -> None:
         self.path = Path(path)
+        # A fragmented copy of the packets that survives a kill (eva.dataset.spool); opened at
+        # the first packet, when the codec's global header exists.
+        self.spool_path = spool_path
+        self._spool: VideoSpool | None = None
         self.width = int(width)
         self.height = int(height)
         self.fps = int(fps)
@@ -190,20 +196,30 @@ class VideoEncoder:
                 frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
             frame.pts = self.frames_written
             frame.time_base = self._stream.codec_context.time_base
-            for packet in self._stream.encode(frame):
-                self._container.mux(packet)
+            self._mux(self._stream.encode(frame))
             self.frames_written += 1
 
+    def _mux(self, packets: list[av.Packet[Any]]) -> None:
+        for packet in packets:
+            if self.spool_path is not None:
+                if self._spool is None:
+                    self._spool = VideoSpool(self.spool_path, self._stream)
+                self._spool.write(packet)
+            self._container.mux(packet)
+
     def close(self) -> None:
-        """Flush the encoder and finish the MP4 (idempotent)."""
+        """Flush the encoder and finish the MP4 and its spool (idempotent)."""
         if self._closed:
             return
         self._closed = True
         try:
-            for packet in self._stream.encode(None):
-                self._container.mux(packet)
+            self._mux(self._stream.encode(None))
         finally:
-            self._container.close()
+            try:
+                self._container.close()
+            finally:
+                if self._spool is not None:
+                    self._spool.close()
 
     def abort(self) -> None:
         """Close without caring about the output (which the caller deletes)."""
@@ -213,6 +229,8 @@ class VideoEncoder:
         # The half-written file is discarded by the caller: errors closing it do not matter.
         with contextlib.suppress(Exception):
             self._container.close()
+        if self._spool is not None:
+            self._spool.abandon()
 
     def __enter__(self) -> VideoEncoder:
         return self

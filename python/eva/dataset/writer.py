@@ -46,7 +46,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from eva.dataset import atomic, fsafe, layout
+from eva.dataset import atomic, fsafe, layout, spool
 from eva.dataset.encoder_pool import BufferPool
 from eva.dataset.episode_writer import EpisodeWriter, RecordedEpisode
 from eva.dataset.errors import DatasetError
@@ -99,7 +99,9 @@ class DatasetWriter:
 
     # Set by create_or_open (the constructor refuses direct calls).
     parallel_encode: bool
+    spool: bool
     buffer_pool: BufferPool
+    recovered: list[Recovery]
 
     def __init__(self) -> None:  # pragma: no cover - guarded: use create_or_open
         raise TypeError("use DatasetWriter.create_or_open(root, ...)")
@@ -117,6 +119,8 @@ class DatasetWriter:
         chunks_size: int = layout.DEFAULT_CHUNKS_SIZE,
         durable: bool = True,
         parallel_encode: bool = True,
+        spool: bool = True,
+        recover: bool = True,
     ) -> DatasetWriter:
         """Create ``root`` as an empty v2.1 dataset, or open it for appending.
 
@@ -124,14 +128,25 @@ class DatasetWriter:
         dim); its chunks_size wins over the argument. ``durable=False`` skips fsync (tests,
         benchmarks, throwaway data). ``parallel_encode=False`` encodes every camera in the
         thread calling ``add_frames``, one after the other (the benchmark's baseline).
+        ``spool=False`` records without the crash spool (``eva.dataset.spool``; the benchmark's
+        baseline). Episodes a crash left spooled are recovered as the dataset opens
+        (``recovered`` lists them) unless ``recover=False``.
         """
         self = object.__new__(cls)
         self.parallel_encode = bool(parallel_encode)
+        self.spool = bool(spool)
         self.buffer_pool = BufferPool()
+        self.recovered = []
         self._init(
             Path(root), int(fps), list(cameras), list(vectors), robot_type,
             video or VideoOptions(), int(chunks_size), durable,
         )  # fmt: skip
+        if recover:
+            try:
+                self.recovered = recover_spools(self)
+            except BaseException:
+                self.close()
+                raise
         return self
 
     def _init(
@@ -314,12 +329,14 @@ class DatasetWriter:
     def tasks(self) -> dict[int, str]:
         return {i: t for t, i in self._tasks.items()}
 
-    def begin_episode(self, task: str) -> EpisodeWriter:
+    def begin_episode(self, task: str, started_at: str | None = None) -> EpisodeWriter:
+        """A new episode of ``task``; ``started_at`` (UTC ISO 8601, default now) goes into its
+        crash spool, for the row of an episode recovered after a crash."""
         if self._closed:
             raise DatasetError(f"{self.root}: writer is closed")
         if not isinstance(task, str) or not task.strip():
             raise DatasetError(f"{self.root}: task prompt must be a non-empty string")
-        return EpisodeWriter(self, task)
+        return EpisodeWriter(self, task, started_at)
 
     def close(self) -> None:
         """Release the dataset lock. Episodes still in progress can no longer commit."""
@@ -407,7 +424,13 @@ class DatasetWriter:
             data_path = self._data_path(ep)
             tmp = data_path.with_name(atomic.TMP_PREFIX + data_path.name)
             moved: list[Path] = []
+            videos_moved: list[tuple[Path, Path]] = []  # (published, where it came from)
             rollback: list[tuple[Path, int]] = []
+            if episode.spool_dir is not None:
+                # Before any file moves: a recovery after a kill learns which index to look for.
+                spool.write_marker(
+                    episode.spool_dir, spool.COMMITTING, {"episode_index": ep, "length": n}
+                )
 
             def append_row(rel: str, row: dict[str, Any]) -> None:
                 """Append one jsonl row, remembering the old size to take it back on failure."""
@@ -438,9 +461,9 @@ class DatasetWriter:
                         self._real_parent(dest)
                         fsafe.make_read_only(episode.video_files[cam.key])
                         os.replace(episode.video_files[cam.key], dest)
-                        moved.append(dest)
+                        videos_moved.append((dest, episode.video_files[cam.key]))
                     if self.durable:
-                        for d in {p.parent for p in moved}:
+                        for d in {p.parent for p in moved + [v for v, _ in videos_moved]}:
                             atomic.fsync_dir(d)
                     if new_task:
                         append_row(layout.TASKS, {"task_index": task_index, "task": task})
@@ -459,8 +482,15 @@ class DatasetWriter:
                     for p in moved:
                         with contextlib.suppress(OSError):
                             p.unlink()
+                    # The videos go back where they came from: a retry (or eva recover) needs them.
+                    for published, origin in videos_moved:
+                        with contextlib.suppress(OSError):
+                            os.replace(published, origin)
                     with contextlib.suppress(OSError):
                         tmp.unlink()
+                    if episode.spool_dir is not None:
+                        with contextlib.suppress(OSError):
+                            os.unlink(episode.spool_dir / spool.COMMITTING)
                     # Take back the rows appended before the commit point (nobody else writes
                     # these two files); a torn episodes.jsonl fragment is healed by the next append.
                     for path, size in reversed(rollback):
