@@ -6,7 +6,6 @@ derived here, checked to be a real directory inside the log directory before any
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from eva.config import CollectionConfig, ConfigError
 from eva.console.errors import conflict, not_found
 from eva.dataset import fsafe, layout
 from eva.dataset.errors import DatasetError
+from eva.dataset.identity import Identity, fd_identity
 
 
 class DatasetDirs:
@@ -21,7 +21,7 @@ class DatasetDirs:
 
     def __init__(self, config: CollectionConfig) -> None:
         self.config = config
-        self._counts: dict[Path, tuple[tuple[int, int, int], int]] = {}
+        self._counts: dict[Path, tuple[Identity, int]] = {}
 
     def root(self, name: str) -> Path:
         """The raw directory of a dataset of ``collection.tasks``; anything else is refused."""
@@ -51,15 +51,14 @@ class DatasetDirs:
         return root
 
     def episode_count(self, root: Path) -> int | None:
-        """Rows of episodes.jsonl, re-counted only when the file's size or mtime changed (the
+        """Rows of episodes.jsonl, re-counted only when the file's identity changed (the
         status is built several times a second)."""
         path = root / layout.EPISODES
         try:
             # No link followed and no FIFO opened (a blocking open would hang the status): the
             # count is None, and the dataset's own requests name the problem.
             with fsafe.open_binary(fsafe.contained(root, layout.EPISODES, "file")) as f:
-                st = os.fstat(f.fileno())
-                key = (st.st_ino, st.st_size, st.st_mtime_ns)
+                key = fd_identity(f.fileno())
                 cached = self._counts.get(path)
                 if cached is not None and cached[0] == key:
                     return cached[1]

@@ -9,7 +9,6 @@ to be a regular file (``eva.dataset.fsafe``).
 from __future__ import annotations
 
 import json
-import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from functools import cached_property
@@ -23,6 +22,7 @@ import pyarrow.parquet as pq
 from eva.dataset import atomic, fsafe, layout, video
 from eva.dataset.columns import list_lengths, list_values
 from eva.dataset.errors import DatasetError
+from eva.dataset.identity import Identity, file_identity
 
 __all__ = ["DatasetReader"]
 
@@ -45,15 +45,6 @@ def read_columns(parquet: pq.ParquetFile, path: Path, wanted: list[str]) -> pa.T
 TABLE_CACHE_BYTES = 64 << 20  # episode tables a reader keeps (see DatasetReader.read_table)
 
 
-def _file_identity(path: Path) -> tuple[int, ...] | None:
-    """What says a file is still the one read: size, mtime, ctime, inode, device."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-
-
 class DatasetReader:
     """Read-only view of one raw v2.1 dataset directory."""
 
@@ -69,7 +60,7 @@ class DatasetReader:
         # whole episode tables read, by episode: a validation reads each one and the export
         # after it reads it again. Served only while the file is the one read (size, times,
         # inode), within TABLE_CACHE_BYTES (oldest dropped first)
-        self._tables: OrderedDict[int, tuple[tuple[int, ...], pa.Table]] = OrderedDict()
+        self._tables: OrderedDict[int, tuple[Identity, pa.Table]] = OrderedDict()
         self._table_bytes = 0
 
     # ---- metadata ------------------------------------------------------------------------
@@ -333,7 +324,7 @@ class DatasetReader:
             raise DatasetError(f"{path}: episode {episode_index} parquet missing")
         identity = None
         if columns is None:
-            identity = _file_identity(path)
+            identity = file_identity(path)
             cached = self._tables.get(episode_index)
             if cached is not None and identity is not None and cached[0] == identity:
                 self._tables.move_to_end(episode_index)
@@ -344,7 +335,7 @@ class DatasetReader:
             with pq.ParquetFile(path) as parquet:
                 if columns is None:
                     table = parquet.read(use_threads=False)
-                    if identity is not None and identity == _file_identity(path):
+                    if identity is not None and identity == file_identity(path):
                         self._remember_table(episode_index, identity, table)
                     return table
                 present = set(parquet.schema_arrow.names)
@@ -355,7 +346,7 @@ class DatasetReader:
         except (pa.ArrowInvalid, pa.ArrowKeyError, KeyError, OSError) as e:
             raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
 
-    def _remember_table(self, episode: int, identity: tuple[int, ...], table: pa.Table) -> None:
+    def _remember_table(self, episode: int, identity: Identity, table: pa.Table) -> None:
         old = self._tables.pop(episode, None)
         if old is not None:
             self._table_bytes -= old[1].nbytes

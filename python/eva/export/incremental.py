@@ -35,10 +35,17 @@ with its path and ``episode_numbering``: output index, index offset, task remap)
 - a v3 file: its episodes' fingerprints, its path, the episodes it holds, their stats, and
   whether it samples keyframes (``ShardTask.layout``); since the plan follows the source sizes
   in episode order, the files before the first changed episode keep all of it;
-- each source file of the episode (its parquet, its videos) by identity: size, ``st_mtime_ns``,
-  inode and device. Identity, not a content hash: hashing would read every source byte, which
-  costs what decoding does not (a rewrite in place that keeps size and mtime is not seen; any
-  eva write replaces files and so changes the inode).
+- each source file of the episode (its parquet, its videos) by its path below the source.
+
+A fingerprint names the source files; the record keeps their identity apart (``sources``: path
+-> size, mtime, ctime, inode, device; ``eva.dataset.identity``), and a task is reused only when
+each of its source files, and each published file, still has the identity recorded. The ctime
+is what sees a rewrite in place whose size, mtime and inode were put back. It also moves when a
+link to the file is made or removed, which eva itself does: a v2.1 export hard-links the raw
+MP4s, and an incremental one links the published files, then removes the old pair. So once the
+new pair is published, ``settle_records`` brings the ctime of the files the pair holds (and of
+the source files that are the same inode as one of them) up to date, when nothing else of their
+identity changed; every other source file keeps the identity it had when the export planned.
 """
 
 from __future__ import annotations
@@ -60,29 +67,44 @@ from typing import Any
 from eva import __version__
 from eva.dataset.atomic import atomic_write_json
 from eva.dataset.errors import DatasetError
+from eva.dataset.identity import Identity, file_identity, matches, same_but_ctime
 from eva.dataset.reader import DatasetReader
 from eva.formats.base import EpisodeResult, EpisodeTask, ExportOptions, ExportTask, task_files
 
 FINGERPRINTS = "fingerprints.json"  # in the export root, beside job.json
-FINGERPRINT_VERSION = 2  # 2: content and numbering apart (a version-1 record: all rewritten)
+# 2: content and numbering apart; 3: source identities apart, with the ctime (older: rewritten)
+FINGERPRINT_VERSION = 3
 VIDEO_CHECKS = "video_checks.json"  # beside it: the source MP4s validation found intact
-VIDEO_CHECKS_VERSION = 1
+VIDEO_CHECKS_VERSION = 1  # [frames, size, mtime_ns, ctime_ns, inode, device] by path
 # info.json fields that change when episodes are added: no episode file depends on them.
 INFO_TOTALS = ("total_episodes", "total_frames", "total_videos", "total_chunks", "splits")
 FICLONE = 0x40049409  # ioctl: share the source file's extents (btrfs, xfs)
 RENUMBER_THREADS = 2  # renumbered files copied and patched at a time
 
 
-def file_identity(path: Path) -> list[object]:
-    """A source file as the fingerprint sees it: name, size, mtime_ns, inode, device."""
-    st = os.stat(path)
-    return [path.name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
-
-
 def output_identity(path: Path) -> list[int]:
-    """A written episode file: size, mtime_ns, inode (a hard link keeps all three)."""
-    st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    """A written episode file's identity, as the record keeps it (``OSError`` when gone)."""
+    identity = file_identity(path)
+    if identity is None:
+        raise FileNotFoundError(errno.ENOENT, "cannot be stat'ed", str(path))
+    return list(identity)
+
+
+def source_files(reader: DatasetReader, task: ExportTask) -> list[str]:
+    """The source files ``task``'s output is made of, by path below the source root: an
+    episode's parquet and videos; a task over several episodes (a v3 shard), theirs."""
+    episodes: Sequence[EpisodeTask] = (
+        [task] if isinstance(task, EpisodeTask) else getattr(task, "episodes", ())
+    )
+    files: dict[str, None] = {}
+    for episode in episodes:
+        src = episode.source_index
+        for path in (
+            reader.data_path(src),
+            *(reader.video_path(src, k) for k in episode.video_keys),
+        ):
+            files[Path(path).relative_to(reader.root).as_posix()] = None
+    return list(files)
 
 
 @dataclass(frozen=True)
@@ -123,7 +145,6 @@ def episode_content(context: SourceContext, reader: DatasetReader, task: Episode
     """The fingerprint of what ``task``'s file holds apart from its numbering: two tasks with
     the same content make files that differ only where ``episode_numbering`` shows."""
     src = task.source_index
-    files = [reader.data_path(src), *(reader.video_path(src, k) for k in task.video_keys)]
     return _digest(
         {
             "context": context.digest,
@@ -133,7 +154,7 @@ def episode_content(context: SourceContext, reader: DatasetReader, task: Episode
             "row": {k: v for k, v in task.row.items() if k != "episode_index"},
             "video_keys": task.video_keys,
             "fps": task.fps,
-            "files": [file_identity(Path(f)) for f in files],
+            "files": source_files(reader, task),
         }
     )
 
@@ -196,13 +217,16 @@ def read_fingerprints(root: Path) -> dict[str, dict[str, Any]]:
     return _read_record(Path(root) / FINGERPRINTS, FINGERPRINT_VERSION, "episodes")
 
 
+def read_sources(root: Path) -> dict[str, Any]:
+    """The identities of the source files the published pair was made of, by path below the
+    source (empty when unrecorded: then nothing is reused)."""
+    return _read_record(Path(root) / FINGERPRINTS, FINGERPRINT_VERSION, "sources")
+
+
 def _read_record(path: Path, version: int, key: str) -> dict[str, Any]:
     """``path``'s ``key`` object when the file parses and has ``version``, else empty."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("version") != version:
+    data = _read_json(path)
+    if data.get("version") != version:
         return {}
     found = data.get(key)
     return found if isinstance(found, dict) else {}
@@ -229,10 +253,18 @@ def fingerprint_entry(
     return entry
 
 
-def write_fingerprints(staging: Path, entries: Mapping[str, dict[str, Any]]) -> None:
+def write_fingerprints(
+    staging: Path, entries: Mapping[str, dict[str, Any]], sources: Mapping[str, Identity]
+) -> None:
+    """The record: ``entries`` by record key, ``sources``: the identity of each source file
+    when the export planned (``EpisodePlan.sources``)."""
     atomic_write_json(
         Path(staging) / FINGERPRINTS,
-        {"version": FINGERPRINT_VERSION, "episodes": dict(entries)},
+        {
+            "version": FINGERPRINT_VERSION,
+            "episodes": dict(entries),
+            "sources": {rel: list(identity) for rel, identity in sorted(sources.items())},
+        },
         durable=False,
     )
 
@@ -263,19 +295,25 @@ def published_intact(root: Path, key: str, entry: Mapping[str, Any], files: Sequ
     recorded = {first: entry.get("file"), **(entry.get("other_files") or {})}
     if set(recorded) != set(files):
         return False
-    try:
-        return all(
-            output_identity(Path(root) / subset / rel) == identity
-            for rel, identity in recorded.items()
-        )
-    except OSError:
-        return False
+    return all(
+        matches(identity, file_identity(Path(root) / subset / rel))
+        for rel, identity in recorded.items()
+    )
+
+
+def sources_intact(
+    recorded: Mapping[str, Any], current: Mapping[str, Identity | None], files: Sequence[str]
+) -> bool:
+    """Whether each source file of ``files`` has the identity ``recorded`` (the published
+    pair's ``sources``) now (``current``)."""
+    return all(matches(recorded.get(rel), current.get(rel)) for rel in files)
 
 
 def reusable(
     root: Path, published: Mapping[str, dict[str, Any]], task: ExportTask, fingerprint: str
 ) -> dict[str, Any] | None:
-    """The published entry of ``task`` when its files can be reused as they are, else None."""
+    """The published entry of ``task`` when its files can be reused as they are (the caller
+    checks the source files: ``sources_intact``), else None."""
     key = record_key(task)
     entry = published.get(key)
     if not isinstance(entry, dict) or entry.get("fingerprint") != fingerprint:
@@ -345,13 +383,15 @@ def link_file(published: Path, staged: Path) -> None:
 class EpisodePlan:
     """Which tasks an export writes, which it links (``reused``) and which it may copy and
     patch (``renumbered``: the published file of the same content, numbered otherwise), with
-    every task's fingerprint (and an episode task's content fingerprint)."""
+    every task's fingerprint (and an episode task's content fingerprint) and the identity of
+    every source file as the plan found it (``sources``, for the record)."""
 
     fingerprints: dict[str, str]  # record key -> fingerprint
     contents: dict[str, str]  # record key -> content fingerprint (episode tasks)
     reused: dict[int, dict[str, Any]]  # task number -> published entry
     renumbered: dict[int, tuple[str, dict[str, Any]]]  # task number -> published key, entry
     rewrite: list[int]  # task numbers to run
+    sources: dict[str, Identity] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(
@@ -367,6 +407,7 @@ class EpisodePlan:
         """``renumbers``: the format can patch a published episode file's numbering."""
         context = SourceContext.of(fmt, reader, options)
         published = read_fingerprints(root) if incremental else {}
+        recorded = read_sources(root) if published else {}
         by_content = {
             entry["content"]: key
             for key, entry in published.items()
@@ -376,6 +417,13 @@ class EpisodePlan:
         known: dict[int, str] = {}  # the tasks (and so their episodes) live through the loop
         for number, task in enumerate(tasks):
             key = record_key(task)
+            files = source_files(reader, task)
+            for rel in files:
+                if rel not in plan.sources:
+                    identity = file_identity(reader.root / rel)
+                    if identity is not None:
+                        plan.sources[rel] = identity
+            same_sources = sources_intact(recorded, plan.sources, files)
             content = None
             if isinstance(task, EpisodeTask):
                 content = plan.contents[key] = episode_content(context, reader, task)
@@ -383,13 +431,14 @@ class EpisodePlan:
             else:
                 fingerprint = task_fingerprint(context, reader, task, known)
             plan.fingerprints[key] = fingerprint
-            entry = reusable(root, published, task, fingerprint) if published else None
+            entry = reusable(root, published, task, fingerprint) if same_sources else None
             if entry is not None:
                 plan.reused[number] = entry
                 continue
             old_key = by_content.get(content) if renumbers and content is not None else None
             if (
                 old_key is not None
+                and same_sources
                 and not task.other_files
                 and published_intact(root, old_key, published[old_key], [old_key.partition("/")[2]])
             ):
@@ -433,3 +482,82 @@ class EpisodePlan:
             self.renumbered.pop(number, None)
         self.rewrite.sort()
         return results
+
+
+# ---- after publication --------------------------------------------------------------------------
+
+
+def settle_records(root: Path, source: Path) -> None:
+    """The published pair's records brought up to date after the links eva made and removed
+    while publishing it (module docstring): the recorded ctime of each file of the pair, and of
+    each source file that is the same inode as one of them, replaced by its ctime now, where
+    the rest of its identity is the one recorded. Any other change keeps the record as it was
+    (the file is read again next time). Never raises: the pair is published already, and a
+    record left as it was only costs that re-read."""
+    with contextlib.suppress(Exception):
+        _settle_records(Path(root), Path(source))
+
+
+def _settle_records(root: Path, source: Path) -> None:
+    data = _read_json(root / FINGERPRINTS)
+    entries = data.get("episodes") if data.get("version") == FINGERPRINT_VERSION else None
+    pair: set[tuple[int, int]] = set()  # (device, inode) of every file of the pair
+    changed = False
+    for key, entry in (entries if isinstance(entries, dict) else {}).items():
+        subset = key.partition("/")[0]
+        if not isinstance(entry, dict) or subset not in ("accepted", "rejected"):
+            continue
+        files = {key.partition("/")[2]: entry.get("file"), **(entry.get("other_files") or {})}
+        for rel, recorded in files.items():
+            current = file_identity(root / subset / rel)
+            if current is None or not same_but_ctime(recorded, current):
+                continue
+            pair.add((current[4], current[3]))
+            if not matches(recorded, current):
+                if rel == key.partition("/")[2]:
+                    entry["file"] = list(current)
+                else:
+                    entry["other_files"][rel] = list(current)
+                changed = True
+    sources = data.get("sources") if isinstance(entries, dict) else None
+    if isinstance(sources, dict):
+        changed |= _settle_paths(source, sources, pair, lambda recorded: recorded)
+    if changed:
+        atomic_write_json(root / FINGERPRINTS, data, durable=False)
+    checks = _read_json(root / VIDEO_CHECKS)
+    videos = checks.get("videos") if checks.get("version") == VIDEO_CHECKS_VERSION else None
+    if isinstance(videos, dict) and _settle_paths(source, videos, pair, lambda r: r[1:]):
+        atomic_write_json(root / VIDEO_CHECKS, checks, durable=False)
+
+
+def _settle_paths(
+    source: Path,
+    records: dict[str, Any],
+    pair: set[tuple[int, int]],
+    identity_of: Callable[[list[Any]], list[Any]],
+) -> bool:
+    """``records`` (path below ``source`` -> a list ending in an identity) settled in place
+    for the source files that are files of the pair; whether any was."""
+    changed = False
+    for rel, recorded in records.items():
+        if not isinstance(recorded, list) or len(recorded) < 5:
+            continue
+        parts = PurePosixPath(rel).parts
+        if rel.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            continue
+        current = file_identity(source / rel)
+        old = identity_of(recorded)
+        if current is None or (current[4], current[3]) not in pair:
+            continue
+        if same_but_ctime(old, current) and not matches(old, current):
+            recorded[len(recorded) - 5 :] = list(current)
+            changed = True
+    return changed
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

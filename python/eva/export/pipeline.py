@@ -38,7 +38,7 @@ from eva.dataset.errors import DatasetError, error_line, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, write_staged_json
 from eva.export.executors import EXECUTORS
-from eva.export.incremental import read_video_checks, write_video_checks
+from eva.export.incremental import read_video_checks, settle_records, write_video_checks
 from eva.export.registry import ExportOptions, load_format
 from eva.export.source import LateVideoChecks, prepare
 from eva.formats.base import EpisodeResult, TaskFormat, report_result, task_format
@@ -212,7 +212,7 @@ def write_task_subsets(
         for key in [inc.record_key(task)]
     }
     with naming_write_errors(staging):
-        inc.write_fingerprints(staging, entries)
+        inc.write_fingerprints(staging, entries, plan.sources)
     for subset in SUBSETS:
         subset_dir = staging / subset
         with naming_write_errors(subset_dir):
@@ -483,6 +483,7 @@ def _export_locked(
             mark_complete(staging, job.job_id, durable=options.durable)
         publish_pair(root, staging, exchange=exchange)
         staging = None
+        settle_records(root, source)
     except BaseException as e:
         job.fail(_one_line(e))
         job.set_progress(progress)

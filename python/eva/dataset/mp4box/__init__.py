@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from eva.dataset.identity import file_identity
 from eva.dataset.mp4box.boxes import (
     TABLE_ENTRY_LIMIT,
     Box,
@@ -241,13 +242,10 @@ class _SampleCache:
     def key(path: Path) -> tuple[object, ...] | None:
         """None (not cached) for a file changed within ``SETTLED_NS``: file times come from a
         coarse clock (a few ms), so a rewrite in place right after the parse could keep them."""
-        try:
-            st = os.stat(path, follow_symlinks=False)
-        except OSError:
+        identity = file_identity(path)
+        if identity is None or time.time_ns() - identity[2] < SETTLED_NS:
             return None
-        if time.time_ns() - st.st_ctime_ns < SETTLED_NS:
-            return None
-        return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return (str(path), *identity)
 
     def get(self, key: tuple[object, ...]) -> VideoSamples | None:
         with self._lock:

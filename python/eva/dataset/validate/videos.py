@@ -18,9 +18,10 @@ from typing import Any
 
 from eva.dataset import decode_check, mp4box, video
 from eva.dataset.errors import DatasetError
+from eva.dataset.identity import Identity, file_identity, matches
 from eva.dataset.reader import DatasetReader
 
-__all__ = ["VIDEO_CHECK_THREADS", "VideoInspections", "file_identity"]
+__all__ = ["VIDEO_CHECK_THREADS", "VideoInspections"]
 
 # Threads that inspect MP4s (framing, keyframe decode) while the episode loop checks parquet.
 VIDEO_CHECK_THREADS = 2
@@ -42,7 +43,7 @@ class VideoInspections:
     ) -> None:
         self._root = reader.root
         self._futures: dict[Path, Future[_Inspection]] = {}
-        self._known: dict[Path, tuple[int, list[int]]] = {}
+        self._known: dict[Path, tuple[int, Identity]] = {}
         self._pool: ThreadPoolExecutor | None = None
         if not enabled or not video_keys or not episodes:
             return
@@ -107,21 +108,10 @@ class VideoInspections:
 
 
 # (frames, unreadable message, damage message, identity throughout the inspection or None)
-_Inspection = tuple[int | None, str | None, str | None, list[int] | None]
+_Inspection = tuple[int | None, str | None, str | None, Identity | None]
 
 
-def file_identity(path: Path) -> list[int] | None:
-    """size, mtime_ns, ctime_ns, inode, device of the file at ``path`` (no link followed)."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
-
-
-def _vouched(
-    known: Mapping[str, Any] | None, name: str, path: Path
-) -> tuple[int, list[int]] | None:
+def _vouched(known: Mapping[str, Any] | None, name: str, path: Path) -> tuple[int, Identity] | None:
     """(frames, identity) of a file ``known`` vouches for and that is still the one recorded."""
     entry = known.get(name) if known else None
     if not isinstance(entry, list) or len(entry) != 6:
@@ -129,7 +119,7 @@ def _vouched(
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in entry):
         return None
     identity = file_identity(path)
-    return (entry[0], identity) if identity is not None and identity == entry[1:] else None
+    return (entry[0], identity) if matches(entry[1:], identity) and identity is not None else None
 
 
 def _inspect_video(path: Path) -> _Inspection:
