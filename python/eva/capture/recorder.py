@@ -428,7 +428,9 @@ class Recorder:
         except (DatasetError, ValueError) as e:
             raise RecorderError(str(e)) from None
         for recovery in writer.recovered:
-            self.recovered.append(f"{root}: {recovery.line()}")
+            msg = f"{root}: {recovery.line()}"
+            log.warning(msg)
+            self.recovered.append(msg)
         for path in leftovers:
             msg = f"{root}: removed leftovers of an interrupted capture session: {path.name}"
             log.warning(msg)

@@ -71,6 +71,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "cleanup_command",
         "Finish or undo interrupted exports of DATASET and remove hidden staging/backup dirs.",
     ),
+    "recover": (
+        "eva.cli.recover_command",
+        "recover_command",
+        "Recover episodes a crash cut short in DATASET (a raw v2.1 dataset being recorded).",
+    ),
     "console": (
         "eva.cli.console_command",
         "console_command",

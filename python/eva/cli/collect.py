@@ -318,6 +318,12 @@ def collect_command(
         rec_source.close()
         fail(str(e) or type(e).__name__)
     reporter = JobReporter(as_json and episodes is not None, interactive=interactive)
+    try:  # episodes a crash cut short become episodes again (the capture log reports them)
+        recorder.recover_datasets()
+    except RecorderError as e:
+        recorder.close()
+        rec_source.close()
+        fail(str(e))
 
     def shut_down() -> None:
         recorder.wait_idle()

@@ -109,6 +109,10 @@ class ConsoleSession:
         except BaseException:
             self.source.close()
             raise
+        try:  # episodes a crash cut short become episodes again (reported as warnings)
+            self.recorder.recover_datasets()
+        except RecorderError as e:
+            log.warning("recovering interrupted recordings failed: %s", e)
         self.preview = self.recorder.enable_preview()
         self.source.start(self.recorder)
 

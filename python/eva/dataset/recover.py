@@ -15,7 +15,6 @@ row has its length) is only removed.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import struct
@@ -40,8 +39,6 @@ if TYPE_CHECKING:
     from eva.dataset.writer import DatasetWriter
 
 __all__ = ["RECOVERED_CODE", "Recovery", "complete_fragments", "find_spools", "recover_spools"]
-
-log = logging.getLogger("eva.capture")
 
 RECOVERED_CODE = "recovered_after_crash"
 
@@ -81,7 +78,6 @@ def recover_spools(writer: DatasetWriter) -> list[Recovery]:
             result = recover_spool(writer, work_dir)
         except (DatasetError, OSError, av.error.FFmpegError, pa.ArrowException) as e:
             result = Recovery(work_dir, error=error_line(e))
-        log.warning("%s: %s", writer.root, result.line())
         results.append(result)
     return results
 

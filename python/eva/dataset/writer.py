@@ -149,6 +149,42 @@ class DatasetWriter:
                 raise
         return self
 
+    @classmethod
+    def open_existing(cls, root: Path | str, *, durable: bool = True) -> DatasetWriter:
+        """Open an existing dataset with the cameras, vectors and codec its info.json declares
+        (what ``eva recover`` does, without a rig config); recovers its crash spools."""
+        root = Path(root)
+        info = read_meta_json(fsafe.contained(root, layout.INFO, "file"))
+        features = info.get("features") if isinstance(info, dict) else None
+        if not isinstance(info, dict) or not isinstance(features, dict):
+            raise DatasetError(f"{root / layout.INFO}: not a dataset's info.json (no features)")
+        cameras: list[CameraSpec] = []
+        vectors: list[VectorSpec] = []
+        codec = "libx264"
+        skip = set(INDEX_FEATURES) | {CAPTURE_TIME}
+        try:
+            for name, feature in features.items():
+                if not isinstance(feature, dict) or name in skip:
+                    continue
+                shape = list(feature.get("shape") or [])
+                if feature.get("dtype") == "video":
+                    cameras.append(CameraSpec(name, int(shape[0]), int(shape[1])))
+                    info_codec = (feature.get("info") or {}).get("video.codec")
+                    codec = {"av1": "libsvtav1"}.get(str(info_codec), codec)
+                else:
+                    names = feature.get("names")
+                    names = names if isinstance(names, list) and len(names) == shape[0] else None
+                    vectors.append(VectorSpec(name, int(shape[0]), names))
+            return cls.create_or_open(
+                root, fps=int(info["fps"]), cameras=cameras, vectors=vectors,
+                robot_type=str(info.get("robot_type") or "unknown"),
+                video=VideoOptions(codec=codec), durable=durable,
+            )  # fmt: skip
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            if isinstance(e, DatasetError):
+                raise
+            raise DatasetError(f"{root / layout.INFO}: unusable features ({e})") from None
+
     def _init(
         self,
         root: Path,
