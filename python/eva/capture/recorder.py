@@ -28,12 +28,10 @@ Threads and data flow::
   to the hard memory limit; samples refused past it are counted and make the episode red
   (``capture_backlog_overflow``). Nothing is dropped silently.
 
-Work in progress lives in ``<raw>/.eva-work/`` (the dataset writer's episode directories, each
-with its crash spool: ``eva.dataset.spool``). A crash leaves it behind; ``recover_datasets``
-(entry points call it as they start) or the next ``start`` into that dataset turns each spool
-into an episode marked ``recovered_after_crash`` (``eva.dataset.recover``), removes other
-leftovers and reports both (``logging`` warning and ``Recorder.recovered``); the raw dataset
-stays valid.
+Work in progress lives in ``<raw>/.eva-work/`` (episode dirs with their crash spools). After a
+crash, ``recover_datasets`` (entry points call it) or the next ``start`` into that dataset turns
+each spool into an episode (``eva.dataset.recover``), removes other leftovers and reports both
+(``logging`` warning and ``Recorder.recovered``); the raw dataset stays valid.
 """
 
 from __future__ import annotations
@@ -67,6 +65,7 @@ from eva.capture.streams import EpisodeSession, Stream, discard_before
 from eva.config import CollectionConfig
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError, error_line
+from eva.dataset.recover import find_spools
 from eva.dataset.video import VideoOptions
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
 from eva.timestamps import utc_now
@@ -443,10 +442,8 @@ class Recorder:
         return writer
 
     def recover_datasets(self) -> list[str]:
-        """Open every configured dataset that holds crash spools (recovering them, see
+        """Open each configured dataset holding crash spools, which recovers them (reported by
         ``_writer_for``); returns what was reported. Entry points call it as they start."""
-        from eva.dataset.recover import find_spools
-
         before = len(self.recovered)
         for name in self.config.tasks:
             root = self.config.dataset_dir(name)
