@@ -16,9 +16,9 @@ MAX_LINES = 600
 PRIVATE_API_SHIMS = {"upload/paramiko_compat.py"}
 # which top-level parts of eva each layer may import (imports point down the dataflow)
 LOWER: dict[str, set[str]] = {
-    "dataset": {"dataset", "_native", "progress", "timestamps", "libc"},
-    "quality": {"dataset", "quality", "_native", "progress", "timestamps", "libc"},
-    "formats": {"dataset", "formats", "_native", "progress", "timestamps", "libc"},
+    "dataset": {"dataset", "_native", "progress", "timestamps", "libc", "textsafe"},
+    "quality": {"dataset", "quality", "_native", "progress", "timestamps", "libc", "textsafe"},
+    "formats": {"dataset", "formats", "_native", "progress", "timestamps", "libc", "textsafe"},
 }
 
 

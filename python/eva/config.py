@@ -39,15 +39,24 @@ closest known key (``collection.encodr: unknown key (did you mean 'encoder'?)``)
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import math
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eva.config_table import MAX_DURATION_S, TableReader, check_strings
+from eva.config_table import ConfigError as ConfigError  # re-exported: raised by load_config
 from eva.dataset import layout
+from eva.dataset.limits import (
+    MAX_FPS,
+    MAX_GOP,
+    MAX_IMAGE_SIDE,
+    MAX_VECTOR_DIM,
+    image_size_problem,
+)
 from eva.dataset.video import VideoOptions
 
 # re-exported: a stream's source is part of the config
@@ -55,6 +64,7 @@ from eva.source_config import SOURCE_KINDS as SOURCE_KINDS
 from eva.source_config import SOURCE_PRIORITIES as SOURCE_PRIORITIES
 from eva.source_config import ZMQ_BATCH_S as ZMQ_BATCH_S
 from eva.source_config import SourceConfig as SourceConfig
+from eva.source_config import parse_source
 
 DEFAULT_CAMERAS: tuple[tuple[str, int, int], ...] = (
     ("observation.images.cam_high", 640, 480),
@@ -64,10 +74,10 @@ DEFAULT_CAMERAS: tuple[tuple[str, int, int], ...] = (
 DEFAULT_VECTOR_DIM = 14
 DEFAULT_GRIPPERS = (6, 13)
 DEFAULT_WARN_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the file and the key."""
+# Capture storage bounds: ring memory over all cameras (1 TiB) and the seconds of samples each
+# stream's ring preallocates; the rings must also fit this machine (``ring_memory_problem``).
+MAX_MEMORY_MB = 1_048_576.0
+MAX_RING_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,27 @@ def resolve_log_dir(text: str, base_dir: Path | None = None) -> tuple[Path, bool
     return Path(os.path.abspath(log_dir)), derived
 
 
+def ring_memory_problem(config: CollectionConfig, available_bytes: int | None = None) -> str | None:
+    """Why this machine cannot hold the capture rings ``config`` preallocates (None when it can):
+    each camera's ring holds ``backlog.ring_seconds`` of frames at ``fps`` from the start, whatever
+    ``max_memory_mb`` allows later. ``available_bytes``: default, the machine's physical memory."""
+    if available_bytes is None:
+        try:
+            available_bytes = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            return None
+    frames = math.ceil(config.fps * config.backlog.ring_seconds)
+    needed = sum(frames * c.width * c.height * 3 for c in config.cameras)
+    if needed <= available_bytes:
+        return None
+    return (
+        f"collection.backlog.ring_seconds: {config.backlog.ring_seconds:g} s of frames at "
+        f"{config.fps} fps from {len(config.cameras)} camera(s) need {needed / 1e6:.0f} MB of "
+        f"memory, this machine has {available_bytes / 1e6:.0f} MB (fewer or smaller cameras, "
+        "a lower fps or ring_seconds)"
+    )
+
+
 def dataset_dir(log_dir: Path, name: str) -> Path:
     """``<log_dir>/<sanitised name>/raw``; ConfigError for a name that would escape log_dir."""
     try:
@@ -171,69 +202,6 @@ def dataset_dir(log_dir: Path, name: str) -> Path:
     if not layout.is_within(path, log_dir):
         raise ConfigError(f"dataset name {name!r} would escape the log directory")
     return path
-
-
-class _Reader:
-    """Typed access to one table, with errors that name ``<file>: <dotted key>``."""
-
-    def __init__(self, where: str, table: Mapping[str, Any], prefix: str) -> None:
-        self.where = where
-        self.table = table
-        self.prefix = prefix
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}.{name}" if self.prefix else name
-
-    def fail(self, name: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.where}: {self.key(name)}: {message}")
-
-    def get(self, name: str, kind: type | tuple[type, ...], default: Any) -> Any:
-        if name not in self.table:
-            return default
-        value = self.table[name]
-        if isinstance(value, bool) and kind is not bool and bool not in _as_tuple(kind):
-            raise self.fail(name, f"expected {_kind_name(kind)}, got a boolean")
-        if not isinstance(value, kind):
-            raise self.fail(name, f"expected {_kind_name(kind)}, got {type(value).__name__}")
-        return value
-
-    def number(
-        self, name: str, default: float, *, minimum: float | None = None, integer: bool = False
-    ) -> Any:
-        kind: tuple[type, ...] = (int,) if integer else (int, float)
-        value = self.get(name, kind, default)
-        if minimum is not None and value < minimum:
-            raise self.fail(name, f"must be >= {minimum}, got {value}")
-        return int(value) if integer else float(value)
-
-    def refuse_unknown(self, known: set[str] | frozenset[str], what: str = "key") -> None:
-        """A key of this table outside ``known`` is a mistake (a typo is otherwise silently
-        ignored and its setting left at the default): refuse it, suggesting the closest one."""
-        for name in self.table:
-            if name not in known:
-                close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise self.fail(name, f"unknown {what}{hint}; known: {', '.join(sorted(known))}")
-
-    def sub(self, name: str) -> _Reader:
-        return _Reader(self.where, self.get(name, dict, {}), self.key(name))
-
-    def tables(self, name: str, fields: str) -> Iterator[tuple[dict[str, Any], _Reader]]:
-        """Each table of the array ``name`` with a reader whose errors name ``name[i]``."""
-        for i, item in enumerate(self.get(name, list, [])):
-            prefix = f"{self.key(name)}[{i}]"
-            if not isinstance(item, dict):
-                raise ConfigError(f"{self.where}: {prefix}: expected a table {{{fields}}}")
-            yield item, _Reader(self.where, item, prefix)
-
-
-def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", dict: "a table", list: "a list"}
-    return " or ".join(names.get(k, k.__name__) for k in _as_tuple(kind))
 
 
 _COLLECTION_KEYS = {
@@ -262,13 +230,13 @@ def parse_collection(
     table: Mapping[str, Any], *, where: str = "config", base_dir: Path | None = None
 ) -> CollectionConfig:
     """Validate the ``collection`` table; ``base_dir`` anchors a relative ``log_dir``."""
-    r = _Reader(where, table, "collection")
+    r = TableReader(where, table, "collection")
     r.refuse_unknown(_COLLECTION_KEYS | _COLLECTION_TABLES_OF_OTHER_STAGES)
     extra = {k: v for k, v in table.items() if k not in _COLLECTION_KEYS}
 
     log_dir, derived = resolve_log_dir(r.get("log_dir", str, ""), base_dir)
 
-    fps = r.number("fps", 30, minimum=2, integer=True)
+    fps = r.number("fps", 30, minimum=2, maximum=MAX_FPS, integer=True)
     if "tasks" not in table:
         raise r.fail("tasks", "missing: map each dataset name to a list of task prompts")
     tasks_table = r.get("tasks", dict, {})
@@ -314,29 +282,35 @@ def parse_collection(
     codec = enc.get("codec", str, "libx264")
     if codec not in ("libx264", "libsvtav1"):
         raise enc.fail("codec", f"unsupported codec {codec!r}: use libx264 or libsvtav1")
-    crf = enc.number("crf", 23, minimum=0, integer=True)
-    if crf > 63:
-        raise enc.fail("crf", f"must be <= 63, got {crf}")
+    crf = enc.number("crf", 23, minimum=0, maximum=63, integer=True)
     enc.refuse_unknown({"codec", "crf", "preset", "gop"})
     preset = enc.get("preset", (str, int), "veryfast")
     encoder = EncoderConfig(
-        codec=codec, crf=crf, preset=str(preset), gop=enc.number("gop", 30, minimum=1, integer=True)
+        codec=codec,
+        crf=crf,
+        preset=str(preset),
+        gop=enc.number("gop", 30, minimum=1, maximum=MAX_GOP, integer=True),
     )
 
     bl = r.sub("backlog")
     warn = bl.get("warn_seconds", list, list(DEFAULT_WARN_SECONDS))
-    if not all(isinstance(w, int | float) and not isinstance(w, bool) and w > 0 for w in warn):
-        raise bl.fail("warn_seconds", "expected a list of positive numbers (seconds of lag)")
+    if not all(
+        isinstance(w, int | float) and not isinstance(w, bool) and 0 < w <= MAX_DURATION_S
+        for w in warn
+    ):
+        raise bl.fail(
+            "warn_seconds", f"expected a list of numbers in 0..{MAX_DURATION_S:g} (seconds of lag)"
+        )
     backlog = BacklogConfig(
         warn_seconds=tuple(sorted(float(w) for w in warn)),
-        max_memory_mb=bl.number("max_memory_mb", 2048.0, minimum=0.001),
-        ring_seconds=bl.number("ring_seconds", 1.0, minimum=0.01),
+        max_memory_mb=bl.number("max_memory_mb", 2048.0, minimum=0.001, maximum=MAX_MEMORY_MB),
+        ring_seconds=bl.number("ring_seconds", 1.0, minimum=0.01, maximum=MAX_RING_SECONDS),
     )
     bl.refuse_unknown({"warn_seconds", "max_memory_mb", "ring_seconds"})
 
     skew = table.get("skew_tolerance_s")
     if skew is not None:
-        skew = r.number("skew_tolerance_s", 0.0, minimum=0.0)
+        skew = r.number("skew_tolerance_s", 0.0, minimum=0.0, maximum=MAX_DURATION_S)
     return CollectionConfig(
         log_dir=log_dir,
         tasks=tasks,
@@ -346,17 +320,19 @@ def parse_collection(
         vectors=vectors,
         encoder=encoder,
         backlog=backlog,
-        min_episode_frames=r.number("min_episode_frames", 10, minimum=1, integer=True),
+        min_episode_frames=r.number(
+            "min_episode_frames", 10, minimum=1, maximum=MAX_FPS * MAX_DURATION_S, integer=True
+        ),
         skew_tolerance_s=skew,
-        stream_start_timeout_s=r.number("stream_start_timeout_s", 1.0, minimum=0.0),
-        frozen_camera_s=r.number("frozen_camera_s", 1.0, minimum=0.0),
-        clock_jump_s=r.number("clock_jump_s", 0.5, minimum=0.0),
+        stream_start_timeout_s=r.duration("stream_start_timeout_s", 1.0),
+        frozen_camera_s=r.duration("frozen_camera_s", 1.0),
+        clock_jump_s=r.duration("clock_jump_s", 0.5),
         log_dir_derived=derived,
         extra=extra,
     )
 
 
-def _parse_cameras(r: _Reader) -> tuple[CameraConfig, ...]:
+def _parse_cameras(r: TableReader) -> tuple[CameraConfig, ...]:
     if "cameras" not in r.table:
         return tuple(CameraConfig(k, w, h) for k, w, h in DEFAULT_CAMERAS)
     cameras = []
@@ -369,13 +345,14 @@ def _parse_cameras(r: _Reader) -> tuple[CameraConfig, ...]:
             layout.check_video_key(key)
         except layout.UnsafeNameError as e:
             raise c.fail("key", str(e)) from None
-        width = c.number("width", 0, minimum=2, integer=True)
-        height = c.number("height", 0, minimum=2, integer=True)
         if "width" not in item or "height" not in item:
             raise c.fail("width" if "width" not in item else "height", "missing")
-        if width % 2 or height % 2:
-            raise c.fail("width", f"{width}x{height}: yuv420p video needs even sizes")
-        source = _parse_source(c, item, "camera")
+        width = c.number("width", 0, minimum=2, maximum=MAX_IMAGE_SIDE, integer=True)
+        height = c.number("height", 0, minimum=2, maximum=MAX_IMAGE_SIDE, integer=True)
+        problem = image_size_problem(width, height)
+        if problem is not None:
+            raise c.fail("width", problem)
+        source = parse_source(c, item, "camera")
         cameras.append(CameraConfig(key, width, height, source))
     return tuple(cameras)
 
@@ -386,7 +363,7 @@ _BOOKKEEPING_COLUMNS = frozenset(
 )
 
 
-def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
+def _parse_vectors(r: TableReader) -> tuple[VectorConfig, ...]:
     if "vectors" not in r.table:
         return tuple(
             VectorConfig(name, DEFAULT_VECTOR_DIM, DEFAULT_GRIPPERS)
@@ -402,7 +379,7 @@ def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
             raise v.fail("name", f"{name!r} collides with a bookkeeping column")
         if "dim" not in item:
             raise v.fail("dim", "missing")
-        dim = v.number("dim", 1, minimum=1, integer=True)
+        dim = v.number("dim", 1, minimum=1, maximum=MAX_VECTOR_DIM, integer=True)
         discrete = v.get("discrete", list, [])
         if not all(isinstance(d, int) and not isinstance(d, bool) for d in discrete) or any(
             not 0 <= d < dim for d in discrete
@@ -411,7 +388,7 @@ def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
         names = v.get("names", list, None)
         if names is not None and (len(names) != dim or not all(isinstance(n, str) for n in names)):
             raise v.fail("names", f"expected {dim} strings")
-        source = _parse_source(v, item, "vector")
+        source = parse_source(v, item, "vector")
         if source is not None and source.kind == "zmq" and source.topic is None:
             source = dataclasses.replace(source, topic=name)
         vectors.append(
@@ -420,84 +397,6 @@ def _parse_vectors(r: _Reader) -> tuple[VectorConfig, ...]:
             )
         )
     return tuple(vectors)
-
-
-_SOURCE_KEYS = {
-    "ffmpeg": {"url", "format", "options", "realtime", "latency_s", "kernel_timestamps"},
-    "zmq": {"endpoint", "topic", "batch_s"},
-    "python": {"object", "args"},
-    "sim": set(),
-}
-_COMMON_SOURCE_KEYS = {"kind", "stall_timeout_s", "open_timeout_s", "priority"}
-
-
-def _parse_source(r: _Reader, item: Mapping[str, Any], stream: str) -> SourceConfig | None:
-    """The stream's ``source`` table, checked per kind (unknown keys refused, errors name them)."""
-    if "source" not in item:
-        return None
-    s = r.sub("source")
-    kind = s.get("kind", str, None)
-    if kind is None:
-        raise s.fail("kind", f"missing: one of {', '.join(SOURCE_KINDS)}")
-    if kind not in SOURCE_KINDS:
-        raise s.fail("kind", f"unknown source kind {kind!r}: use {', '.join(SOURCE_KINDS)}")
-    if kind == "ffmpeg" and stream != "camera":
-        raise s.fail("kind", "ffmpeg sources deliver images: use them for cameras")
-    if kind == "zmq" and stream != "vector":
-        raise s.fail("kind", "zmq sources deliver vectors: use them for vector streams")
-    s.refuse_unknown(_COMMON_SOURCE_KEYS | _SOURCE_KEYS[kind], f"key of a {kind} source")
-    common = {
-        "stall_timeout_s": s.number("stall_timeout_s", 2.0, minimum=0.05),
-        "open_timeout_s": s.number("open_timeout_s", 10.0, minimum=0.1),
-        "priority": s.get("priority", str, SourceConfig.priority),
-    }
-    if common["priority"] not in SOURCE_PRIORITIES:
-        raise s.fail("priority", f"expected one of {', '.join(SOURCE_PRIORITIES)}")
-    if kind == "ffmpeg":
-        url = s.get("url", str, None)
-        if not url:
-            raise s.fail("url", "missing: a device, URL or file FFmpeg can open")
-        options = s.get("options", dict, {})
-        bad = [
-            k
-            for k, v in options.items()
-            if not isinstance(v, str | int | float) or isinstance(v, bool)
-        ]
-        if bad:
-            raise s.fail(f"options.{bad[0]}", "expected a string or number (FFmpeg option value)")
-        return SourceConfig(
-            kind,
-            url=url,
-            format=s.get("format", str, None),
-            options={k: str(v) for k, v in options.items()},
-            realtime=s.get("realtime", bool, False),
-            latency_s=s.number("latency_s", 0.0, minimum=0.0),
-            kernel_timestamps=s.get("kernel_timestamps", bool, True),
-            **common,
-        )
-    if kind == "zmq":
-        endpoint = s.get("endpoint", str, None)
-        if not endpoint or "://" not in endpoint:
-            raise s.fail(
-                "endpoint", "missing or not a ZeroMQ endpoint (tcp://host:port, ipc://path)"
-            )
-        batch_s = s.number("batch_s", ZMQ_BATCH_S, minimum=0.0)
-        if batch_s > common["stall_timeout_s"] / 2:
-            raise s.fail("batch_s", "must be at most half of stall_timeout_s")
-        return SourceConfig(
-            kind, endpoint=endpoint, topic=s.get("topic", str, None), batch_s=batch_s, **common
-        )
-    if kind == "python":
-        target = s.get("object", str, None)
-        module, _, attr = (target or "").partition(":")
-        if (
-            not module
-            or not attr
-            or not all(p.isidentifier() for p in module.split(".") + attr.split("."))
-        ):
-            raise s.fail("object", "expected 'package.module:Factory'")
-        return SourceConfig(kind, object=target, args=dict(s.get("args", dict, {})), **common)
-    return SourceConfig(kind, **common)
 
 
 def read_toml(path: Path | str) -> dict[str, Any]:
@@ -512,6 +411,8 @@ def read_toml(path: Path | str) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read config file ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML ({e})") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError(f"{path}: invalid TOML (nested too deeply)") from None
 
 
 def collection_table(raw: Mapping[str, Any], *, where: str = "config") -> dict[str, Any]:
@@ -521,6 +422,7 @@ def collection_table(raw: Mapping[str, Any], *, where: str = "config") -> dict[s
         raise ConfigError(f"{where}: no [collection] table")
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: collection: expected a table")
+    check_strings(table, "collection", where)
     return table
 
 

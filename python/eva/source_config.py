@@ -1,13 +1,16 @@
 """Where a camera or vector stream of the rig comes from: the ``source`` table of its config entry.
 
-Parsed by ``eva.config`` (which re-exports these names); read by the capture stage, which starts
-a source process per group of streams (``SourceConfig.group_key``).
+Parsed here (``parse_source``) for ``eva.config``, which re-exports these names; read by the
+capture stage, which starts a source process per group of streams (``SourceConfig.group_key``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from eva.config_table import MAX_DURATION_S, TableReader
 
 SOURCE_KINDS = ("ffmpeg", "zmq", "python", "sim")
 # normal: as started; high: nice -10; realtime: SCHED_FIFO (each falls back to the one before it,
@@ -82,3 +85,81 @@ class SourceConfig:
             # what costs CPU)
             return ("zmq", self.priority, self.batch_s, self.stall_timeout_s, self.open_timeout_s)
         return ("ffmpeg", self.url, self.format, repr(sorted(self.options.items())))
+
+
+_SOURCE_KEYS = {
+    "ffmpeg": {"url", "format", "options", "realtime", "latency_s", "kernel_timestamps"},
+    "zmq": {"endpoint", "topic", "batch_s"},
+    "python": {"object", "args"},
+    "sim": set(),
+}
+_COMMON_SOURCE_KEYS = {"kind", "stall_timeout_s", "open_timeout_s", "priority"}
+
+
+def parse_source(r: TableReader, item: Mapping[str, Any], stream: str) -> SourceConfig | None:
+    """The stream's ``source`` table, checked per kind (unknown keys refused, errors name them)."""
+    if "source" not in item:
+        return None
+    s = r.sub("source")
+    kind = s.get("kind", str, None)
+    if kind is None:
+        raise s.fail("kind", f"missing: one of {', '.join(SOURCE_KINDS)}")
+    if kind not in SOURCE_KINDS:
+        raise s.fail("kind", f"unknown source kind {kind!r}: use {', '.join(SOURCE_KINDS)}")
+    if kind == "ffmpeg" and stream != "camera":
+        raise s.fail("kind", "ffmpeg sources deliver images: use them for cameras")
+    if kind == "zmq" and stream != "vector":
+        raise s.fail("kind", "zmq sources deliver vectors: use them for vector streams")
+    s.refuse_unknown(_COMMON_SOURCE_KEYS | _SOURCE_KEYS[kind], f"key of a {kind} source")
+    common = {
+        "stall_timeout_s": s.number("stall_timeout_s", 2.0, minimum=0.05, maximum=MAX_DURATION_S),
+        "open_timeout_s": s.number("open_timeout_s", 10.0, minimum=0.1, maximum=MAX_DURATION_S),
+        "priority": s.get("priority", str, SourceConfig.priority),
+    }
+    if common["priority"] not in SOURCE_PRIORITIES:
+        raise s.fail("priority", f"expected one of {', '.join(SOURCE_PRIORITIES)}")
+    if kind == "ffmpeg":
+        url = s.get("url", str, None)
+        if not url:
+            raise s.fail("url", "missing: a device, URL or file FFmpeg can open")
+        options = s.get("options", dict, {})
+        bad = [
+            k
+            for k, v in options.items()
+            if not isinstance(v, str | int | float) or isinstance(v, bool)
+        ]
+        if bad:
+            raise s.fail(f"options.{bad[0]}", "expected a string or number (FFmpeg option value)")
+        return SourceConfig(
+            kind,
+            url=url,
+            format=s.get("format", str, None),
+            options={k: str(v) for k, v in options.items()},
+            realtime=s.get("realtime", bool, False),
+            latency_s=s.number("latency_s", 0.0, minimum=0.0, maximum=MAX_DURATION_S),
+            kernel_timestamps=s.get("kernel_timestamps", bool, True),
+            **common,
+        )
+    if kind == "zmq":
+        endpoint = s.get("endpoint", str, None)
+        if not endpoint or "://" not in endpoint:
+            raise s.fail(
+                "endpoint", "missing or not a ZeroMQ endpoint (tcp://host:port, ipc://path)"
+            )
+        batch_s = s.number("batch_s", ZMQ_BATCH_S, minimum=0.0, maximum=MAX_DURATION_S)
+        if batch_s > common["stall_timeout_s"] / 2:
+            raise s.fail("batch_s", "must be at most half of stall_timeout_s")
+        return SourceConfig(
+            kind, endpoint=endpoint, topic=s.get("topic", str, None), batch_s=batch_s, **common
+        )
+    if kind == "python":
+        target = s.get("object", str, None)
+        module, _, attr = (target or "").partition(":")
+        if (
+            not module
+            or not attr
+            or not all(p.isidentifier() for p in module.split(".") + attr.split("."))
+        ):
+            raise s.fail("object", "expected 'package.module:Factory'")
+        return SourceConfig(kind, object=target, args=dict(s.get("args", dict, {})), **common)
+    return SourceConfig(kind, **common)

@@ -57,3 +57,52 @@ def json_line(obj: Any) -> str:
         return text
     # Outside strings json.dumps emits no such character; inside, C0 is escaped already.
     return "".join(f"\\u{ord(ch):04x}" if _unsafe(ord(ch)) else ch for ch in text)
+
+
+# ---- what text eva stores, and what a user may type ------------------------------------------
+
+# The longest text one field may take from a user (a task prompt, a note, a dataset name, a
+# config string): a prompt is a sentence, a note a few; it bounds what one option or request
+# makes eva store in every episode row and export.
+MAX_TEXT_CHARS = 2000
+
+
+def storable_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored by every format (None when it can). The dataset validator's
+    ``invalid_text`` rule: a lone surrogate (a JSON ``\\ud800`` escape, or a byte that was not
+    UTF-8 in a command-line argument) is not Unicode and no UTF-8 file can hold it; a NUL ends an
+    HDF5 string, so h5py refuses it."""
+    for position, ch in enumerate(text):
+        code = ord(ch)
+        if 0xD800 <= code <= 0xDFFF:
+            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "character"
+            return (
+                f"holds a lone surrogate \\u{code:04x} at character {position}, not valid "
+                f"Unicode (a {what} that is not UTF-8 text)"
+            )
+        if code == 0:
+            return f"holds a NUL character at character {position} (an HDF5 string cannot)"
+    return None
+
+
+def text_problem(text: object, *, max_chars: int = MAX_TEXT_CHARS) -> str | None:
+    """Why a value a user typed is refused (None when it is accepted): the one rule for task
+    prompts, notes, dataset names and config strings, at every entry point (CLI options, console
+    requests, config files). Accepted: a string of at most ``max_chars`` characters that the
+    validator accepts (``storable_problem``) and that holds no control character (C0 with tab
+    and newline, DEL, C1): one value is one line, and nothing typed can drive a terminal."""
+    if not isinstance(text, str):
+        return f"expected a string, got {type(text).__name__}"
+    if len(text) > max_chars:
+        return f"{len(text)} characters, at most {max_chars} are allowed"
+    problem = storable_problem(text)
+    if problem is not None:
+        return problem
+    for position, ch in enumerate(text):
+        code = ord(ch)
+        if code < 0x20 or 0x7F <= code <= 0x9F:
+            return (
+                f"control character {_escape(ch)} at character {position} is not allowed "
+                "(one line of printable text)"
+            )
+    return None

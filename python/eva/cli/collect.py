@@ -24,18 +24,29 @@ from eva.cli.output import (
     fail,
     first_line,
     say,
+    typed_text,
     verbosity_options,
 )
+from eva.config_table import MAX_DURATION_S
+
+# The simulated rig's seeds (numpy takes non-negative integers; 32 bits are plenty for a rig).
+MAX_SEED = 2**32 - 1
+# Episodes of one scripted run (a million: years of recording; more is a typing mistake).
+MAX_EPISODES = 1_000_000
 
 
 def _collect_load(config_path: Path, dataset: str | None) -> Any:
-    """The CollectionConfig of ``config_path`` (usage errors exit 2)."""
-    from eva.config import ConfigError, load_config
+    """The CollectionConfig of ``config_path`` (usage errors exit 2), its rings checked to fit
+    this machine."""
+    from eva.config import ConfigError, load_config, ring_memory_problem
 
     try:
         cfg = load_config(config_path).collection
     except ConfigError as e:
         fail(str(e), EXIT_USAGE)
+    problem = ring_memory_problem(cfg)
+    if problem is not None:
+        fail(f"{config_path}: {problem}", EXIT_USAGE)
     if dataset is not None and dataset not in cfg.tasks:
         fail(f"dataset {dataset!r} is not in collection.tasks of {config_path}", EXIT_USAGE)
     return cfg
@@ -183,20 +194,20 @@ def _collect_setup(cfg: Any, override: str | None, seed: int) -> Any:
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--episodes",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_EPISODES),
     default=None,
     help="Scripted: record N episodes back to back, then exit.",
 )
 @click.option(
     "--seconds",
-    type=click.FloatRange(min=0.0),
+    type=click.FloatRange(min=0.0, max=MAX_DURATION_S),
     default=10.0,
     show_default=True,
     help="Scripted: length of each episode.",
 )
 @click.option(
     "--reset-seconds",
-    type=click.FloatRange(min=0.0),
+    type=click.FloatRange(min=0.0, max=MAX_DURATION_S),
     default=0.0,
     show_default=True,
     help="Scripted: pause between episodes to reset the scene (nothing is recorded).",
@@ -208,10 +219,20 @@ def _collect_setup(cfg: Any, override: str | None, seed: int) -> Any:
     "stream's configured source (the simulator for streams without one).",
 )
 @click.option(
-    "--dataset", default=None, help="Dataset name from collection.tasks (default: first)."
+    "--dataset",
+    default=None,
+    callback=typed_text,
+    help="Dataset name from collection.tasks (default: first).",
 )
-@click.option("--task", default=None, help="Task prompt (default: the dataset's first prompt).")
-@click.option("--seed", type=int, default=0, help="Seed of the simulated rig.")
+@click.option(
+    "--task",
+    default=None,
+    callback=typed_text,
+    help="Task prompt (default: the dataset's first prompt).",
+)
+@click.option(
+    "--seed", type=click.IntRange(0, MAX_SEED), default=0, help="Seed of the simulated rig."
+)
 @click.option(
     "--list",
     "list_only",

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from eva._native import NativeCoreError
+from eva.cli.collect import MAX_SEED
 from eva.cli.collect_screen import CaptureLogHandler, LogLimiter
 from eva.cli.output import EXIT_USAGE, fail, first_line, say, verbosity_options
 
@@ -27,7 +28,8 @@ from eva.cli.output import EXIT_USAGE, fail, first_line, say, verbosity_options
     default=None,
     help="Override the config's sources: sim | replay:PATH (a v2.1 dataset).",
 )
-@click.option("--seed", type=int, default=0, help="Seed of the simulated rig.")
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0,
+              help="Seed of the simulated rig.")  # fmt: skip
 @click.option("--known-hosts", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="known_hosts for uploads (default: storage.sftp.known_hosts).")  # fmt: skip
 def console_command(

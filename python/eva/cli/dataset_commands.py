@@ -18,6 +18,7 @@ from eva.cli.output import (
     fail,
     note,
     say,
+    typed_text,
     verbosity,
     verbosity_options,
 )
@@ -250,7 +251,12 @@ def parse_episode_list(spec: str) -> list[int]:
 @click.option("--pass", "pass_", is_flag=True, help="Accept the episode (overrides red).")
 @click.option("--fail", "fail_", is_flag=True, help="Reject the episode.")
 @click.option("--clear", "clear_", is_flag=True, help="Remove the verdict (quality decides again).")
-@click.option("--note", default=None, help="Replace the operator note (alone: note-only update).")
+@click.option(
+    "--note",
+    default=None,
+    callback=typed_text,
+    help="Replace the operator note (alone: note-only update).",
+)
 @click.option("--list", "list_", is_flag=True, help="Show every episode's review and subset.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def qc_command(
@@ -281,11 +287,6 @@ def qc_command(
 
     if pass_ + fail_ + clear_ > 1:
         fail("qc: --pass, --fail and --clear exclude each other", EXIT_USAGE)
-    if note is not None:
-        try:
-            note.encode("utf-8")
-        except UnicodeEncodeError:  # bytes the locale could not decode (surrogateescape)
-            fail("qc: --note: not valid UTF-8", EXIT_USAGE)
     verdict = "pass" if pass_ else "fail" if fail_ else None
     try:
         if list_:

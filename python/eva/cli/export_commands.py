@@ -26,8 +26,11 @@ from eva.cli.output import (
     verbosity_options,
 )
 from eva.cli.progress import ProgressBar
-from eva.formats.base import ExportOptions, OptionError, OptionField, Options
+from eva.formats.base import ExportOptions, OptionError, OptionField, Options, check_range
 from eva.formats.options import FORMAT_OPTIONS as FORMAT_OPTION_CLASSES
+
+# Processes or Ray actors of one export (more only queue behind the cores and the disk).
+MAX_WORKERS = 1024
 
 
 def _generated_option(
@@ -39,6 +42,8 @@ def _generated_option(
 
     def check(_ctx: click.Context, _param: click.Parameter, value: object) -> object:
         try:
+            if spec.type in ("int", "float"):
+                check_range(spec, value)  # type: ignore[arg-type]
             cls(**{spec.field_name: value})
         except OptionError as e:
             raise click.BadParameter(e.reason) from None
@@ -46,7 +51,9 @@ def _generated_option(
 
     help_text = f"{label}: {spec.info.help}" if label else spec.info.help
     kind: click.ParamType[Any, Any] | type[int] | type[float] | type[str] | None
-    minimum, min_open = spec.info.minimum, spec.info.minimum_open
+    # The options' own bounds (every number has both), the ones the console applies; ``check``
+    # also refuses nan, which a FloatRange lets through.
+    low, high, min_open = spec.info.minimum, spec.info.maximum, spec.info.minimum_open
     if spec.type == "bool":
         return click.option(
             spec.flag, spec.name, is_flag=True, default=spec.default, help=help_text, callback=check
@@ -54,9 +61,10 @@ def _generated_option(
     if spec.type == "choice":
         kind = click.Choice(list(spec.info.choices))
     elif spec.type == "int":
-        kind = click.IntRange(min=int(minimum), min_open=min_open) if minimum is not None else int
+        assert low is not None and high is not None  # Options.option_fields insists
+        kind = click.IntRange(min=int(low), max=int(high), min_open=min_open)
     elif spec.type == "float":
-        kind = click.FloatRange(min=minimum, min_open=min_open) if minimum is not None else float
+        kind = click.FloatRange(min=low, max=high, min_open=min_open)
     else:
         kind = str
     return click.option(
@@ -119,7 +127,7 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
 )
 @click.option(
     "--workers",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_WORKERS),
     default=None,
     metavar="N",
     help="Processes of --executor processes (default: the free cores), actors of --executor "

@@ -8,7 +8,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from eva.textsafe import json_line, printable
+from eva.textsafe import json_line, printable, text_problem
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -33,6 +33,19 @@ def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     """One-line error on stderr and a non-zero exit."""
     say(f"eva: error: {first_line(message)}", err=True)
     sys.exit(code)
+
+
+def typed_text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback of an option whose text eva stores (a task prompt, a note, a dataset
+    name): the one rule for typed text (``eva.textsafe.text_problem``); a refusal is one line
+    naming the command and the option, exit 2. A byte that is not UTF-8 reaches Python as a lone
+    surrogate and is refused here, not by ``eva validate`` after the episode is saved."""
+    if value is not None:
+        problem = text_problem(value)
+        if problem is not None:
+            option = param.opts[0] if param.opts else param.name
+            fail(f"{ctx.info_name}: {option}: {problem}", EXIT_USAGE)
+    return value
 
 
 def human_bytes(n: float) -> str:

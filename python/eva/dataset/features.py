@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
+from eva.dataset.limits import MAX_VECTOR_DIM, image_size_problem
 from eva.dataset.stats import VectorStats
 from eva.dataset.video import VideoOptions
 
@@ -58,8 +59,9 @@ class CameraSpec:
 
     def __post_init__(self) -> None:
         layout.check_video_key(self.key)
-        if self.height < 2 or self.width < 2:
-            raise ValueError(f"camera {self.key}: size {self.width}x{self.height} is too small")
+        problem = image_size_problem(self.width, self.height)
+        if problem is not None:
+            raise ValueError(f"camera {self.key}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,8 @@ class VectorSpec:
             raise ValueError(f"vector name {self.name!r} is not a usable column name")
         if self.name in INDEX_FEATURES or self.name == CAPTURE_TIME:
             raise ValueError(f"vector name {self.name!r} collides with a bookkeeping column")
-        if self.dim < 1:
-            raise ValueError(f"vector {self.name}: dim {self.dim} must be >= 1")
+        if not 1 <= self.dim <= MAX_VECTOR_DIM:
+            raise ValueError(f"vector {self.name}: dim {self.dim} is not in 1..{MAX_VECTOR_DIM}")
         if self.names is not None and len(self.names) != self.dim:
             raise ValueError(f"vector {self.name}: {len(self.names)} names for dim {self.dim}")
 

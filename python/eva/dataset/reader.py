@@ -23,6 +23,7 @@ from eva.dataset import atomic, fsafe, layout, video
 from eva.dataset.columns import list_lengths, list_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.identity import Identity, file_identity
+from eva.dataset.limits import MAX_FPS
 
 __all__ = ["DatasetReader"]
 
@@ -422,8 +423,6 @@ class DatasetReader:
             raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
 
 
-# Frame rates a dataset may declare: LeRobot stores fps as a whole number of frames per second.
-MAX_FPS = 1000
 
 
 def _is_int(value: Any) -> bool:

@@ -63,7 +63,9 @@ from eva.dataset.features import (
     episode_table,
 )
 from eva.dataset.layout import WRITER_LOCK, saving_marker_name
+from eva.dataset.limits import MAX_FPS
 from eva.dataset.locks import flocked, meta_lock, release_flock, try_flock
+from eva.dataset.recover import Recovery, recover_spools
 from eva.dataset.repair import (
     MetadataNotUpdated,
     clean_stale_work,
@@ -196,8 +198,8 @@ class DatasetWriter:
         chunks_size: int,
         durable: bool,
     ) -> None:
-        if fps < 1:
-            raise DatasetError(f"{root}: fps {fps} must be >= 1")
+        if not 1 <= fps <= MAX_FPS:  # the validator's bound: a dataset it would refuse
+            raise DatasetError(f"{root}: fps {fps} must be in 1..{MAX_FPS}")
         if chunks_size < 1:
             raise DatasetError(f"{root}: chunks_size {chunks_size} must be >= 1")
         for cam in cameras:

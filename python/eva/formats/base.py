@@ -16,13 +16,15 @@ once, in ``__post_init__``; a bad one is an :class:`OptionError` naming the opti
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 from eva.dataset.errors import DatasetError
+from eva.formats._option_values import OptionError as OptionError
+from eva.formats._option_values import check_range as check_range
+from eva.formats._option_values import check_value, coerce
 
 if TYPE_CHECKING:
     from eva.dataset.reader import DatasetReader
@@ -38,16 +40,6 @@ T = TypeVar("T")
 OptionsT = TypeVar("OptionsT", bound="Options")
 
 
-class OptionError(DatasetError):
-    """A bad option value: ``options.<name>: <reason>`` (the console's wording; the CLI shows
-    ``reason`` under the option's flag)."""
-
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(f"options.{name}: {reason}")
-        self.option = name
-        self.reason = reason
-
-
 @dataclass(frozen=True)
 class OptionInfo:
     """How one option is named and described to users (CLI and console)."""
@@ -58,6 +50,7 @@ class OptionInfo:
     choices: tuple[str, ...] = ()
     minimum: float | None = None
     minimum_open: bool = False  # the minimum itself is not allowed
+    maximum: float | None = None  # required of a number: no option is unbounded
     text: bool = False  # a free-text value checked by the dataclass (not a choice)
     metavar: str | None = None
 
@@ -71,11 +64,13 @@ def option(
     choices: tuple[str, ...] = (),
     minimum: float | None = None,
     minimum_open: bool = False,
+    maximum: float | None = None,
     text: bool = False,
     metavar: str | None = None,
 ) -> T:
-    """A dataclass field that is a user-facing option (see the module doc)."""
-    info = OptionInfo(help, name, flag, choices, minimum, minimum_open, text, metavar)
+    """A dataclass field that is a user-facing option (see the module doc); a number needs its
+    ``minimum`` and ``maximum`` (the limits the format's writer works within)."""
+    info = OptionInfo(help, name, flag, choices, minimum, minimum_open, maximum, text, metavar)
     return field(default=default, metadata={METADATA_KEY: info})
 
 
@@ -100,6 +95,7 @@ class OptionField:
             "choices": list(self.info.choices),
             "minimum": self.info.minimum,
             "minimum_open": self.info.minimum_open,
+            "maximum": self.info.maximum,
         }
 
 
@@ -133,9 +129,10 @@ class Options:
                 raise TypeError(f"{cls.__name__}.{f.name}: an option's default is a plain value")
             name = info.name or f.name
             flag = info.flag or "--" + name.replace("_", "-")
-            found.append(
-                OptionField(f.name, name, flag, _option_type(default, info), default, info)
-            )
+            kind = _option_type(default, info)
+            if kind in ("int", "float") and (info.minimum is None or info.maximum is None):
+                raise TypeError(f"{cls.__name__}.{f.name}: a number option needs both bounds")
+            found.append(OptionField(f.name, name, flag, kind, default, info))
         return tuple(found)
 
     @classmethod
@@ -152,46 +149,6 @@ class Options:
     def __post_init__(self) -> None:
         for f in self.option_fields():
             check_value(f, getattr(self, f.field_name))
-
-
-def coerce(f: OptionField, value: object) -> OptionValue:
-    """A plain (JSON) value as the option's Python type, or an ``OptionError``."""
-    if f.type == "bool":
-        if not isinstance(value, bool):
-            raise OptionError(f.name, f"{value!r} is not true or false")
-        return value
-    if f.type in ("int", "float"):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise OptionError(f.name, f"{value!r} is not a number")
-        if f.type == "int":
-            if not float(value).is_integer():
-                raise OptionError(f.name, f"{value!r} is not an integer")
-            return int(value)
-        return float(value)
-    if not isinstance(value, str):
-        raise OptionError(f.name, f"{value!r} is not a string")
-    return value
-
-
-def check_value(f: OptionField, value: object) -> None:
-    """The checks the field's metadata states (type, choices, minimum)."""
-    expected: tuple[type, ...] = {
-        "bool": (bool,),
-        "int": (int,),
-        "float": (int, float),
-        "choice": (str,),
-        "text": (str,),
-    }[f.type]
-    if not isinstance(value, expected) or (f.type != "bool" and isinstance(value, bool)):
-        raise OptionError(f.name, f"{value!r} is not a {f.type} value")
-    if f.info.choices and value not in f.info.choices:
-        raise OptionError(f.name, f"{value!r}: use one of {', '.join(f.info.choices)}")
-    minimum = f.info.minimum
-    if minimum is None or not isinstance(value, int | float):
-        return
-    if math.isnan(value) or value < minimum or (f.info.minimum_open and value == minimum):
-        bound = ">" if f.info.minimum_open else ">="
-        raise OptionError(f.name, f"{value!r} must be {bound} {minimum:g}")
 
 
 @dataclass(frozen=True)

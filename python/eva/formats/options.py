@@ -15,6 +15,10 @@ from eva.dataset.errors import DatasetError
 from eva.formats.base import OptionError, Options, option
 
 _MB_HELP = "MB; a shard is closed before it would pass it"
+# The largest shard size limit (1 TiB): past it a limit is a typing mistake.
+MAX_SHARD_MB = 1_048_576.0
+# Keyframes per episode and camera the v3 image quantiles may decode (0: all of them).
+MAX_QUANTILE_KEYFRAMES = 10_000
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class LeRobotV3Options(Options):
         flag="--data-file-size-mb",
         minimum=0,
         minimum_open=True,
+        maximum=MAX_SHARD_MB,
         help=f"data shard size limit, over the episodes' source parquet files ({_MB_HELP}).",
     )
     video_files_size_in_mb: float = option(
@@ -45,6 +50,7 @@ class LeRobotV3Options(Options):
         flag="--video-file-size-mb",
         minimum=0,
         minimum_open=True,
+        maximum=MAX_SHARD_MB,
         help=f"video shard size limit, over the episodes' source MP4s ({_MB_HELP}).",
     )
     # Without a sample, image features get no quantiles (LeRobot normalises images by mean/std
@@ -59,6 +65,7 @@ class LeRobotV3Options(Options):
     image_quantile_keyframes: int = option(
         1,
         minimum=0,
+        maximum=MAX_QUANTILE_KEYFRAMES,
         help="keyframes decoded per episode and camera for the image quantiles (evenly spread; "
         "0 = every keyframe).",
     )
@@ -91,6 +98,12 @@ def parse_compression(text: str | None) -> tuple[str | None, int | None]:
 
 # Upper bound of one HDF5 batch buffer (two are in use per camera being written).
 MAX_BATCH_BYTES = 32 << 20
+# HDF5 chunks hold less than 4 GiB (a chunk's size is a 32-bit number in the file); the writer
+# refuses frames_per_chunk x frame bytes past it, naming the option.
+HDF5_MAX_CHUNK_BYTES = (4 << 30) - 1
+# Frames per chunk: a chunk is read whole to get one frame, and two batches of whole chunks are
+# held per camera; 256 frames of 640x480 are 236 MB.
+MAX_FRAMES_PER_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,7 @@ class Hdf5Options(Options):
         1,
         name="hdf5_frames_per_chunk",
         minimum=1,
+        maximum=MAX_FRAMES_PER_CHUNK,
         help="frames per image chunk (1: cheapest random access; more: fewer I/O calls and "
         "better compression, but one frame reads its whole chunk).",
     )
@@ -148,6 +162,8 @@ class McapOptions(Options):
     COMPRESSIONS: ClassVar[tuple[str, ...]] = ("none", "zstd", "lz4")
     PROFILES: ClassVar[tuple[str, ...]] = ("eva-client", "foxglove")
     MIN_CHUNK_SIZE: ClassVar[int] = 1024
+    # The writer holds a chunk's buffer in memory (eva.formats.mcap.writer).
+    MAX_CHUNK_SIZE: ClassVar[int] = 256 << 20
 
     compression: str = option(
         "none",
@@ -159,6 +175,7 @@ class McapOptions(Options):
         4 * 1024 * 1024,
         name="mcap_chunk_size",
         minimum=MIN_CHUNK_SIZE,
+        maximum=MAX_CHUNK_SIZE,
         help="uncompressed chunk size in bytes.",
     )
     # frames decoded per camera per batch, two batches per camera (one decoded while the other is

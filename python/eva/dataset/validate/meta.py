@@ -15,6 +15,7 @@ from eva.dataset import atomic, fsafe, layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate.problems import ProblemCollector
+from eva.textsafe import storable_problem
 
 __all__ = [
     "REPAIR_HINT",
@@ -78,15 +79,12 @@ def more_info_problems(reader: DatasetReader, path: Path, out: ProblemCollector)
             out.add("invalid_info", f"{path}: {message}", path)
 
 
-def _not_unicode(value: Any, where: str) -> str | None:
-    """The dotted field of the first string in ``value`` that is not valid Unicode (a lone
-    surrogate, as a JSON ``\\ud800`` escape gives), None when every string is."""
+def _unstorable(value: Any, where: str) -> tuple[str, str] | None:
+    """``(dotted field, why)`` of the first string in ``value`` that no format can store
+    (``eva.textsafe.storable_problem``: a lone surrogate, a NUL), None when every one can."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where
-        return None
+        problem = storable_problem(value)
+        return None if problem is None else (where, problem)
     items = (
         value.items()
         if isinstance(value, dict)
@@ -95,7 +93,7 @@ def _not_unicode(value: Any, where: str) -> str | None:
         else ()
     )
     for key, item in items:
-        found = _not_unicode(item, f"{where}.{key}" if where else str(key))
+        found = _unstorable(item, f"{where}.{key}" if where else str(key))
         if found is not None:
             return found
     return None
@@ -107,12 +105,14 @@ def check_text(
     tasks: dict[int, str] | None,
     out: ProblemCollector,
 ) -> None:
-    """Text every format must store as UTF-8 (HDF5 and MCAP strings, JSON files): a lone
-    surrogate in a note or task cannot be, so it is named here rather than failing a writer."""
+    """Text every format must store (HDF5 and MCAP strings, JSON files): a lone surrogate or a
+    NUL in a note or task cannot be, so it is named here rather than failing a writer. The same
+    rule refuses such text where a user types it (eva.textsafe.text_problem)."""
     path = reader.root / layout.EPISODES
     for row in episodes:
-        field = _not_unicode(row, "")
-        if field is not None:
+        found = _unstorable(row, "")
+        if found is not None:
+            field, why = found
             ep = row.get("episode_index")
             fix = (
                 f" (replace it: eva qc {reader.root} {ep} --note TEXT)"
@@ -121,19 +121,15 @@ def check_text(
             )
             out.add(
                 "invalid_text",
-                f"{path}: episode {ep}: field {field} holds a lone surrogate, not valid "
-                f"Unicode{fix}",
+                f"{path}: episode {ep}: field {field} {why}{fix}",
                 path,
                 ep if isinstance(ep, int) else None,
             )
     for index, text in (tasks or {}).items():
-        if _not_unicode(text, "task") is not None:
+        found = _unstorable(text, "task")
+        if found is not None:
             where = reader.root / layout.TASKS
-            out.add(
-                "invalid_text",
-                f"{where}: task_index {index}: task holds a lone surrogate, not valid Unicode",
-                where,
-            )
+            out.add("invalid_text", f"{where}: task_index {index}: task {found[1]}", where)
 
 
 def check_review_fields(root: Path, row: Mapping[str, Any], ep: int, out: ProblemCollector) -> None:

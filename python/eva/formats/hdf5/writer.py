@@ -32,7 +32,7 @@ from eva.formats._direct_io import ALIGN, PositionedWriter, aligned_empty
 from eva.formats.base import EpisodeFormat, EpisodeResult, EpisodeTask, ExportOptions
 from eva.formats.hdf5.items import EPISODE_PATH, FORMAT_NAME, ITEM_NAME, write_mapping
 from eva.formats.hdf5.renumber import renumber_episode
-from eva.formats.options import Hdf5Options
+from eva.formats.options import HDF5_MAX_CHUNK_BYTES, Hdf5Options
 
 # HDF5's error text carries the errno of a failed write: "... errno = 28, error message ...".
 _HDF5_ERRNO = re.compile(r"\berrno = (\d+)")
@@ -274,6 +274,14 @@ class EpisodeWriter:
                     f"{where}: {video.name} has no frames, the table has {rows} rows"
                 )
             shape = (first.height, first.width)
+            chunk_bytes = fpc * first.height * first.width * 3
+            if chunk_bytes > HDF5_MAX_CHUNK_BYTES:
+                raise DatasetError(
+                    f"{where}: options.hdf5_frames_per_chunk: {fpc} frames of "
+                    f"{first.width}x{first.height} make a {chunk_bytes}-byte chunk, over HDF5's "
+                    f"{HDF5_MAX_CHUNK_BYTES} (use at most "
+                    f"{HDF5_MAX_CHUNK_BYTES // (first.height * first.width * 3)})"
+                )
             preallocated = opts.h5py_compression is None
             dcpl = None
             if preallocated:

@@ -75,6 +75,7 @@ COMPRESSIONS = McapOptions.COMPRESSIONS
 DEFAULT_COMPRESSION = McapOptions.compression
 DEFAULT_CHUNK_SIZE = McapOptions.chunk_size
 MIN_CHUNK_SIZE = McapOptions.MIN_CHUNK_SIZE
+MAX_CHUNK_SIZE = McapOptions.MAX_CHUNK_SIZE
 ZSTD_LEVEL = 1  # about 3x level 3's speed on camera frames for about 10% more bytes
 # Headroom of a chunk buffer over the chunk size: the record that fills a chunk may overshoot.
 BUFFER_SLACK = 64 * 1024
@@ -129,8 +130,10 @@ class McapEpisodeWriter:
     ) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"mcap compression {compression!r}: choose one of {COMPRESSIONS}")
-        if chunk_size < MIN_CHUNK_SIZE:
-            raise ValueError(f"mcap chunk size {chunk_size} is below {MIN_CHUNK_SIZE} bytes")
+        if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
+            raise ValueError(
+                f"mcap chunk size {chunk_size} is not in {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE} bytes"
+            )
         self._stream = stream
         self._pos = 0
         self._compression = compression

@@ -1,0 +1,406 @@
+"""One rule for what a user may type, and numbers range-checked at every entry.
+
+Whatever ``eva collect`` (its config, ``--task``, ``--dataset``), ``eva qc --note``, ``eva export``
+and the console accept, the writer, the validator and the exports accept afterwards: the text
+rule is ``eva.textsafe.text_problem`` (the validator's ``invalid_text`` rule plus one printable
+line of bounded length) and every number is checked against the limit the writer and the
+validator share. Property tests drive the entry checks in-process over many values; a few real
+runs (``eva collect --source sim`` then ``eva validate``, a console process) check the wiring.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from console_server import ConsoleServer, record_episode, wait_for, write_console_config
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_capture_cli import CONFIG  # a one-camera rig at 10 fps
+
+from eva.capture.synthetic import write_synthetic_dataset
+from eva.config import ConfigError, config_from_dict, ring_memory_problem
+from eva.console.errors import ConsoleError
+from eva.console.http_values import (
+    MAX_JSON_DEPTH,
+    UnicodeSafeJSONResponse,
+    decimal,
+    episode_index,
+    parse_json_body,
+)
+from eva.dataset import atomic, layout
+from eva.dataset.features import CameraSpec, VectorSpec
+from eva.dataset.limits import MAX_FPS, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE
+from eva.dataset.reader import info_field_problems
+from eva.dataset.validate import validate_dataset
+from eva.export.options import FORMAT_OPTIONS, parse_options
+from eva.formats.base import OptionError
+from eva.quality.verdicts import review_episodes
+from eva.textsafe import MAX_TEXT_CHARS, storable_problem, text_problem
+
+EVA = [sys.executable, "-m", "eva.cli"]
+PROPERTY = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+SLOW_PROPERTY = settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+# Any code point, lone surrogates, NUL and controls included, with printable text around them.
+ANY_TEXT = st.text(st.characters(), max_size=60) | st.text(
+    st.sampled_from(["a", " ", "é", "中", "🤖", "\u202e", "\x00", "\t", "\n", "\x1b", "\x9b",
+                     "\ud800", "\udcff", "\ufeff"]),
+    max_size=20,
+)  # fmt: skip
+NUMBERS = (
+    st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([0, 1, 2, 1000, 1001, 8192, 8194, 10**20, 1e300, -1])
+)
+
+
+def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EVA, *args], capture_output=True, text=True, timeout=timeout, errors="surrogateescape"
+    )
+
+
+def collection(**overrides: Any) -> dict[str, Any]:
+    table: dict[str, Any] = {"log_dir": "/nonexistent/logs", "tasks": {"demo": ["wave"]}}
+    table.update(overrides)
+    return {"collection": table}
+
+
+# ---- the text rule -----------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(ANY_TEXT)
+def test_typed_text_the_rule_accepts_is_storable(text: str) -> None:
+    """The entry rule is the validator's rule and more: nothing it accepts is invalid_text."""
+    if text_problem(text) is None:
+        assert storable_problem(text) is None
+        text.encode("utf-8")
+        assert "\x00" not in text and len(text) <= MAX_TEXT_CHARS
+    if storable_problem(text) is not None:
+        assert text_problem(text) is not None
+
+
+@pytest.fixture(scope="module")
+def small_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_dataset(
+        tmp_path_factory.mktemp("rules") / "raw", episodes=1, frames=6, cameras=1, width=32,
+        height=24, state_dim=2,
+    )  # fmt: skip
+
+
+@SLOW_PROPERTY
+@given(ANY_TEXT)
+def test_a_note_qc_accepts_validates(small_raw: Path, text: str) -> None:
+    """``eva qc --note`` and the console's note take text_problem's word; validate agrees."""
+    if text_problem(text) is not None:
+        return
+    review_episodes(small_raw, [0], note=text)
+    assert validate_dataset(small_raw) == []
+
+
+@PROPERTY
+@given(prompt=ANY_TEXT, name=ANY_TEXT, robot=ANY_TEXT)
+def test_config_text_is_refused_or_storable(prompt: str, name: str, robot: str) -> None:
+    """Every string of [collection] passes the text rule, and names the key when it does not."""
+    raw = collection(tasks={name or "n": [prompt or "p"]}, robot_type=robot)
+    try:
+        cfg = config_from_dict(raw).collection
+    except ConfigError as e:
+        assert "collection." in str(e) and "\n" not in str(e)
+        return
+    for text in (*cfg.tasks, *cfg.tasks[next(iter(cfg.tasks))], cfg.robot_type):
+        assert text_problem(text) is None
+
+
+def test_config_strings_name_their_key() -> None:
+    cases = {
+        "collection.tasks.demo[0]": collection(tasks={"demo": ["pick\x00cube"]}),
+        "collection.robot_type": collection(robot_type="arm\x1b[2J"),
+        "collection.cameras[0].key": collection(
+            cameras=[{"key": "observation.images.a\ud800", "width": 64, "height": 48}]
+        ),
+    }
+    for key, raw in cases.items():
+        with pytest.raises(ConfigError, match=rf"^config: {__import__('re').escape(key)}: "):
+            config_from_dict(raw)
+
+
+# ---- numbers -----------------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(fps=NUMBERS, width=NUMBERS, height=NUMBERS, dim=NUMBERS)
+def test_config_numbers_the_writer_and_validator_accept(
+    fps: Any, width: Any, height: Any, dim: Any
+) -> None:
+    raw = collection(
+        fps=fps,
+        cameras=[{"key": "observation.images.a", "width": width, "height": height}],
+        vectors=[{"name": "observation.state", "dim": dim}],
+    )
+    try:
+        cfg = config_from_dict(raw).collection
+    except ConfigError as e:
+        assert "config: collection." in str(e) and "\n" not in str(e)
+        return
+    assert 2 <= cfg.fps <= MAX_FPS
+    assert not [p for p in info_field_problems({"fps": cfg.fps, "features": {}}) if "fps" in p]
+    camera = cfg.cameras[0]
+    CameraSpec(camera.key, camera.height, camera.width)  # the writer's own check
+    VectorSpec(cfg.vectors[0].name, cfg.vectors[0].dim)
+    assert camera.width * camera.height <= MAX_IMAGE_PIXELS
+
+
+@PROPERTY
+@given(key=st.sampled_from(
+    ["stream_start_timeout_s", "frozen_camera_s", "clock_jump_s", "skew_tolerance_s",
+     "min_episode_frames"]
+), value=NUMBERS)  # fmt: skip
+def test_config_durations_are_finite_and_bounded(key: str, value: Any) -> None:
+    try:
+        cfg = config_from_dict(collection(**{key: value})).collection
+    except ConfigError as e:
+        assert f"collection.{key}" in str(e)
+        return
+    assert math.isfinite(getattr(cfg, key)) and 0 <= getattr(cfg, key) <= 86_400_000
+
+
+def test_defect_11_a_huge_camera_names_its_field() -> None:
+    with pytest.raises(ConfigError, match=r"collection\.cameras\[0\]\.width: must be <= 8192"):
+        config_from_dict(
+            collection(cameras=[{"key": "observation.images.a", "width": 100000, "height": 100000}])
+        )
+    with pytest.raises(ConfigError, match=r"cameras\[0\]\.width: 8192x8192: .* pixels"):
+        config_from_dict(
+            collection(
+                cameras=[{"key": "observation.images.a", "width": MAX_IMAGE_SIDE, "height": 8192}]
+            )
+        )
+    cfg = config_from_dict(
+        collection(
+            fps=1000,
+            cameras=[{"key": "observation.images.a", "width": 8192, "height": 4352}],
+            backlog={"ring_seconds": 60},
+        )
+    ).collection
+    problem = ring_memory_problem(cfg, available_bytes=64 << 30)
+    assert problem is not None and problem.startswith("collection.backlog.ring_seconds:")
+    assert ring_memory_problem(config_from_dict(collection()).collection) is None
+
+
+NUMERIC_OPTIONS = [
+    (fmt, f.name) for fmt, fields in FORMAT_OPTIONS.items() for f in fields
+    if f.type in ("int", "float")
+]  # fmt: skip
+
+
+@PROPERTY
+@given(option=st.sampled_from(NUMERIC_OPTIONS), value=NUMBERS)
+def test_export_options_are_bounded(option: tuple[str, str], value: Any) -> None:
+    """The console's parse (and the CLI's check): a value is refused naming the option, or
+    it is finite and within the bounds the format's writer works within."""
+    fmt, name = option
+    try:
+        options = parse_options(fmt, {name: value})
+    except OptionError as e:
+        assert str(e).startswith(f"options.{name}: ") and "\n" not in str(e)
+        return
+    spec = next(f for f in FORMAT_OPTIONS[fmt] if f.name == name)
+    chosen = getattr(options.format, spec.field_name)
+    assert math.isfinite(chosen)
+    assert spec.info.minimum is not None and spec.info.maximum is not None
+    assert spec.info.minimum <= chosen <= spec.info.maximum
+
+
+def test_every_number_option_has_both_bounds() -> None:
+    for fields in FORMAT_OPTIONS.values():
+        for f in fields:
+            if f.type in ("int", "float"):
+                assert f.info.minimum is not None and f.info.maximum is not None, f.name
+
+
+def test_defect_9_export_cli_refuses_huge_and_infinite_options(small_raw: Path) -> None:
+    for args in (
+        ("--format", "hdf5", "--hdf5-frames-per-chunk", "99999999999999999999"),
+        ("--format", "v3", "--video-file-size-mb", "inf"),
+        ("--format", "v3", "--data-file-size-mb", "nan"),
+        ("--format", "mcap", "--mcap-chunk-size", "1" + "0" * 30),
+    ):
+        result = run("export", str(small_raw), *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr and args[2] in result.stderr
+    assert not (small_raw.parent / "export").exists()
+
+
+# ---- console values ----------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(st.text(max_size=30) | st.integers() | st.none() | st.booleans())
+def test_episode_index_is_ascii_digits_or_a_400(value: Any) -> None:
+    try:
+        index = episode_index(value)
+    except ConsoleError as e:
+        assert e.kind == "bad_request" and e.field == "index"
+        return
+    assert isinstance(index, int) and index >= 0
+    assert isinstance(value, int) or (value.isascii() and value.isdigit() and len(value) <= 18)
+
+
+def test_defect_10_parsing_values() -> None:
+    for bad in ("²", "٣", "1" * 5000, "-1", " 1", "1e3", ""):
+        assert decimal(bad) is None
+        with pytest.raises(ConsoleError):
+            episode_index(bad)
+    assert episode_index("007") == 7
+    nested = b"[" * 30_000 + b"]" * 30_000
+    with pytest.raises(ConsoleError, match="nested more than"):
+        parse_json_body(nested)
+    deep_ok = b'{"a":' * MAX_JSON_DEPTH + b"1" + b"}" * MAX_JSON_DEPTH
+    assert parse_json_body(deep_ok)
+    # brackets inside strings are text, not nesting
+    assert parse_json_body(json.dumps({"note": "[" * 10_000}).encode()) == {"note": "[" * 10_000}
+    unterminated = b'{"note": "' + b"\\" * 5000 + b"[" * 1000
+    with pytest.raises(ConsoleError, match="bad_json|not JSON|nested"):
+        parse_json_body(unterminated)
+
+
+# ---- end to end: eva collect, eva qc, eva validate ---------------------------------------------
+
+
+@pytest.mark.realtime
+def test_collect_records_what_it_accepts_and_refuses_the_rest(tmp_path: Path) -> None:
+    config = tmp_path / "rig.toml"
+    config.write_text(CONFIG)
+    raw = tmp_path / "logs" / "demo" / "raw"
+    refused = {
+        "--task": [b"a\xffb".decode("utf-8", "surrogateescape"), "two\nlines", "x" * 2001],
+        "--dataset": ["demo\x1b]0;title\x07"],
+    }
+    for option, values in refused.items():
+        for value in values:
+            result = run("collect", str(config), "--episodes", "1", "--seconds", "0.3",
+                         option, value)  # fmt: skip
+            assert result.returncode == 2, (value, result.stderr)
+            assert result.stderr.startswith(f"eva: error: collect: {option}: ")
+            assert result.stderr.count("\n") == 1
+    assert not raw.exists()
+    for prompt in ("ünïcødé 中文 🤖", "\u202eright to left", "y" * MAX_TEXT_CHARS):
+        result = run("collect", str(config), "--episodes", "1", "--seconds", "0.6",
+                     "--task", prompt, "-q")  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    assert [e["tasks"] for e in atomic.read_jsonl(raw / layout.EPISODES)] == [
+        ["ünïcødé 中文 🤖"],
+        ["\u202eright to left"],
+        ["y" * MAX_TEXT_CHARS],
+    ]
+    assert run("validate", str(raw)).returncode == 0
+    note = run("qc", str(raw), "0", "--note", "bad\tnote")
+    assert note.returncode == 2 and "qc: --note: control character \\x09" in note.stderr
+    assert run("qc", str(raw), "0", "--note", "glare — ok ✓").returncode == 0
+    assert run("validate", str(raw)).returncode == 0
+
+
+def test_defect_4_and_11_collect_refuses_the_config(tmp_path: Path) -> None:
+    for change, field in (
+        (("fps = 10", "fps = 1000000000"), "collection.fps: must be <= 1000"),
+        (("width = 64", "width = 100000"), "collection.cameras[0].width: must be <= 8192"),
+        (("preset", 'gop = 99999999999999999\npreset'), "collection.encoder.gop"),
+        (("min_episode_frames = 3", "min_episode_frames = 3\nclock_jump_s = nan"),
+         "collection.clock_jump_s: must be a finite number"),
+    ):  # fmt: skip
+        config = tmp_path / "rig.toml"
+        config.write_text(CONFIG.replace(*change))
+        result = run("collect", str(config), "--episodes", "1", "--seconds", "0.3")
+        assert result.returncode == 2 and field in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "logs").exists()
+
+
+# ---- end to end: the console -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    workdir = tmp_path_factory.mktemp("rules-console")
+    config = write_console_config(workdir / "rig.toml", workdir / "logs", width=64, height=48)
+    with ConsoleServer(config, workdir / "token") as server:
+        yield server
+
+
+def _error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, (response.status_code, response.text)
+    error: dict[str, Any] = response.json()["error"]
+    assert "\n" not in error["message"]
+    return error
+
+
+def _raw_json(client: httpx.Client, method: str, url: str, text: str) -> httpx.Response:
+    """A request whose body is ``text`` as it is (lone surrogates written as JSON escapes)."""
+    return client.request(
+        method, url, content=text.encode(), headers={"content-type": "application/json"}
+    )
+
+
+@pytest.mark.realtime
+def test_console_refuses_what_validate_would_and_survives_a_hostile_dataset(
+    console: ConsoleServer,
+) -> None:
+    api = console.client()
+    # defect 3: a prompt that is not Unicode, or holds a control or a NUL: 400 naming task
+    for body in ('{"dataset": "pick", "task": "a\\ud800b"}',
+                 '{"dataset": "pick", "task": "a\\u0000b"}',
+                 '{"dataset": "pick", "task": "a\\nb"}'):  # fmt: skip
+        assert _error(_raw_json(api, "POST", "/api/collect/start", body), 400)["field"] == "task"
+    assert api.get("/api/status").json()["state"] == "idle"
+    job = record_episode(api, "pick", 1.2, "pick up the cube ✓")
+    assert job["state"] == "saved", job
+    base = "/api/datasets/pick/episodes"
+    # defect 10: 400, never 500
+    for index in ("%C2%B2", "1" * 5000, "-1", "1e3"):
+        assert _error(api.get(f"{base}/{index}/series"), 400)["field"] == "index"
+    assert _error(api.get(f"{base}/99/series"), 404)["code"] == "unknown_episode"
+    deep = "[" * 30_000 + "]" * 30_000
+    assert _error(_raw_json(api, "PUT", f"{base}/0/qc", deep), 400)["code"] == "bad_json"
+    for note in ('"x\\udcffy"', '"x\\u0000y"', '"x\\ty"'):
+        response = _raw_json(api, "PUT", f"{base}/0/qc", f'{{"note": {note}}}')
+        assert _error(response, 400)["field"] == "note"
+    # defect 9: unbounded export options are refused before a job starts
+    for options in ('{"video_files_size_in_mb": Infinity}', '{"data_files_size_in_mb": NaN}',
+                    '{"image_quantile_keyframes": 1e300}'):  # fmt: skip
+        body = f'{{"format": "lerobot_v3", "options": {options}}}'
+        error = _error(_raw_json(api, "POST", "/api/datasets/pick/export", body), 400)
+        assert "options." in error["message"]
+    body = '{"format": "hdf5", "options": {"hdf5_frames_per_chunk": 1e300}}'
+    assert _error(_raw_json(api, "POST", "/api/datasets/pick/export", body), 400)
+    assert api.get("/api/jobs").json()["jobs"] == []
+    # Whatever was accepted validates.
+    raw = console.config.parent / "logs" / "pick" / "raw"
+    assert validate_dataset(raw) == []
+    # A dataset edited by hand (a lone surrogate) still answers: the operator sees and fixes it.
+    rows = atomic.read_jsonl(raw / layout.EPISODES)
+    rows[0]["qc_note"] = "glare \ud800 here"
+    (raw / layout.EPISODES).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    console_rows = wait_for(lambda: api.get(f"{base}").json()["episodes"] or None)
+    assert console_rows[0]["qc_note"] == "glare \ud800 here"
+    assert api.get("/api/status").status_code == 200
+    fixed = api.put(f"{base}/0/qc", json={"note": "glare here"})
+    assert fixed.status_code == 200, fixed.text
+    assert validate_dataset(raw) == []
+
+
+def test_console_answers_carry_what_utf8_and_json_cannot() -> None:
+    response = UnicodeSafeJSONResponse({"note": "a\ud800", "seconds": [float("nan"), 1.5]})
+    assert json.loads(response.body) == {"note": "a\ud800", "seconds": [None, 1.5]}
