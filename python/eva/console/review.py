@@ -16,6 +16,7 @@ import numpy as np
 
 from eva.console.datasets import DatasetDirs
 from eva.console.errors import bad_request, check_body, conflict, not_found
+from eva.console.http_values import episode_index, typed_text
 from eva.console.jobs import export_states
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
@@ -110,12 +111,8 @@ class EpisodeReview:
                 "bad_field", f'verdict: {verdict!r}: use "pass", "fail" or null', "verdict"
             )
         note = body.get("note")
-        if note is not None and not isinstance(note, str):
-            raise bad_request("bad_field", "note: must be a string", "note")
-        if isinstance(note, str) and any(ord(c) < 32 and c != "\t" for c in note):
-            raise bad_request(
-                "bad_field", "note: control characters (newlines) are not allowed", "note"
-            )
+        if note is not None:
+            note = typed_text(note, "note")
         root = self.dirs.checked_root(name)
         episode = self._episode_index(root, index)
         try:
@@ -145,19 +142,16 @@ class EpisodeReview:
     def _episode_index(self, root: Path, index: Any) -> int:
         from eva.quality.verdicts import read_episode_rows
 
-        if isinstance(index, str) and index.isdigit():
-            index = int(index)
-        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-            raise bad_request("bad_field", f"episode index {index!r} is not an int >= 0", "index")
+        episode = episode_index(index)
         try:
             indices = {row["episode_index"] for row in read_episode_rows(root)}
         except DatasetError as e:
             raise conflict("bad_dataset", str(e)) from None
-        if index not in indices:
+        if episode not in indices:
             raise not_found(
-                "unknown_episode", f"{root.name}: episode {index} does not exist", "index"
+                "unknown_episode", f"{root.name}: episode {episode} does not exist", "index"
             )
-        return index
+        return episode
 
     def _reader(self, name: str) -> tuple[Any, Path]:
         from eva.dataset.reader import DatasetReader

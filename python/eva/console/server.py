@@ -33,7 +33,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
-    JSONResponse,
     PlainTextResponse,
     RedirectResponse,
     Response,
@@ -44,6 +43,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from eva.console.errors import ConsoleError
+from eva.console.http_values import UnicodeSafeJSONResponse as JSONResponse
+from eva.console.http_values import decimal, parse_json_body
 from eva.console.session import ConsoleSession
 from eva.dataset.errors import error_line
 
@@ -193,12 +194,7 @@ async def _body(request: Request) -> Any:
     raw = await request.body()
     if len(raw) > MAX_BODY:
         raise ConsoleError("bad_request", "body_too_large", f"request body over {MAX_BODY} bytes")
-    if not raw.strip():
-        return {}
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConsoleError("bad_request", "bad_json", f"body is not JSON: {e}") from None
+    return parse_json_body(raw)
 
 
 def create_app(
@@ -250,7 +246,8 @@ def create_app(
         if result is None:
             return Response(status_code=204)
         seq, t, data = result
-        if after is not None and after.isdigit() and int(after) >= seq:
+        seen = decimal(after)
+        if seen is not None and seen >= seq:
             return Response(status_code=204, headers={"x-preview-seq": str(seq)})
         return Response(
             data,

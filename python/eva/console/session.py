@@ -31,9 +31,10 @@ from typing import Any
 from eva.capture.recorder import Recorder, RecorderError
 from eva.capture.save_worker import SaveJob
 from eva.capture.sources import open_source
-from eva.config import CollectionConfig, ConfigError, load_config
+from eva.config import CollectionConfig, ConfigError, load_config, ring_memory_problem
 from eva.console.datasets import DatasetDirs
 from eva.console.errors import ConsoleError, bad_request, conflict, not_found
+from eva.console.http_values import typed_text
 from eva.console.jobs import BackgroundJobs
 from eva.console.review import EpisodeReview
 from eva.dataset.errors import error_line
@@ -78,6 +79,9 @@ class ConsoleSession:
             config = load_config(self.config_path).collection
         except ConfigError as e:
             raise ConsoleError("bad_request", "bad_config", str(e)) from None
+        problem = ring_memory_problem(config)
+        if problem is not None:
+            raise ConsoleError("bad_request", "bad_config", f"{self.config_path}: {problem}")
         # None: the config's sources (source processes); "sim" / "replay:PATH": an override
         self.source = open_source(config, source, seed=seed)
         self.config: CollectionConfig = self.source.config
@@ -266,8 +270,8 @@ class ConsoleSession:
             raise bad_request(
                 "bad_field", "task: a non-empty prompt, or null for the first", "task"
             )
-        if isinstance(task, str) and any(ord(c) < 32 for c in task):
-            raise bad_request("bad_field", "task: control characters are not allowed", "task")
+        if task is not None:
+            task = typed_text(task, "task")
         for line in self.source.before_start():  # source processes that stopped: restarted
             log.warning("console: %s", line)
         if self.source.finished.is_set():
