@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,7 @@ class ConsoleServer:
     config: Path
     token_file: Path
     extra_args: tuple[str, ...] = ()
+    preexec: Callable[[], None] | None = None  # run in the child before exec (e.g. rlimits)
     process: subprocess.Popen | None = None
     url: str = ""
     token: str = ""
@@ -104,6 +106,7 @@ class ConsoleServer:
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
+            preexec_fn=self.preexec,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
         log.close()

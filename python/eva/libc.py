@@ -1,11 +1,13 @@
 """The C library functions eva calls through ctypes, each behind one typed wrapper.
 
-Python's ``os`` module has no ``syncfs``, ``renameat2`` or ``mallopt``; these are the only libc
-calls eva makes outside it, and this is the only module that loads libc. It imports nothing of
+Python's ``os`` module has no ``syncfs``, ``renameat2``, ``openat2`` or ``mallopt``; these are the
+only libc calls eva makes outside it, and this is the only module that loads libc (it also raises
+the open-file limit, through ``resource``). It imports nothing of
 eva, so every layer (capture, export, publish) may use it.
 
 Each wrapper says what happens where the function is missing (a non-glibc libc, an old kernel):
-``syncfs`` and ``mallopt`` return False, ``rename_exchange`` raises ``OSError(ENOSYS)``.
+``syncfs`` and ``mallopt`` return False, ``rename_exchange`` and ``openat2`` raise
+``OSError(ENOSYS)``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from collections.abc import Callable
 RENAME_EXCHANGE = 2  # renameat2 flag: swap the two paths atomically (linux/fs.h)
 AT_FDCWD = -100  # dirfd meaning "relative to the working directory" (fcntl.h)
 M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
+SYS_OPENAT2 = 437  # the same number on every architecture eva runs on (asm-generic/unistd.h)
+RESOLVE_NO_MAGICLINKS = 0x02  # openat2 resolve flags (linux/openat2.h)
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
 
 
 @functools.cache
@@ -63,3 +69,46 @@ def mallopt(param: int, value: int) -> bool:
     if function is None:
         return False
     return bool(function(ctypes.c_int(param), ctypes.c_int(value)))
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def openat2(dir_fd: int, path: str, flags: int, resolve: int) -> int:
+    """``openat2(dir_fd, path, {flags, 0, resolve})``: an fd, or the call's ``OSError`` naming
+    ``path``; ``OSError(ENOSYS)`` where libc has no ``syscall`` or the kernel no ``openat2``
+    (before Linux 5.6; a seccomp filter may answer ``EPERM`` instead)."""
+    function = _function("syscall")
+    if function is None:
+        raise OSError(errno.ENOSYS, "syscall is not available")
+    how = _OpenHow(flags, 0, resolve)
+    fd = function(
+        ctypes.c_long(SYS_OPENAT2),
+        ctypes.c_int(dir_fd),
+        ctypes.c_char_p(os.fsencode(path)),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return int(fd)
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit; returns the soft limit in
+    force. Entry points that record call it (``eva collect``, ``eva console``): the usual soft
+    limit of 1024 is small beside a console's clients, and saving an episode must never fail
+    for want of a file descriptor."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # e.g. above fs.nr_open: keep the soft limit
+            pass
+    return soft

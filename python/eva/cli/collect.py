@@ -297,6 +297,7 @@ def collect_command(
         pin_mmap_threshold,
         shorten_switch_interval,
     )
+    from eva.libc import raise_open_file_limit
 
     cfg = _collect_load(config, dataset)
     if list_only:
@@ -327,6 +328,7 @@ def collect_command(
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
         pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
     shorten_switch_interval()  # capture threads keep up beside busy Python threads
+    raise_open_file_limit()  # saving an episode never runs out of descriptors
     import logging
 
     handler = CaptureLogHandler(LogLimiter(), logging.ERROR if quiet else logging.INFO)

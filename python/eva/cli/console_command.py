@@ -56,6 +56,7 @@ def console_command(
 
     from eva.capture.recorder import pin_mmap_threshold, shorten_switch_interval
     from eva.capture.sources import SourceSpecError
+    from eva.libc import raise_open_file_limit
 
     try:
         from eva.console.errors import ConsoleError
@@ -68,6 +69,7 @@ def console_command(
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
         pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
     shorten_switch_interval()  # capture threads keep up beside busy Python threads
+    raise_open_file_limit()  # saving an episode never runs out of descriptors
     import logging
 
     # Capture warnings (backlog, recovered leftovers, a stalled source) reach the page through

@@ -18,7 +18,7 @@ from eva.console.datasets import DatasetDirs
 from eva.console.errors import bad_request, check_body, conflict, not_found
 from eva.console.http_values import episode_index, typed_text
 from eva.console.jobs import export_states
-from eva.dataset import layout
+from eva.dataset import fsafe, layout
 from eva.dataset.errors import DatasetError
 
 MAX_SERIES_POINTS = 2000
@@ -48,7 +48,7 @@ class EpisodeReview:
     def __init__(self, dirs: DatasetDirs, changed: Callable[[], None]) -> None:
         self.dirs = dirs
         self.changed = changed
-        self._videos: dict[tuple[str, str, str], tuple[Any, Path]] = {}
+        self._videos: dict[tuple[str, str, str], tuple[Any, str]] = {}
 
     def episodes(self, name: str) -> dict[str, Any]:
         from eva.quality.split import plan_split
@@ -162,23 +162,33 @@ class EpisodeReview:
         except DatasetError as e:
             raise conflict("bad_dataset", str(e)) from None
 
-    def video_file(self, name: str, index: Any, key: str) -> Path:
-        """The episode's raw MP4 of camera ``key``, checked to lie inside the dataset.
+    def video_fd(self, name: str, index: Any, key: str) -> int:
+        """An fd of the episode's raw MP4 of camera ``key`` (the caller closes it), opened now
+        beneath the dataset root with no link followed at any component
+        (``eva.dataset.fsafe.open_beneath``): a directory swapped for a link since an earlier
+        request is refused, never followed.
 
-        A replay seeks with many Range requests: the checked path is remembered while the
-        dataset's info.json and episodes.jsonl are unchanged (one stat each instead of a reader,
-        the rows and a dozen ``resolve`` calls per request)."""
-        root = self.dirs.root(name)
+        A replay seeks with many Range requests: the file's place in the dataset is remembered
+        while info.json and episodes.jsonl are unchanged (one stat each instead of a reader, the
+        rows and the template per request). That is metadata only; the open checks every time.
+        """
+        root = self.dirs.checked_root(name)
         signature = self._meta_signature(root)
         cached = self._videos.get((name, str(index), key))
         if signature is not None and cached is not None and cached[0] == signature:
-            path = cached[1]
-            if path.is_file() and not path.is_symlink():
-                return path
-        path = self._video_file(name, index, key)
-        if signature is not None:
-            self._videos[(name, str(index), key)] = (signature, path)
-        return path
+            rel = cached[1]
+        else:
+            rel = self._video_rel(root, index, key)
+            if signature is not None:
+                self._videos[(name, str(index), key)] = (signature, rel)
+        try:
+            return fsafe.open_beneath(root, rel)
+        except FileNotFoundError:
+            raise not_found(
+                "missing_video", f"{root / rel}: episode {index} video missing"
+            ) from None
+        except DatasetError as e:
+            raise conflict("unsafe_path", str(e)) from None
 
     @staticmethod
     def _meta_signature(root: Path) -> tuple[tuple[int, int, int], ...] | None:
@@ -188,12 +198,16 @@ class EpisodeReview:
             ]
         except OSError:
             return None
-        if root.is_symlink():
-            return None
         return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
 
-    def _video_file(self, name: str, index: Any, key: str) -> Path:
-        reader, root = self._reader(name)
+    def _video_rel(self, root: Path, index: Any, key: str) -> str:
+        """The MP4's path relative to ``root``, from info.json's template and the episode rows."""
+        from eva.dataset.reader import DatasetReader
+
+        try:
+            reader = DatasetReader(root)
+        except DatasetError as e:
+            raise conflict("bad_dataset", str(e)) from None
         episode = self._episode_index(root, index)
         if key not in reader.video_keys:
             raise not_found("unknown_camera", f"{root.name}: no video feature {key!r}", "video_key")
@@ -201,12 +215,7 @@ class EpisodeReview:
             path: Path = reader.video_path(episode, key)
         except DatasetError as e:
             raise conflict("bad_dataset", str(e)) from None
-        resolved = path.resolve()
-        if not layout.is_within(resolved, root.resolve()):
-            raise conflict("unsafe_path", f"{path}: resolves outside the dataset")
-        if not resolved.is_file():
-            raise not_found("missing_video", f"{path}: episode {episode} video missing")
-        return resolved
+        return path.relative_to(root).as_posix()
 
     def series(self, name: str, index: Any, max_points: Any = None) -> dict[str, Any]:
         """Vector features of one episode for the plots, at most ``max_points`` rows (evenly

@@ -11,7 +11,9 @@ Security model (docs/console.md):
 - clients name datasets as in ``collection.tasks``; the session derives every path.
 
 Blocking work (file reads, exports, JPEG encoding) runs in the thread pool, never on the event
-loop; the recorder's capture threads do not wait for any of it.
+loop; the recorder's capture threads do not wait for any of it. Connections, headers and bodies
+are bounded by ``eva.console.transport`` (hostile clients cannot cost a recording); a file is
+served from the fd opened for that request (``eva.console.fileserve``).
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from eva.console.errors import ConsoleError
+from eva.console.fileserve import OpenFileResponse
 from eva.console.http_values import UnicodeSafeJSONResponse as JSONResponse
 from eva.console.http_values import decimal, parse_json_body
 from eva.console.session import ConsoleSession
+from eva.console.transport import MAX_BODY, guarded_protocol, read_body, trust_connection
 from eva.dataset.errors import error_line
 
 log = logging.getLogger("eva.console")
@@ -61,11 +65,18 @@ PAGE_POLICY = (
 )
 COOKIE = "eva_console_token"
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
-MAX_BODY = 64 * 1024
 EVENT_TICK_S = 0.5
 EVENT_HEARTBEAT_S = 10.0
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-STATUS_CODES = {"bad_request": 400, "not_found": 404, "conflict": 409}
+STATUS_CODES = {
+    "bad_request": 400,
+    "not_found": 404,
+    "conflict": 409,
+    "timeout": 408,
+    "too_large": 413,
+}
+# refusals after which the rest of the request is not read: the connection is closed
+CLOSING = {"timeout", "too_large", "unauthorized"}
 
 
 def new_token() -> str:
@@ -96,7 +107,9 @@ def default_token_file(log_dir: Path) -> Path:
 
 def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
     return JSONResponse(
-        {"error": {"code": code, "message": message, "field": field}}, status_code=status
+        {"error": {"code": code, "message": message, "field": field}},
+        status_code=status,
+        headers={"connection": "close"} if code in CLOSING or status in (408, 413) else None,
     )
 
 
@@ -132,8 +145,11 @@ class TokenGuard:
         ):
             token = parse_qs(scope["query_string"].decode())["token"][0]
             if not self._valid(token):
-                await PlainTextResponse("invalid token", status_code=401)(scope, receive, send)
+                await PlainTextResponse(
+                    "invalid token", status_code=401, headers={"connection": "close"}
+                )(scope, receive, send)
                 return
+            trust_connection(scope)
             # The token leaves the address bar (and the history) for an HttpOnly cookie.
             response: Response = RedirectResponse("/", status_code=303)
             response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
@@ -151,9 +167,11 @@ class TokenGuard:
                     "eva console: open the URL with ?token=... that `eva console` printed "
                     "(or read the token file)",
                     status_code=401,
+                    headers={"connection": "close"},
                 )
             await response(scope, receive, send)
             return
+        trust_connection(scope)  # its later requests are still checked; it leaves the lower cap
         if method in MUTATING:
             origin = request.headers.get("origin")
             host = request.headers.get("host")
@@ -191,9 +209,7 @@ def _handler(
 
 
 async def _body(request: Request) -> Any:
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise ConsoleError("bad_request", "body_too_large", f"request body over {MAX_BODY} bytes")
+    raw = await read_body(request, MAX_BODY)
     return parse_json_body(raw)
 
 
@@ -269,8 +285,15 @@ def create_app(
 
     async def video(request: Request) -> Response:
         p = request.path_params
-        path = await call(session.video_file, p["name"], p["index"], p["video_key"])
-        return FileResponse(path, media_type="video/mp4", headers={"cache-control": "no-cache"})
+        fd = await call(session.video_fd, p["name"], p["index"], p["video_key"])
+        try:
+            return OpenFileResponse(
+                fd, request.headers.get("range"), media_type="video/mp4",
+                headers={"cache-control": "no-cache"},
+            )  # fmt: skip
+        except BaseException:
+            os.close(fd)
+            raise
 
     async def series(request: Request) -> Response:
         p = request.path_params
@@ -409,7 +432,12 @@ def serve(
     loopback = host in LOOPBACK
     app = create_app(session, token, allowed_origins(host, actual_port), same_host=not loopback)
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+        app,
+        http=guarded_protocol(),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
     )
     server = uvicorn.Server(config)
     url = f"http://{url_host}:{actual_port}/?token={token}"

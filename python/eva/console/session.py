@@ -151,8 +151,8 @@ class ConsoleSession:
     def set_review(self, name: str, index: Any, body: Mapping[str, Any]) -> dict[str, Any]:
         return self.review.set_review(name, index, body)
 
-    def video_file(self, name: str, index: Any, key: str) -> Path:
-        return self.review.video_file(name, index, key)
+    def video_fd(self, name: str, index: Any, key: str) -> int:
+        return self.review.video_fd(name, index, key)
 
     def series(self, name: str, index: Any, max_points: Any = None) -> dict[str, Any]:
         return self.review.series(name, index, max_points)

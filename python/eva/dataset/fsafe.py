@@ -16,6 +16,11 @@ device. The rules, applied here in one place:
   has just checked (no link in any component, a regular file by ``lstat``): they read at native
   speed from a path, and a swap after the check needs someone writing into the dataset while
   eva reads it.
+- A file a server hands out (the console's videos) is opened by ``open_beneath`` on every
+  request: relative to a directory fd of the root, refusing a link at every component
+  (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`` where the kernel has it, else a
+  walk of ``O_NOFOLLOW`` directory fds), and the bytes are read from that fd: no swap between a
+  check and an open exists to exploit.
 - Files are created only through ``create_file`` (``O_NOFOLLOW``, mode 0o666 so the umask
   decides, as for any other program) in a parent checked by ``real_directory``. A rewrite keeps
   the old file's mode (``eva.dataset.atomic``).
@@ -37,6 +42,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from eva import libc
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
 
@@ -50,6 +56,7 @@ __all__ = [
     "is_read_only",
     "make_read_only",
     "named",
+    "open_beneath",
     "open_binary",
     "open_regular",
     "os_error",
@@ -279,6 +286,94 @@ def open_regular(path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o666) 
             raise _not_regular(path, st.st_mode)
         fl = fcntl.fcntl(fd, fcntl.F_GETFL)
         fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_openat2_missing = False
+
+
+def _openat2(dir_fd: int, rel: str, flags: int) -> int | None:
+    """``openat2`` beneath ``dir_fd`` following no link; None where the kernel lacks it or a
+    seccomp filter denies it (the caller walks instead)."""
+    global _openat2_missing
+    if _openat2_missing:
+        return None
+    resolve = libc.RESOLVE_BENEATH | libc.RESOLVE_NO_SYMLINKS | libc.RESOLVE_NO_MAGICLINKS
+    try:
+        return libc.openat2(dir_fd, rel, flags, resolve)
+    except OSError as e:
+        if e.errno in (errno.ENOSYS, errno.EPERM):
+            _openat2_missing = True
+            return None
+        if e.errno == errno.EXDEV:  # RESOLVE_BENEATH: the path would leave the root
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel) from None
+        raise
+
+
+def _walk_open(dir_fd: int, parts: list[str], flags: int) -> int:
+    """The ``openat2`` fallback: each directory opened ``O_NOFOLLOW`` from its parent's fd."""
+    current = dir_fd
+    try:
+        for part in parts[:-1]:
+            fd = os.open(part, _DIR_FLAGS, dir_fd=current)
+            if current != dir_fd:
+                os.close(current)
+            current = fd
+        return os.open(parts[-1], flags, dir_fd=current)
+    finally:
+        if current != dir_fd:
+            os.close(current)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_beneath(root: Path | str, rel: Path | str) -> int:
+    """An fd of the regular file ``root / rel``, opened now without following a link at the
+    root or any component below it (``..`` refused too). Nothing is remembered between calls:
+    a directory swapped for a link after an earlier call is refused by the next one.
+
+    Raises ``FileNotFoundError`` for a missing file or directory, ``DatasetError`` for a link
+    (naming ``root / rel``), a non-regular file or another ``OSError``.
+    """
+    path = Path(root) / rel
+    parts = [p for p in Path(rel).parts if p != "."]
+    if not parts or Path(rel).is_absolute() or any(p == ".." or "\x00" in p for p in parts):
+        raise DatasetError(f"{path}: leads outside {root}")
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        root_fd = os.open(root, _DIR_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno == errno.ENOTDIR and os.path.islink(root):
+            raise _symlink_error(root) from None
+        raise os_error(e, root) from None
+    try:
+        fd = _openat2(root_fd, "/".join(parts), flags)
+        if fd is None:
+            fd = _walk_open(root_fd, parts, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # a link (or a file) on the way
+            raise DatasetError(
+                f"{path}: it or a directory on its way is a symlink (or not a directory); "
+                "eva follows no links inside a dataset"
+            ) from None
+        if e.errno == errno.ENXIO:
+            raise _not_regular(path, stat.S_IFIFO) from None
+        raise os_error(e, path) from None
+    finally:
+        os.close(root_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)
         raise

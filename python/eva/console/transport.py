@@ -1,0 +1,183 @@
+"""The console's connections under hostile clients: what one costs, and for how long.
+
+The console runs in the process that records, so nothing a client does may cost a recording:
+capture and saving need file descriptors, memory and the event loop's time. uvicorn bounds
+none of them by itself (no header timeout, no connection cap, a request body read whole), so:
+
+- at most ``MAX_CONNECTIONS`` open connections, of which at most ``MAX_UNTRUSTED`` have not yet
+  carried a request with a valid token; a connection beyond either cap is closed as it is
+  accepted, before anything is read from it;
+- a request's headers must be complete within ``HEADER_TIMEOUT_S`` of the connection (or of
+  the request's first byte) and within ``MAX_HEADER_BYTES``, or the connection is closed;
+- a body is read as it streams and refused (413) at ``MAX_BODY`` + 1 bytes, whatever the
+  Content-Length says and with chunked transfer encoding too; a body must arrive within
+  ``BODY_TIMEOUT_S`` (408);
+- ``eva.libc.raise_open_file_limit`` lifts the soft descriptor limit at start, so the caps sit
+  far below it.
+
+The guard is a subclass of uvicorn's httptools protocol (a dependency of the console extra),
+hooked where the parser reports a request's first byte and its complete headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+from starlette.types import Scope
+
+from eva.console.errors import ConsoleError
+
+MAX_CONNECTIONS = 256
+MAX_UNTRUSTED = 64
+HEADER_TIMEOUT_S = 5.0
+MAX_HEADER_BYTES = 64 * 1024
+MAX_BODY = 64 * 1024
+BODY_TIMEOUT_S = 30.0
+# the ASGI scope extension through which the token check marks its connection trusted
+TRUST_EXTENSION = "eva.connection"
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-length: 0\r\nconnection: close\r\n\r\n"
+)
+
+
+@dataclass
+class ConnectionLimits:
+    max_connections: int = MAX_CONNECTIONS
+    max_untrusted: int = MAX_UNTRUSTED
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    max_header_bytes: int = MAX_HEADER_BYTES
+
+
+@dataclass
+class ConnectionCounts:
+    """Connections open now (``open``, ``untrusted`` among them) and refused so far."""
+
+    open: int = 0
+    untrusted: int = 0
+    refused: int = 0
+    timed_out: int = 0
+
+
+def trust_connection(scope: Scope) -> None:
+    """Mark the connection that carried ``scope`` as holding a valid token (the token check
+    calls it); a no-op under a server without the guard."""
+    extension = scope.get("extensions", {}).get(TRUST_EXTENSION)
+    if extension is not None:
+        extension["trust"]()
+
+
+def guarded_protocol(
+    limits: ConnectionLimits | None = None, counts: ConnectionCounts | None = None
+) -> type[asyncio.Protocol]:
+    """A uvicorn HTTP protocol class (``uvicorn.Config(http=...)``) enforcing ``limits``; its
+    ``counts`` attribute is the live ``ConnectionCounts`` of every connection it served."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    lim = limits or ConnectionLimits()
+    live = counts or ConnectionCounts()
+
+    class GuardedProtocol(HttpToolsProtocol):
+        counts = live
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._admitted = False
+            self._trusted = False
+            self._deadline: asyncio.TimerHandle | None = None
+            self._header_bytes = 0
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if live.open >= lim.max_connections or live.untrusted >= lim.max_untrusted:
+                live.refused += 1
+                transport.abort()
+                return
+            self._admitted = True
+            live.open += 1
+            live.untrusted += 1
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self._admitted:
+                return
+            self._admitted = False
+            live.open -= 1
+            if not self._trusted:
+                live.untrusted -= 1
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if not self._admitted:
+                return
+            super().data_received(data)
+            # bytes of a chunk after which the headers are still incomplete: a header that
+            # never ends is held by the parser, so its size is bounded here
+            if self._deadline is not None and self._admitted:
+                self._header_bytes += len(data)
+                if self._header_bytes > lim.max_header_bytes and not self.transport.is_closing():
+                    self.transport.write(_TOO_LARGE)
+                    self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._header_bytes = 0
+            if self._deadline is None:
+                self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            self.scope.setdefault("extensions", {})[TRUST_EXTENSION] = {"trust": self._trust}
+            super().on_headers_complete()
+
+        def _trust(self) -> None:
+            if self._admitted and not self._trusted:
+                self._trusted = True
+                live.untrusted -= 1
+
+        def _arm(self) -> None:
+            self._deadline = self.loop.call_later(lim.header_timeout_s, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _headers_too_slow(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                live.timed_out += 1
+                self.transport.close()
+
+    return GuardedProtocol
+
+
+async def read_body(
+    request: Request, limit: int = MAX_BODY, timeout_s: float = BODY_TIMEOUT_S
+) -> bytes:
+    """The request's body, read as it arrives and refused past ``limit`` bytes (413; a
+    Content-Length above it is refused before reading) or after ``timeout_s`` (408)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    body = bytearray()
+    try:
+        with anyio.fail_after(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large(limit)
+    except TimeoutError:
+        raise ConsoleError(
+            "timeout", "body_timeout", f"request body not complete within {timeout_s:g} s"
+        ) from None
+    return bytes(body)
+
+
+def too_large(limit: int) -> ConsoleError:
+    return ConsoleError("too_large", "body_too_large", f"request body over {limit} bytes")
