@@ -10,7 +10,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 DEMO_DIR ?= demo-data
 
-.PHONY: FORCE venv build demo test test-native test-reference fuzz tsan typecheck wheel bench bench-quick bench-corpus compat compat-06 lint system-deps clean
+.PHONY: FORCE venv build demo test test-native test-reference fuzz faults tsan typecheck wheel bench bench-quick bench-corpus compat compat-06 lint system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,14 @@ test-reference: build
 FUZZ_EXAMPLES ?= 2000
 fuzz: build
 	EVA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) EVA_FUZZ_RANDOM=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_fuzz_readers.py
+
+# kill -9 at FAULT_KILLS random instants of recording, STOP/save, encoding and recovery (eva collect,
+# the console's recorder, eva recover), each followed by recovery and the checks of docs/safety.md
+# ("A recording survives a kill"); make test runs a short campaign (tests/test_crash_recovery.py).
+FAULT_KILLS ?= 1000
+FAULT_JOBS ?= 2
+faults: build
+	$(PY) tests/fault_campaign.py --kills $(FAULT_KILLS) --jobs $(FAULT_JOBS) --json faults-report.json
 
 # A manylinux wheel in dist/ (the native core compiled in; installing it needs no compiler).
 # Its own build directory, so that it never reconfigures the editable install's.

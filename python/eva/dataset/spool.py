@@ -57,10 +57,11 @@ MANIFEST = "spool.json"
 ROWS = "rows.arrows"
 STOPPED = "stopped.json"
 COMMITTING = "committing.json"
-# Rows are flushed and video fragments cut this often. Together with the encoder's lookahead
-# (10 frames with x264's veryfast preset) and the frames waiting in the encode buffers, a kill
-# loses well under the 2 s that eva promises (docs/safety.md).
-SPOOL_INTERVAL_S = 0.5
+# Rows are flushed and video fragments cut this often. What a kill loses is this plus how far
+# the aligned rows trail the capture, the frames waiting in the encode buffers (up to 12) and the
+# encoder's lookahead (10 frames with x264's veryfast preset): under the 2 s that eva promises
+# (docs/safety.md; bench/bench_spool.py measures it). 0.5 s lost 1.5-2.5 s on a loaded host.
+SPOOL_INTERVAL_S = 0.25
 
 
 def video_spool_name(camera_number: int) -> str:
