@@ -265,8 +265,8 @@ class EpisodeWriter:
             self._done = True
             self.kept_for_recovery = True
             raise DatasetError(
-                f"{error_line(e)}; the recording is kept in {self.work_dir}: "
-                f"run eva recover {self.writer.root}"
+                f"{error_line(e)}; the recording is kept in {self.work_dir} for recovery (by "
+                f"the next eva collect or console start, or eva recover {self.writer.root})"
             ) from e
         self._done = True
         shutil.rmtree(self.work_dir, ignore_errors=True)
