@@ -112,3 +112,24 @@ def raise_open_file_limit() -> int:
         except (ValueError, OSError):  # e.g. above fs.nr_open: keep the soft limit
             pass
     return soft
+
+
+PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent dies (linux/prctl.h)
+
+
+def die_with_parent(parent: int, signum: int) -> bool:
+    """Have the kernel send ``signum`` to this process when ``parent`` (the pid that started it)
+    dies, a ``kill -9`` included: ``prctl(PR_SET_PDEATHSIG)``. A parent already gone before the
+    call sends nothing, so this process then exits at once (``os._exit(1)``). Returns False
+    where ``prctl`` is unavailable (the caller needs another watch: its parent pid, a pipe).
+
+    The signal comes when the *thread* that started this process exits: only for children of
+    a thread that outlives them (a process pool's, stopped by the thread that made it)."""
+    function = _function("prctl")
+    armed = (
+        function is not None
+        and function(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signum)) == 0
+    )
+    if os.getppid() != parent:
+        os._exit(1)
+    return armed

@@ -182,6 +182,7 @@ class SourceRig:
             "source": asdict(group.source),
             "fps": self.config.fps,
             "streams": group.streams,
+            "parent": os.getpid(),  # the worker watches for its death
         }
         group.process = subprocess.Popen(
             [self.python, "-m", "eva.capture.source_worker"],

@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -530,16 +531,20 @@ def run(spec: dict[str, Any], stop: threading.Event) -> int:
     stats_path = os.environ.get("EVA_SOURCE_STATS")
     streams = [_Stream(s, attach_shm_ring(s["ring"]), bool(stats_path)) for s in spec["streams"]]
 
-    parent = os.getppid()
+    # The recorder's pid, from the spec: one read from getppid() here would already be the
+    # re-parented one if the recorder died while this process started.
+    parent = int(spec.get("parent") or os.getppid())
 
     def watch_stop() -> None:
         """The recorder asks through the rings; a recorder that died (``kill -9``) cannot, so
-        its death (this process re-parented) stops the source too, and a source that does not
-        return within a grace period (a plugin blocked in a read) is ended."""
+        its death (this process re-parented) stops the source too, after removing the dead
+        recorder's ring files from /dev/shm, and a source that does not return within a grace
+        period (a plugin blocked in a read) is ended."""
         while True:
             if any(getattr(s.ring, "stop_requested", False) for s in streams):
                 stop.set()
             if os.getppid() != parent:
+                remove_orphaned_rings(spec, parent)
                 stop.set()
                 time.sleep(ORPHAN_GRACE_S)
                 os._exit(0)
@@ -570,6 +575,17 @@ def run(spec: dict[str, Any], stop: threading.Event) -> int:
     if not stop.is_set():
         events.send("ended", None, "the source has no more samples")
     return 0
+
+
+def remove_orphaned_rings(spec: dict[str, Any], parent: int) -> None:
+    """The ring files of ``spec`` that the recorder ``parent``, dead now, created (named after
+    its pid: ``eva-<pid>-...``): nobody else would remove them before the next recording. This
+    process keeps its own mappings."""
+    for stream in spec["streams"]:
+        path = Path(stream["ring"])
+        if path.name.startswith(f"eva-{parent}-") and path.suffix == ".ring":
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def main() -> None:

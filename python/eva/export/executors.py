@@ -182,7 +182,7 @@ class ProcessRun:
             max_workers=count,
             mp_context=self.context,
             initializer=start_worker,
-            initargs=(fmt, str(source), options, self.status, decoder_threads(count)),
+            initargs=(fmt, str(source), options, self.status, decoder_threads(count), os.getpid()),
         )
 
     def run(self, progress: ProgressSink) -> list[EpisodeResult]:
@@ -271,10 +271,21 @@ def decoder_threads(workers: int) -> int:
     return max(1, free_cores() // workers)
 
 
-def start_worker(fmt: str, source: str, options: ExportOptions, status: Any, threads: int) -> None:
-    """Pool initializer: open the source and one session for all this worker's tasks."""
+def start_worker(
+    fmt: str, source: str, options: ExportOptions, status: Any, threads: int, parent: int
+) -> None:
+    """Pool initializer: open the source and one session for all this worker's tasks.
+
+    First, the worker is made to die with ``parent``, the eva process: a ``kill -9`` of it
+    leaves workers blocked on the task queue forever (the queue's pipe stays open in each
+    worker), and with them multiprocessing's resource tracker (it ends, and removes the pool's
+    semaphores from /dev/shm, when the last process holding its pipe is gone). The thread that
+    made the pool outlives it (``ProcessRun.run`` stops the pool), as the death signal needs."""
+    from eva import libc
     from eva.dataset.video import set_decode_threads
     from eva.export.registry import load_format
+
+    libc.die_with_parent(parent, signal.SIGKILL)
 
     set_decode_threads(threads)
 
