@@ -35,9 +35,11 @@ FPS = 30
 FEED = """
 import sys, time
 import numpy as np
+from eva.dataset.video import VideoOptions
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
-root, batches = sys.argv[1], int(sys.argv[2])
-w = DatasetWriter.create_or_open(root, fps=30, durable=False,
+root, batches, codec = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+video = VideoOptions(codec=codec, preset="12" if codec == "libsvtav1" else "veryfast")
+w = DatasetWriter.create_or_open(root, fps=30, durable=False, video=video,
     cameras=[CameraSpec("observation.images.front", 48, 64),
              CameraSpec("observation.images.wrist", 48, 64)],
     vectors=[VectorSpec("observation.state", 7), VectorSpec("action", 7)])
@@ -62,10 +64,10 @@ def _open(root: Path, **kwargs: object) -> DatasetWriter:
     )  # fmt: skip
 
 
-def _record_then_kill(root: Path, batches: int) -> int:
+def _record_then_kill(root: Path, batches: int, codec: str = "libx264") -> int:
     """Feed ``batches`` batches of 8 frames in real time, SIGKILL the writer; frames fed."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(FEED), str(root), str(batches)],
+        [sys.executable, "-c", textwrap.dedent(FEED), str(root), str(batches), codec],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -99,6 +101,16 @@ def test_a_killed_recording_is_recovered_up_to_its_last_complete_fragment(tmp_pa
     assert [s[0] for s in state] == [float(i // 8) for i in range(recovery.frames)]
     assert validate_dataset(root) == []
     assert not (root / layout.WORK_DIR / work[0].name).exists()
+
+
+def test_an_av1_recording_is_recovered(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    fed = _record_then_kill(root, 12, "libsvtav1")
+    out = subprocess.run([*EVA, "recover", "--json", str(root)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    [recovered] = json.loads(out.stdout)["recovered"]
+    assert fed - 2 * FPS <= recovered["frames"] <= fed
+    assert validate_dataset(root) == []
 
 
 def test_eva_recover_and_every_export_of_a_recovered_episode(tmp_path: Path) -> None:

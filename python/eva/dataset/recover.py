@@ -191,7 +191,7 @@ def _copy_frames(source: Path, dest: Path, frames: int, fps: int) -> None:
     with av.open(str(source)) as inp:
         in_stream = inp.streams.video[0]
         with av.open(str(dest), mode="w", format="mp4") as out:
-            out_stream = out.add_stream_from_template(in_stream)
+            out_stream = out.add_stream_from_template(in_stream, opaque=True)
             out_stream.time_base = Fraction(1, fps)
             copied = 0
             for packet in inp.demux(in_stream):

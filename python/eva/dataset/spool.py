@@ -22,7 +22,6 @@ kill (a power loss needs ``fsync``, which the writer's ``durable`` mode applies 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -219,9 +218,3 @@ class VideoSpool:
         except Exception:  # the spool is being discarded with its work dir
             return
 
-
-def remove_file(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return
