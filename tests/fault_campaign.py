@@ -124,10 +124,6 @@ class Lines:
         self._thread.join(5)
 
 
-def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*EVA, *args], capture_output=True, text=True, timeout=timeout)
-
-
 def kill_collect(config: Path, rng: random.Random, kill: Kill) -> None:
     """``eva collect`` recording episodes back to back, killed at a random instant; the
     recording episode's START is read from its announcement line."""
@@ -213,34 +209,43 @@ def kill_recover(raw: Path, rng: random.Random, kill: Kill) -> None:
 
 
 def check_after(raw: Path, before: dict[int, tuple[int, list[str]]], kill: Kill) -> None:
-    """Recover, then the promises: a valid dataset, earlier episodes kept, at most 2 s lost."""
-    recovered = _run(["recover", "--json", str(raw)]) if raw.exists() else None
-    if recovered is not None and recovered.returncode != 0:
-        kill.problems.append(f"eva recover exited {recovered.returncode}: {recovered.stderr}")
-        return
+    """Recover, then the promises: a valid dataset, earlier episodes kept, at most 2 s lost.
+
+    Recovery and validation run in this process (the code ``eva recover`` and ``eva validate``
+    run, without two interpreter start-ups per kill)."""
+    from eva.dataset.errors import DatasetError
+    from eva.dataset.validate import validate_dataset
+    from eva.dataset.writer import DatasetWriter
+
     if not (raw / "meta" / "info.json").exists():
         if before:
             kill.problems.append("the dataset disappeared")
         return
-    validated = _run(["validate", str(raw)])
-    if validated.returncode != 0:
-        kill.problems.append(f"eva validate refused the dataset: {validated.stdout.strip()}")
+    try:
+        writer = DatasetWriter.open_existing(raw)
+    except DatasetError as e:
+        kill.problems.append(f"recovery refused the dataset: {e}")
+        return
+    writer.close()
+    for result in writer.recovered:
+        if result.error is not None:
+            kill.problems.append(f"recovery failed: {result.line()}")
+    problems = validate_dataset(raw)
+    if problems:
+        kill.problems.append(f"eva validate refused the dataset: {problems}")
     after = committed_rows(raw)
     for index, row in before.items():
         if after.get(index) != row:
             kill.problems.append(f"episode {index} lost or changed: {row} -> {after.get(index)}")
-    if recovered is not None:
-        frames = [r["frames"] for r in json.loads(recovered.stdout)["recovered"]]
-        kill.recovered_frames = max(frames, default=0)
+    kill.recovered_frames = max((r.frames for r in writer.recovered), default=0)
     if kill.captured_s is not None:
         # The episode that was recording is the longest one recovered now (another may be an
         # episode that was saving when the kill came).
-        kept = kill.recovered_frames or 0
         need = int((kill.captured_s - LOSS_BOUND_S) * FPS)
-        if kept < need:
+        if kill.recovered_frames < need:
             kill.problems.append(
-                f"killed {kill.captured_s:.2f} s into an episode: {kept} frames kept, "
-                f"at least {need} expected"
+                f"killed {kill.captured_s:.2f} s into an episode: {kill.recovered_frames} frames "
+                f"kept, at least {need} expected"
             )
 
 
