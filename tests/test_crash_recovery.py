@@ -170,6 +170,24 @@ def test_a_spool_already_committed_is_removed_not_recovered_twice(
     assert not ep.work_dir.exists()
 
 
+def test_a_cancelled_episode_is_never_recovered(tmp_path: Path) -> None:
+    """CANCEL disowns the spool at once: a kill before its files are gone recovers nothing."""
+    root = tmp_path / "raw"
+    with _open(root) as writer:
+        ep = writer.begin_episode("pick")
+        ep.add_frames(
+            {FRONT: np.zeros((4, 48, 64, 3), np.uint8), WRIST: np.zeros((4, 48, 64, 3), np.uint8)},
+            {"observation.state": np.zeros((4, 7)), "action": np.zeros((4, 7))},
+        )
+        ep.disown()  # what Recorder.cancel does before the consumer discards the episode
+        assert ep.work_dir.is_dir()  # the kill comes now
+        ep._encoders.stop(close=False)
+    with _open(root) as writer:
+        assert writer.recovered == []
+    assert DatasetReader(root).episode_indices == []
+    assert not ep.work_dir.exists()
+
+
 def test_a_commit_short_of_file_descriptors_is_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

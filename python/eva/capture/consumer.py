@@ -128,7 +128,8 @@ class EpisodeConsumer:
                 discard_before(st, s.base[st.name])
             st.ring.reset_high_water()
         try:
-            self.episode = s.writer.begin_episode(s.task, s.started_at)  # START refuses an empty task
+            # START refuses an empty task; the start time goes into the crash spool
+            self.episode = s.writer.begin_episode(s.task, s.started_at)
             progressed = time.monotonic()
             while True:
                 if self.rec.consumer_throttle_s:
@@ -241,6 +242,11 @@ class EpisodeConsumer:
                     left,
                 )
                 self.popped[name] += left
+
+    def disown(self, session: EpisodeSession) -> None:
+        """CANCEL pressed: a kill before ``discard`` must not recover ``session``'s episode."""
+        if session is self.session and self.episode is not None:
+            self.episode.disown()
 
     def discard(self) -> None:
         """CANCEL: free the episode's samples and its temporary files."""

@@ -29,9 +29,8 @@ Threads and data flow::
   (``capture_backlog_overflow``). Nothing is dropped silently.
 
 Work in progress lives in ``<raw>/.eva-work/`` (episode dirs with their crash spools). After a
-crash, ``recover_datasets`` (entry points call it) or the next ``start`` into that dataset turns
-each spool into an episode (``eva.dataset.recover``), removes other leftovers and reports both
-(``logging`` warning and ``Recorder.recovered``); the raw dataset stays valid.
+crash, ``recover_datasets`` or the next ``start`` recovers each spool (``eva.dataset.recover``),
+removes other leftovers and reports both (log warnings, ``Recorder.recovered``).
 """
 
 from __future__ import annotations
@@ -390,6 +389,8 @@ class Recorder:
             session.ended_at = utc_now()
             session.ended_mono = time.monotonic()
             session.cancelled = cancelled
+            if cancelled and (active := self._active) is not None:
+                active.disown(session)
             if not cancelled:
                 session.job = SaveJob(session.dataset_dir, session.task)
                 self.jobs.append(session.job)

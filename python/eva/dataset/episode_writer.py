@@ -14,8 +14,10 @@ disk; one that still fails keeps the work dir, spool included, for ``eva recover
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -306,9 +308,17 @@ class EpisodeWriter:
             spool_dir=self.work_dir if self._rows is not None else None,
         )
 
+    def disown(self) -> None:
+        """No recovery for this episode (CANCEL): a kill from now on leaves a leftover that the
+        next writer removes, not a spool it recovers. Safe from any thread; idempotent."""
+        if self._rows is not None and not self.kept_for_recovery:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.work_dir / spool.MANIFEST)
+
     def abort(self) -> None:
         """Drop the episode: stop the encoders, remove the work dir (unless a failed commit kept
         it for ``eva recover``). Idempotent."""
+        self.disown()
         self._done = True
         self._encoders.stop(close=False)
         if self._rows is not None:
