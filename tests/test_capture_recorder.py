@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -587,7 +588,8 @@ def _wait_for_episode_dir(root: Path) -> Path:
 
 
 def test_failure_while_recording_fails_the_job_and_recorder_goes_on(rec: Recorder) -> None:
-    _wait_for_episode_dir(rec.start()).rmdir()  # the encoder cannot create its MP4 any more
+    # The encoder cannot create its MP4 any more (the dir holds the crash spool's first files).
+    shutil.rmtree(_wait_for_episode_dir(rec.start()))
     push_timeline(rec, timeline(0.0, 1.0))
     job = rec.stop()
     assert job.wait(30) and job.state == FAILED and job.error
