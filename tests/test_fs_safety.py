@@ -423,7 +423,7 @@ def test_qc_on_a_full_disk_is_one_line(tiny_tmpfs: Path, dataset: Path) -> None:
     with open(filler, "wb") as f, contextlib.suppress(OSError):
         while True:
             f.write(b"\0" * 65536)
-    code, output = _run(["qc", root, "0", "--note", "n" * 200_000])
+    code, output = _run(["qc", root, "0", "--note", "n" * 2000])  # the longest note allowed
     _assert_one_line_error(code, output, str(episodes))
     assert "No space left" in output
     assert episodes.read_bytes() == before
