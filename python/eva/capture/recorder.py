@@ -67,6 +67,7 @@ from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.recover import find_spools
 from eva.dataset.video import VideoOptions
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
+from eva.textsafe import text_problem
 from eva.timestamps import utc_now
 
 log = logging.getLogger("eva.capture")
@@ -329,8 +330,8 @@ class Recorder:
                 if not prompts:
                     raise RecorderError(f"dataset {name!r} has no task in the config: pass a task")
                 task = prompts[0]
-            if not task.strip():
-                raise RecorderError("task prompt must not be empty")
+            if not task.strip() or (problem := text_problem(task)) is not None:
+                raise RecorderError(f"task prompt: {problem or 'must not be empty'}")
             writer = self._writer_for(root)
             session = EpisodeSession(
                 dataset_dir=root,
@@ -427,18 +428,14 @@ class Recorder:
             )
         except (DatasetError, ValueError) as e:
             raise RecorderError(str(e)) from None
-        for recovery in writer.recovered:
-            msg = f"{root}: {recovery.line()}"
-            log.warning(msg)
-            self.recovered.append(msg)
-        for path in leftovers:
-            msg = f"{root}: removed leftovers of an interrupted capture session: {path.name}"
-            log.warning(msg)
-            self.recovered.append(msg)
-        for path in remove_stale_markers(root):
-            msg = f"{root}: removed stale saving marker {path.name}"
-            log.warning(msg)
-            self.recovered.append(msg)
+        found = [recovery.line() for recovery in writer.recovered]
+        found += [
+            f"removed leftovers of an interrupted capture session: {p.name}" for p in leftovers
+        ]
+        found += [f"removed stale saving marker {p.name}" for p in remove_stale_markers(root)]
+        for what in found:
+            log.warning("%s: %s", root, what)
+            self.recovered.append(f"{root}: {what}")
         self._writers[root] = writer
         return writer
 

@@ -76,6 +76,7 @@ from eva.dataset.repair import (
 )
 from eva.dataset.stats import RunningMerge
 from eva.dataset.video import VideoOptions
+from eva.textsafe import text_problem
 
 __all__ = [
     "CameraSpec",
@@ -374,6 +375,8 @@ class DatasetWriter:
             raise DatasetError(f"{self.root}: writer is closed")
         if not isinstance(task, str) or not task.strip():
             raise DatasetError(f"{self.root}: task prompt must be a non-empty string")
+        if (problem := text_problem(task)) is not None:  # what the validator would refuse
+            raise DatasetError(f"{self.root}: task prompt: {problem}")
         return EpisodeWriter(self, task, started_at)
 
     def close(self) -> None:
