@@ -288,6 +288,8 @@ def campaign(
 
 def summary(results: list[Kill]) -> dict[str, Any]:
     recording = [k for k in results if k.captured_s is not None]
+    checked = [k for k in recording if k.recovered_frames is not None]
+    lost = [k.captured_s - (k.recovered_frames or 0) / FPS for k in checked if k.captured_s]
     return {
         "kills": len(results),
         "by_mode": dict(Counter(k.mode for k in results)),
@@ -297,6 +299,15 @@ def summary(results: list[Kill]) -> dict[str, Any]:
             f"kill {k.number} ({k.mode}/{k.phase}): {p}" for k in results for p in k.problems
         ],
         "kills_while_recording": len(recording),
+        "recording_kills_checked": len(checked),
+        # seconds of capture a kill lost, over the kills after more than the bound was captured
+        "max_lost_s": round(
+            max(
+                (x for k, x in zip(checked, lost) if (k.captured_s or 0) > LOSS_BOUND_S),
+                default=0.0,
+            ),
+            3,
+        ),
     }
 
 
