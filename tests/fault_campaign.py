@@ -289,7 +289,12 @@ def campaign(
 def summary(results: list[Kill]) -> dict[str, Any]:
     recording = [k for k in results if k.captured_s is not None]
     checked = [k for k in recording if k.recovered_frames is not None]
-    lost = [k.captured_s - (k.recovered_frames or 0) / FPS for k in checked if k.captured_s]
+    # seconds of capture a kill lost, over the kills after more than the bound was captured
+    lost = [
+        (k.captured_s or 0.0) - (k.recovered_frames or 0) / FPS
+        for k in checked
+        if (k.captured_s or 0.0) > LOSS_BOUND_S
+    ]
     return {
         "kills": len(results),
         "by_mode": dict(Counter(k.mode for k in results)),
@@ -300,14 +305,7 @@ def summary(results: list[Kill]) -> dict[str, Any]:
         ],
         "kills_while_recording": len(recording),
         "recording_kills_checked": len(checked),
-        # seconds of capture a kill lost, over the kills after more than the bound was captured
-        "max_lost_s": round(
-            max(
-                (x for k, x in zip(checked, lost) if (k.captured_s or 0) > LOSS_BOUND_S),
-                default=0.0,
-            ),
-            3,
-        ),
+        "max_lost_s": round(max(lost, default=0.0), 3),
     }
 
 
