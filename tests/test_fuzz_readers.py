@@ -10,7 +10,10 @@ byte-level (bytes flipped, cut, inserted).
 
 An exported subset handed over is hostile input too: ``test_damaged_export_json`` damages the
 JSON metadata of a copied export of each format and runs ``eva verify``'s and ``eva info``'s
-readers on it (problems or a ``DatasetError``, one line each).
+readers on it (problems or a ``DatasetError``, one line each). The export's binary files too:
+HDF5 superblocks, object headers, B-tree and symbol-table nodes and heaps; MCAP summaries,
+summary offsets and footers; parquet footers (v3 data and episode metadata, v2.1 episodes):
+``eva verify`` passes or exits 1 with lines naming files, never a traceback.
 
 ``make test`` runs a few dozen examples per file kind; ``make fuzz`` sets ``EVA_FUZZ_EXAMPLES``
 (default here 25) much higher.
@@ -371,3 +374,171 @@ def test_damaged_export_json(
                 describe_directory(copy, episodes=True)
             except DatasetError as e:
                 assert "\n" not in str(e) and names_a_file(str(e), copy), str(e)
+
+
+# ---- damaged export files: HDF5 structures, MCAP summaries, parquet footers -----------------
+
+HDF5_REGIONS = ["superblock", "object_header", "btree", "symbol_node", "heap"]
+MCAP_REGIONS = ["summary", "summary_offsets", "footer"]
+PARQUET_REGIONS = ["tail", "footer_metadata"]
+
+
+def hdf5_structures(path: Path) -> dict[str, list[int]]:
+    """Where an HDF5 file's metadata lies: the superblock at 0, every object header (h5py's
+    own address of each), the v1 B-tree nodes, symbol-table nodes and local heaps (by their
+    signatures; the writer's files hold no v2 structures)."""
+    import re
+
+    import h5py
+
+    headers: set[int] = set()
+    with h5py.File(path, "r") as h5:
+        headers.add(h5py.h5o.get_info(h5["/"].id).addr)
+        h5.visititems(lambda _n, obj: headers.add(h5py.h5o.get_info(obj.id).addr))
+    data = path.read_bytes()
+
+    def signed(signature: bytes) -> list[int]:
+        return [m.start() for m in re.finditer(re.escape(signature), data)]
+
+    return {
+        "superblock": [0],
+        "object_header": sorted(headers),
+        "btree": signed(b"TREE"),
+        "symbol_node": signed(b"SNOD"),
+        "heap": signed(b"HEAP") + signed(b"GCOL"),
+    }
+
+
+def mcap_structures(path: Path) -> dict[str, list[int]]:
+    """The summary section, the summary offsets and the footer record (before the magic)."""
+    data = path.read_bytes()
+    footer = len(data) - 8 - 29  # opcode, length, summary start, summary offset start, crc
+    summary = int.from_bytes(data[footer + 9 : footer + 17], "little")
+    offsets = int.from_bytes(data[footer + 17 : footer + 25], "little")
+    return {
+        "summary": [summary] if 0 < summary < footer else [footer],
+        "summary_offsets": [offsets] if 0 < offsets < footer else [footer],
+        "footer": [footer],
+    }
+
+
+def parquet_structures(path: Path) -> dict[str, list[int]]:
+    """The last 8 bytes (the footer's length and the magic) and the footer metadata."""
+    data = path.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    return {"tail": [len(data) - 8], "footer_metadata": [max(0, len(data) - 8 - length)]}
+
+
+def check_damaged_export(copy: Path, readers: Callable[[], object]) -> None:
+    """``eva verify`` passes, or exits 1 with one line per problem, each naming a file of the
+    export (an ``eva: error:`` line alone); the format's readers work or raise a one-line
+    ``DatasetError`` naming a file. Never a traceback."""
+    from click.testing import CliRunner
+
+    from eva.cli import main
+
+    result = CliRunner().invoke(main, ["verify", str(copy)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        f"{type(result.exception).__name__}: {result.exception}"
+    )
+    assert result.exit_code in (0, 1), result.output
+    lines = result.stderr.splitlines()
+    assert "Traceback" not in result.stderr, result.stderr
+    if any(line.startswith("eva: error: ") for line in lines):
+        assert len(lines) == 1, result.stderr
+    for line in lines:
+        assert str(copy) in line, f"names no file of the export: {line!r}"
+    try:
+        readers()
+        describe_directory(copy, episodes=True)
+    except DatasetError as e:
+        assert "\n" not in str(e) and names_a_file(str(e), copy), str(e)
+
+
+def damaged_copy(
+    exported: dict[str, Path],
+    fmt: str,
+    data: st.DataObject,
+    pick: Callable[[Path], Path],
+    where: Callable[[Path], list[int]],
+) -> contextlib.AbstractContextManager[tuple[Path, Path]]:
+    """A moved copy of ``fmt``'s export with the file ``pick`` chooses damaged within 64 bytes
+    after one of the offsets ``where`` gives."""
+
+    @contextlib.contextmanager
+    def made() -> Iterator[tuple[Path, Path]]:
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / "accepted"
+            shutil.copytree(exported[fmt], copy)
+            path = pick(copy)
+            raw = path.read_bytes()
+            at = data.draw(st.sampled_from(where(path) or [0]))
+            path.write_bytes(raw[:at] + data.draw(byte_damage(raw[at:], head=64)))
+            yield copy, path
+
+    return made()
+
+
+def first_file(pattern: str) -> Callable[[Path], Path]:
+    return lambda copy: sorted(copy.glob(pattern))[0]
+
+
+@FUZZ
+@given(data=st.data(), region=st.sampled_from(HDF5_REGIONS))
+def test_damaged_hdf5_structures(
+    exported: dict[str, Path], data: st.DataObject, region: str
+) -> None:
+    from eva.formats.hdf5.reader import read_episode
+
+    pick = first_file("data/chunk-*/episode_*.hdf5")
+    where = lambda path: hdf5_structures(path)[region]  # noqa: E731
+    with damaged_copy(exported, "hdf5", data, pick, where) as (copy, path), alarm(HANG_S):
+        check_damaged_export(copy, lambda: read_episode(path, load_images=True).close())
+
+
+@FUZZ
+@given(data=st.data(), region=st.sampled_from(MCAP_REGIONS))
+def test_damaged_mcap_summaries(
+    exported: dict[str, Path], data: st.DataObject, region: str
+) -> None:
+    from eva.formats.mcap.reader import read_episode
+
+    pick = first_file("data/chunk-*/episode_*.mcap")
+    where = lambda path: mcap_structures(path)[region]  # noqa: E731
+    with damaged_copy(exported, "mcap", data, pick, where) as (copy, path), alarm(HANG_S):
+        check_damaged_export(copy, lambda: read_episode(path))
+
+
+PARQUET_FILES = [
+    ("lerobot_v3", "data/chunk-*/file-*.parquet"),
+    ("lerobot_v3", "meta/episodes/chunk-*/file-*.parquet"),
+    ("lerobot_v21", "data/chunk-*/episode_*.parquet"),
+]
+
+
+def parquet_readers(fmt: str, copy: Path) -> None:
+    """What reads the format's parquet files: v3's episode locators, a v2.1 export's tables."""
+    if fmt == "lerobot_v3":
+        from eva.formats.lerobot_v3.verify import read_episode_locators
+
+        read_episode_locators(copy)
+    else:
+        reader = DatasetReader(copy)
+        for ep in reader.episode_indices:
+            reader.read_table(ep)
+
+
+@FUZZ
+@given(
+    data=st.data(),
+    region=st.sampled_from(PARQUET_REGIONS),
+    file=st.sampled_from(PARQUET_FILES),
+)
+def test_damaged_parquet_footers(
+    exported: dict[str, Path], data: st.DataObject, region: str, file: tuple[str, str]
+) -> None:
+    fmt, pattern = file
+    where = lambda path: parquet_structures(path)[region]  # noqa: E731
+    pick = first_file(pattern)
+    with damaged_copy(exported, fmt, data, pick, where) as (copy, _), alarm(HANG_S):
+        check_damaged_export(copy, lambda: parquet_readers(fmt, copy))

@@ -344,7 +344,7 @@ class DatasetReader:
                 if missing:  # ParquetFile.read would leave them out without a word
                     raise DatasetError(f"{path}: episode {episode_index}: no column {missing[0]!r}")
                 return read_columns(parquet, path, list(columns))
-        except (pa.ArrowInvalid, pa.ArrowKeyError, KeyError, OSError) as e:
+        except (ValueError, pa.ArrowException, KeyError, OSError) as e:  # a damaged footer too
             raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
 
     def _remember_table(self, episode: int, identity: Identity, table: pa.Table) -> None:

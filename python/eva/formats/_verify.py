@@ -33,7 +33,8 @@ class ProblemCollector:
 
 
 def check_unreadable_meta(add: ProblemCollector, root: Path, error: BaseException) -> None:
-    add("unreadable_meta", f"cannot read metadata: {error}", root / layout.META_DIR)
+    line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    add("unreadable_meta", f"cannot read metadata: {line}", root / layout.META_DIR)
 
 
 def check_version(

@@ -8,7 +8,7 @@ from typing import Any
 
 import h5py
 
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, error_line
 from eva.formats.hdf5.items import GROUPS, iter_items, read_mapping
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -44,7 +44,10 @@ def read_episode(path: Path | str, *, load_images: bool = False) -> Hdf5Episode:
     result as a context manager (or call ``close()``) to close the file.
     """
     path = Path(path)
-    h5 = h5py.File(path, "r")
+    try:
+        h5 = h5py.File(path, "r")
+    except Exception as e:  # noqa: BLE001 - h5py's error for a file it cannot open names none
+        raise DatasetError(f"{path}: not a readable HDF5 file ({error_line(e)})") from None
     try:
         missing = [g for g in GROUPS if g not in h5]
         if missing:
@@ -54,6 +57,12 @@ def read_episode(path: Path | str, *, load_images: bool = False) -> Hdf5Episode:
         images: dict[str, Any] = {}
         for key, item in iter_items(h5["images"]):
             images[key] = item["value"][()] if load_images else item["value"]
+    except DatasetError:
+        h5.close()
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged object header or B-tree, met on a lookup
+        h5.close()
+        raise DatasetError(f"{path}: damaged HDF5 file ({error_line(e)})") from None
     except BaseException:
         h5.close()
         raise

@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 
 from eva.dataset import embedded
+from eva.dataset.errors import error_line
 from eva.dataset.validate import Problem
 from eva.formats._verify import VECTOR_FEATURES, ProblemCollector, check_vectors
 from eva.formats.hdf5.items import GROUPS, KINDS, attr_text
@@ -46,8 +47,10 @@ def verify(export_dir: Path) -> list[Problem]:
             with h5py.File(path, "r") as h5:
                 features = info.get("features", {})
                 return _verify_episode(h5, ep, row, embedded.image_keys(info), features, path, add)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            add("unreadable_episode", f"cannot read: {e}", path, ep)
+        except Exception as e:  # noqa: BLE001 - any h5py failure on a damaged file is a finding
+            # (h5py raises OSError, RuntimeError, KeyError, ValueError... for a damaged header,
+            # object header or B-tree, depending on which lookup meets it)
+            add("unreadable_episode", f"cannot read: {error_line(e)}", path, ep)
             return 0
 
     embedded.verify_export_files(

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eva.dataset import fsafe, layout
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.validate import Problem
 from eva.formats._decode import frame_at
 from eva.formats._verify import (
@@ -44,7 +44,18 @@ def read_episode_locators(root: Path) -> pa.Table:
     paths = sorted((Path(root) / "meta" / "episodes").glob("*/*.parquet"))
     if not paths:
         raise DatasetError(f"{Path(root) / 'meta' / 'episodes'}: no episode metadata files")
-    return pa.concat_tables([pq.read_table(p) for p in paths], promote_options="default")
+    tables = []
+    for path in paths:
+        try:
+            tables.append(pq.read_table(path))
+        except (OSError, ValueError, pa.ArrowException) as e:  # a damaged footer, say
+            raise DatasetError(f"{path}: not a readable parquet file ({error_line(e)})") from None
+    try:
+        return pa.concat_tables(tables, promote_options="default")
+    except (ValueError, pa.ArrowException) as e:
+        raise DatasetError(
+            f"{paths[0].parent.parent}: the episode metadata files disagree ({error_line(e)})"
+        ) from None
 
 
 def verify(export_dir: Path) -> list[Problem]:
