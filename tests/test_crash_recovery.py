@@ -267,6 +267,25 @@ def test_a_torn_fragment_is_cut_off(tmp_path: Path) -> None:
     assert validate_dataset(root) == []
 
 
+def test_recovery_follows_no_link_planted_in_a_spool(tmp_path: Path) -> None:
+    """A spool file replaced by a link to a file outside: refused, the outside file untouched."""
+    root = tmp_path / "raw"
+    _record_then_kill(root, 6)
+    [work] = [p for p in (root / layout.WORK_DIR).iterdir() if p.is_dir()]
+    outside = tmp_path / "outside.mp4"
+    video = work / spool.video_spool_name(0)
+    outside.write_bytes(video.read_bytes() + b"\0" * 1000)  # truncating it would lose bytes
+    before = outside.read_bytes()
+    video.unlink()
+    video.symlink_to(outside)
+    with _open(root) as writer:
+        [recovery] = writer.recovered
+    assert recovery.error is not None and "symlink" in recovery.error
+    assert outside.read_bytes() == before
+    assert work.is_dir()  # kept for another try once the link is gone
+    assert DatasetReader(root).episode_indices == []
+
+
 @pytest.mark.realtime
 def test_collect_recovers_a_killed_recording_as_it_starts(tmp_path: Path) -> None:
     config = fault_campaign.write_config(tmp_path)

@@ -15,6 +15,7 @@ row has its length) is only removed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
@@ -27,7 +28,7 @@ import av
 import numpy as np
 import pyarrow as pa
 
-from eva.dataset import layout, spool
+from eva.dataset import fsafe, layout, spool
 from eva.dataset.episode_writer import RecordedEpisode
 from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.repair import MetadataNotUpdated, read_meta_jsonl
@@ -117,11 +118,17 @@ def _objects(manifest: dict[str, Any], field: str, where: Path) -> list[dict[str
     return value
 
 
+def _open_spool_file(path: Path, flags: int = os.O_RDONLY) -> int:
+    """An fd of a spool file: a regular file, never a link (a planted link would have recovery
+    read, truncate or overwrite a file outside the dataset)."""
+    return fsafe.open_regular(path, flags)
+
+
 def read_spooled_rows(path: Path, schema: pa.Schema) -> pa.Table:
     """The complete record batches of a row spool (a batch cut short by a kill is left out)."""
     batches: list[pa.RecordBatch] = []
     try:
-        with pa.OSFile(str(path), "rb") as source:
+        with os.fdopen(_open_spool_file(path), "rb") as source:
             reader = pa.ipc.open_stream(source)
             if not reader.schema.equals(schema):
                 raise DatasetError(f"{path}: row schema {reader.schema} is not the dataset's")
@@ -146,49 +153,72 @@ def complete_fragments(path: Path) -> int:
     """The length of ``path``'s prefix that ends with its last complete fragment (``moof`` and
     its ``mdat``); 0 when not even the header (``ftyp`` + ``moov``) is complete."""
     try:
-        size = os.path.getsize(path)
+        fd = _open_spool_file(path)
     except FileNotFoundError:
         return 0
-    end = 0
-    offset = 0
-    seen_moov = False
-    pending_moof = False
-    with open(path, "rb") as f:
-        while offset + 8 <= size:
-            f.seek(offset)
-            box_size, kind = _HEADER.unpack(f.read(8))
-            if box_size == 1:
-                box_size = struct.unpack(">Q", f.read(8))[0]
-            if box_size < 8 or offset + box_size > size:
-                break
-            offset += box_size
-            if kind == b"moov":
-                seen_moov = True
-            elif kind == b"moof":
-                pending_moof = True
-            elif kind == b"mdat" and pending_moof and seen_moov:
-                pending_moof = False
-                end = offset
-            elif kind == b"mfra" and seen_moov and not pending_moof:
-                end = offset
+    with os.fdopen(fd, "rb") as f:
+        return _complete_prefix(f.fileno())
+
+
+def _complete_prefix(fd: int) -> int:
+    size = os.fstat(fd).st_size
+    end = offset = 0
+    seen_moov = pending_moof = False
+    while offset + 8 <= size:
+        header = os.pread(fd, 16, offset)
+        box_size, kind = _HEADER.unpack(header[:8])
+        if box_size == 1 and len(header) == 16:  # a 64-bit size follows the type
+            box_size = struct.unpack(">Q", header[8:16])[0]
+        if box_size < 8 or offset + box_size > size:
+            break  # torn: the box was being written when the process died
+        offset += box_size
+        if kind == b"moov":
+            seen_moov = True
+        elif kind == b"moof":
+            pending_moof = True
+        elif kind == b"mdat" and pending_moof and seen_moov:
+            pending_moof = False
+            end = offset
+        elif kind == b"mfra" and seen_moov and not pending_moof:
+            end = offset
     return end
 
 
 def _spooled_frames(path: Path) -> int:
     """Frames in the complete fragments of a camera spool (cutting off a torn last one)."""
-    keep = complete_fragments(path)
-    if keep == 0:
+    try:
+        fd = _open_spool_file(path, os.O_RDWR)
+    except FileNotFoundError:
         return 0
-    if os.path.getsize(path) != keep:
-        os.truncate(path, keep)
-    with av.open(str(path)) as container:
-        return sum(1 for p in container.demux(video=0) if p.size)
+    try:
+        keep = _complete_prefix(fd)
+        if keep == 0:
+            return 0
+        if os.fstat(fd).st_size != keep:
+            os.ftruncate(fd, keep)
+        # The fd's own file, whatever the path names by now (no second lookup of the path).
+        with av.open(f"/proc/self/fd/{fd}") as container:
+            return sum(1 for p in container.demux(video=0) if p.size)
+    finally:
+        os.close(fd)
 
 
 def _copy_frames(source: Path, dest: Path, frames: int, fps: int) -> None:
     """The first ``frames`` packets of ``source`` into a regular MP4 (no re-encoding), on the
     time base a recorded MP4 has (1/fps, which the muxer scales as it does for the encoder)."""
-    with av.open(str(source)) as inp:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(dest)  # a planted link there would be written through
+    fd = _open_spool_file(source)
+    try:
+        copied = _copy_packets(f"/proc/self/fd/{fd}", dest, frames, fps)
+    finally:
+        os.close(fd)
+    if copied != frames:
+        raise DatasetError(f"{source}: {copied} frames, {frames} expected")
+
+
+def _copy_packets(source: str, dest: Path, frames: int, fps: int) -> int:
+    with av.open(source) as inp:
         in_stream = inp.streams.video[0]
         with av.open(str(dest), mode="w", format="mp4") as out:
             out_stream = out.add_stream_from_template(in_stream, opaque=True)
@@ -202,8 +232,7 @@ def _copy_frames(source: Path, dest: Path, frames: int, fps: int) -> None:
                 packet.stream = out_stream
                 out.mux(packet)
                 copied += 1
-    if copied != frames:
-        raise DatasetError(f"{source}: {copied} frames, {frames} expected")
+    return copied
 
 
 def _image_stats(path: Path) -> tuple[dict[str, Any], list[list[int]]]:
