@@ -32,7 +32,7 @@ import av
 import numpy as np
 import pyarrow as pa
 
-from eva.dataset import atomic
+from eva.dataset import atomic, fsafe
 from eva.dataset.errors import DatasetError
 
 __all__ = [
@@ -103,7 +103,7 @@ def write_marker(work_dir: Path, name: str, content: Mapping[str, Any]) -> None:
 def read_marker(work_dir: Path, name: str) -> dict[str, Any] | None:
     path = work_dir / name
     try:
-        value = json.loads(path.read_bytes())
+        value = json.loads(fsafe.read_bytes(path))  # never through a link
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
