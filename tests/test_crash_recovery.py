@@ -123,10 +123,14 @@ def test_eva_recover_and_every_export_of_a_recovered_episode(tmp_path: Path) -> 
             {"observation.state": np.zeros((5, 7)), "action": np.zeros((5, 7))},
         )
         assert ep.commit() == 0
+    info = subprocess.run([*EVA, "info", str(root)], capture_output=True, text=True)
+    assert "1 recording(s) cut short by a crash await recovery: eva recover" in info.stderr
     out = subprocess.run([*EVA, "recover", "--json", str(root)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     [recovered] = json.loads(out.stdout)["recovered"]
     assert recovered["episode_index"] == 1 and recovered["frames"] > 0
+    info = subprocess.run([*EVA, "info", "--json", str(root)], capture_output=True, text=True)
+    assert json.loads(info.stdout)["awaiting_recovery"] == 0
     again = subprocess.run([*EVA, "recover", str(root)], capture_output=True, text=True)
     assert again.returncode == 0 and "nothing to recover" in again.stderr + again.stdout
     subprocess.run([*EVA, "qc", str(root), "1", "--pass"], check=True, capture_output=True)

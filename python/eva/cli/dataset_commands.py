@@ -126,6 +126,12 @@ def info_command(dataset: Path, per_episode: bool, as_json: bool) -> None:
         return
     if "metadata_behind" in summary:
         say(f"eva: warning: {summary['metadata_behind']}", err=True)
+    if summary.get("awaiting_recovery"):
+        say(
+            f"eva: warning: {summary['awaiting_recovery']} recording(s) cut short by a crash "
+            f"await recovery: eva recover {dataset} (or the next eva collect / console start)",
+            err=True,
+        )
     for text in _info_lines(summary):
         say(text)
     if "episode_rows" in summary:

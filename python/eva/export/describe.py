@@ -194,6 +194,10 @@ def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str,
     }
     if not isinstance(split, dict):
         _check_totals(root, info, rows, summary)
+        from eva.dataset.recover import find_spools
+
+        # Recordings a crash cut short: their spools wait in the work dir for eva recover.
+        summary["awaiting_recovery"] = len(find_spools(root / layout.WORK_DIR))
         from eva.export.staleness import stale_exports
 
         try:
