@@ -476,6 +476,7 @@ def test_a_camera_dir_swapped_for_a_link_is_refused(console: ConsoleServer, tmp_
         try:
             series = api.get(f"/api/datasets/fold/episodes/{episode}/series")
             assert series.status_code == 409, series.text
+            assert series.json()["error"]["code"] == "unsafe_path", series.text
         finally:
             data_dir.unlink()
             data_dir.with_name("data-aside").rename(data_dir)

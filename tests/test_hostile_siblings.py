@@ -11,19 +11,28 @@ the real CLI (a subprocess with a timeout where a hang is the failure) on a real
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from eva import libc
 from eva.cli import main
+from eva.console.errors import ConsoleError
+from eva.console.review import EpisodeReview
 from eva.dataset import atomic, layout
+from eva.dataset.errors import UnsafePathError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate import validate_dataset
 from eva.export.pipeline import export_dataset
@@ -350,3 +359,126 @@ def test_verify_does_not_read_the_sibling_subset_through_a_link(raw: Path, tmp_p
         f"{pair / 'rejected'}: sibling subset: {pair / 'rejected'}: is a symlink; eva follows no "
         "links inside a dataset or an export tree"
     ]
+
+
+# ---- issue 27: a file is opened beneath the root when it is read, whatever was checked before --
+
+
+def _outside_copy(directory: Path, outside: Path) -> Path:
+    """A copy of ``directory`` whose tables hold other values (7777.0 in every state value): a
+    read of the copy would show in what is returned."""
+    shutil.copytree(directory, outside)
+    for path in outside.glob("*.parquet"):
+        table = pq.read_table(path)
+        column = table.column(STATE).combine_chunks()
+        marked = pa.FixedSizeListArray.from_arrays(
+            pa.array(np.full(len(column.flatten()), 7777.0), column.type.value_type),
+            column.type.list_size,
+        )
+        table = table.set_column(table.schema.get_field_index(STATE), STATE, marked)
+        path.chmod(0o644)
+        pq.write_table(table, path)
+    return outside
+
+
+@contextlib.contextmanager
+def _swapped_for_link(directory: Path, outside: Path) -> Iterator[None]:
+    aside = directory.with_name(directory.name + "-aside")
+    directory.rename(aside)
+    directory.symlink_to(outside, target_is_directory=True)
+    try:
+        yield
+    finally:
+        directory.unlink()
+        aside.rename(directory)
+
+
+def test_reader_opens_each_table_beneath_the_root_on_every_read(raw: Path, tmp_path: Path) -> None:
+    reader = DatasetReader(raw)
+    ep = reader.episode_indices[0]
+    inside = reader.read_table(ep)  # paths checked and remembered, the table cached
+    states = reader.read_vector(ep, STATE)
+    data_dir = reader.data_path(ep).parent
+    outside = _outside_copy(data_dir, tmp_path / "outside-data")
+    reads = {
+        "read_table": lambda: reader.read_table(ep),
+        "read_table(columns)": lambda: reader.read_table(ep, [STATE]),
+        "read_vector": lambda: reader.read_vector(ep, STATE),
+        "count_rows": lambda: reader.count_rows(ep),
+        "read_schema": lambda: reader.read_schema(ep),
+    }
+    with _swapped_for_link(data_dir, outside):
+        for name, read in reads.items():
+            with pytest.raises(UnsafePathError, match="symlink") as refused:
+                read()
+            assert str(reader.data_path(ep)) in str(refused.value), name
+            assert "\n" not in str(refused.value)
+    assert reader.read_table(ep).equals(inside)  # the real directory back: read again
+    assert np.array_equal(reader.read_vector(ep, STATE), states)
+
+
+def test_reader_reads_metadata_beneath_the_root(raw: Path, tmp_path: Path) -> None:
+    reader = DatasetReader(raw)  # the root checked; nothing read yet
+    meta = raw / layout.META_DIR
+    outside = tmp_path / "outside-meta"
+    shutil.copytree(meta, outside)
+    info = json.loads((outside / "info.json").read_text())
+    (outside / "info.json").write_text(json.dumps({**info, "fps": 7}))
+    with _swapped_for_link(meta, outside):
+        for name in ("info", "episodes", "tasks", "stats", "episodes_stats"):
+            with pytest.raises(UnsafePathError, match="symlink"):
+                getattr(reader, name)
+    assert reader.fps == info["fps"] != 7
+
+
+def _review(raw: Path) -> EpisodeReview:
+    from eva.config import config_from_dict
+    from eva.console.datasets import DatasetDirs
+
+    config = config_from_dict(
+        {"collection": {"log_dir": str(raw.parent.parent), "tasks": {raw.parent.name: ["a"]}}}
+    )
+    return EpisodeReview(DatasetDirs(config.collection), changed=lambda: None)
+
+
+def test_console_series_never_reads_a_table_swapped_in_mid_request(
+    raw: Path, tmp_path: Path
+) -> None:
+    """A thread exchanges ``data/chunk-000`` with a link to an outside copy (``renameat2``:
+    the path is always one or the other) while the series is asked for again and again: each
+    answer is the dataset's values or ``unsafe_path``, never the copy's."""
+    review, name = _review(raw), raw.parent.name
+    inside = review.series(name, 0)
+    data_dir = raw / "data" / "chunk-000"
+    link = data_dir.with_name("chunk-link")
+    link.symlink_to(_outside_copy(data_dir, tmp_path / "outside-data"), target_is_directory=True)
+    try:
+        libc.rename_exchange(data_dir, link)
+        libc.rename_exchange(data_dir, link)
+    except OSError as e:
+        pytest.skip(f"no renameat2(RENAME_EXCHANGE) here: {e}")
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            libc.rename_exchange(data_dir, link)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    outcomes: list[str] = []
+    try:
+        for _ in range(300):
+            try:
+                answer = review.series(name, 0)
+            except ConsoleError as e:
+                outcomes.append(e.code)
+                continue
+            assert answer["series"] == inside["series"]  # not 7777.0
+            outcomes.append("ok")
+    finally:
+        stop.set()
+        swapper.join(10)
+        if data_dir.is_symlink():
+            libc.rename_exchange(data_dir, link)
+    assert set(outcomes) <= {"ok", "unsafe_path"}, sorted(set(outcomes))
+    assert review.series(name, 0) == inside

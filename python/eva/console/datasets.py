@@ -55,9 +55,10 @@ class DatasetDirs:
         status is built several times a second)."""
         path = root / layout.EPISODES
         try:
-            # No link followed and no FIFO opened (a blocking open would hang the status): the
+            # No link followed at any component, the root included (``checked_root`` refuses a
+            # linked root too), and no FIFO opened (a blocking open would hang the status): the
             # count is None, and the dataset's own requests name the problem.
-            with fsafe.open_binary(fsafe.contained(root, layout.EPISODES, "file")) as f:
+            with fsafe.open_binary_beneath(root, layout.EPISODES, root_may_link=False) as f:
                 key = fd_identity(f.fileno())
                 cached = self._counts.get(path)
                 if cached is not None and cached[0] == key:

@@ -19,7 +19,7 @@ from eva.console.errors import bad_request, check_body, conflict, not_found
 from eva.console.http_values import episode_index, typed_text
 from eva.console.jobs import export_states
 from eva.dataset import fsafe, layout
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, UnsafePathError
 
 MAX_SERIES_POINTS = 2000
 
@@ -145,6 +145,8 @@ class EpisodeReview:
         episode = episode_index(index)
         try:
             indices = {row["episode_index"] for row in read_episode_rows(root)}
+        except UnsafePathError as e:
+            raise conflict("unsafe_path", str(e)) from None
         except DatasetError as e:
             raise conflict("bad_dataset", str(e)) from None
         if episode not in indices:
@@ -154,11 +156,13 @@ class EpisodeReview:
         return episode
 
     def _reader(self, name: str) -> tuple[Any, Path]:
+        """A reader of the dataset for one request. It opens each file it reads beneath the
+        checked root (no link at the root or below it) when it reads it."""
         from eva.dataset.reader import DatasetReader
 
         root = self.dirs.checked_root(name)
         try:
-            return DatasetReader(root), root
+            return DatasetReader(root, root_may_link=False), root
         except DatasetError as e:
             raise conflict("bad_dataset", str(e)) from None
 
@@ -205,7 +209,7 @@ class EpisodeReview:
         from eva.dataset.reader import DatasetReader
 
         try:
-            reader = DatasetReader(root)
+            reader = DatasetReader(root, root_may_link=False)
         except DatasetError as e:
             raise conflict("bad_dataset", str(e)) from None
         episode = self._episode_index(root, index)
@@ -259,6 +263,8 @@ class EpisodeReview:
                         for d in range(values.shape[1])
                     ],
                 }
+        except UnsafePathError as e:
+            raise conflict("unsafe_path", str(e)) from None
         except DatasetError as e:
             raise conflict("bad_dataset", str(e)) from None
         return {

@@ -142,7 +142,11 @@ def atomic_append_lines(path: Path, data: bytes, *, durable: bool = True) -> Non
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Rows of a jsonl file. An unterminated final fragment that does not parse is an append in
     progress (or cut short by a crash) and is ignored; any other bad line raises ValueError."""
-    data = fsafe.read_bytes(path)
+    return parse_jsonl(fsafe.read_bytes(path), path)
+
+
+def parse_jsonl(data: bytes, path: Path) -> list[dict[str, Any]]:
+    """``read_jsonl`` of the bytes ``data`` read from ``path`` (named in the errors)."""
     lines = data.split(b"\n")
     torn_tail_possible = not data.endswith(b"\n")
     rows = []

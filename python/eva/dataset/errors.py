@@ -31,6 +31,11 @@ def error_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".splitlines()[0]
 
 
+class UnsafePathError(DatasetError):
+    """A path leads through a symlink or out of the dataset (``..``): refused, never followed.
+    Its own type so a server can answer ``unsafe_path`` rather than ``bad_dataset``."""
+
+
 class WriteError(DatasetError):
     """An output file could not be written (a full disk, a quota, a file size limit, EIO); the
     message is ``<file>: <reason>``, e.g. ``.../episode_000000.hdf5: No space left on device``."""

@@ -12,15 +12,16 @@ device. The rules, applied here in one place:
 - Files are read only through ``open_regular``: ``O_NOFOLLOW`` (the last component cannot be a
   link), ``O_NONBLOCK`` (opening a FIFO returns at once instead of waiting for a writer), then
   ``fstat`` must say regular file, then ``O_NONBLOCK`` is cleared. ``read_bytes`` and
-  ``open_binary`` wrap it (JSON and JSONL). pyarrow and PyAV get the path of a file the reader
-  has just checked (no link in any component, a regular file by ``lstat``): they read at native
-  speed from a path, and a swap after the check needs someone writing into the dataset while
-  eva reads it.
-- A file a server hands out (the console's videos) is opened by ``open_beneath`` on every
-  request: relative to a directory fd of the root, refusing a link at every component
-  (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`` where the kernel has it, else a
-  walk of ``O_NOFOLLOW`` directory fds), and the bytes are read from that fd: no swap between a
-  check and an open exists to exploit.
+  ``open_binary`` wrap it (JSON and JSONL).
+- Files read below a dataset root by the dataset reader (info.json, the jsonl files, stats,
+  episode parquet tables) and served by the console (videos, the plotted series) are opened by
+  ``open_beneath`` on every read: relative to a directory fd of the root, refusing a link at
+  every component (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`` where the kernel
+  has it, else a walk of ``O_NOFOLLOW`` directory fds), and the bytes are read from that fd
+  (json, and pyarrow through a file object): no swap between a check and an open exists to
+  exploit. PyAV (video decoding) and exports that share raw files still get the path of a file
+  checked just before by ``contained``: a swap after the check needs someone writing into the
+  dataset while eva reads it.
 - Files are created only through ``create_file`` (``O_NOFOLLOW``, mode 0o666 so the umask
   decides, as for any other program) in a parent checked by ``real_directory``. A rewrite keeps
   the old file's mode (``eva.dataset.atomic``).
@@ -44,7 +45,7 @@ from typing import BinaryIO
 
 from eva import libc
 from eva.dataset import layout
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, UnsafePathError
 
 __all__ = [
     "FICLONE",
@@ -58,6 +59,7 @@ __all__ = [
     "named",
     "open_beneath",
     "open_binary",
+    "open_binary_beneath",
     "open_regular",
     "os_error",
     "read_bytes",
@@ -75,7 +77,7 @@ _WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
 
 def _symlink_error(path: Path | str) -> DatasetError:
-    return DatasetError(
+    return UnsafePathError(
         f"{path}: is a symlink; eva follows no links inside a dataset or an export tree"
     )
 
@@ -142,7 +144,7 @@ def contained(root: Path | str, rel: Path | str, what: str | None = None) -> Pat
     parts = rel_path.parts
     for i, part in enumerate(parts):
         if part in ("..", "") or "\x00" in part:
-            raise DatasetError(f"{root / rel_path}: leads outside {root} ('..')")
+            raise UnsafePathError(f"{root / rel_path}: leads outside {root} ('..')")
         if part == ".":
             continue
         path = path / part
@@ -331,10 +333,11 @@ def _walk_open(dir_fd: int, parts: list[str], flags: int) -> int:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def open_beneath(root: Path | str, rel: Path | str) -> int:
+def open_beneath(root: Path | str, rel: Path | str, *, root_may_link: bool = False) -> int:
     """An fd of the regular file ``root / rel``, opened now without following a link at the
     root or any component below it (``..`` refused too). Nothing is remembered between calls:
     a directory swapped for a link after an earlier call is refused by the next one.
+    ``root_may_link``: the root itself may be a symlink (a path the user named: their choice).
 
     Raises ``FileNotFoundError`` for a missing file or directory, ``DatasetError`` for a link
     (naming ``root / rel``), a non-regular file or another ``OSError``.
@@ -342,10 +345,10 @@ def open_beneath(root: Path | str, rel: Path | str) -> int:
     path = Path(root) / rel
     parts = [p for p in Path(rel).parts if p != "."]
     if not parts or Path(rel).is_absolute() or any(p == ".." or "\x00" in p for p in parts):
-        raise DatasetError(f"{path}: leads outside {root}")
+        raise UnsafePathError(f"{path}: leads outside {root}")
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        root_fd = os.open(root, _DIR_FLAGS)
+        root_fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW if root_may_link else _DIR_FLAGS)
     except FileNotFoundError:
         raise
     except OSError as e:
@@ -360,7 +363,7 @@ def open_beneath(root: Path | str, rel: Path | str) -> int:
         raise
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):  # a link (or a file) on the way
-            raise DatasetError(
+            raise UnsafePathError(
                 f"{path}: it or a directory on its way is a symlink (or not a directory); "
                 "eva follows no links inside a dataset"
             ) from None
@@ -378,6 +381,12 @@ def open_beneath(root: Path | str, rel: Path | str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def open_binary_beneath(root: Path | str, rel: Path | str, *, root_may_link: bool) -> BinaryIO:
+    """``open(root / rel, "rb")`` through ``open_beneath``: what the dataset reader reads from
+    (pyarrow and json take the file object, so no path is opened a second time)."""
+    return os.fdopen(open_beneath(root, rel, root_may_link=root_may_link), "rb")
 
 
 def open_binary(path: Path | str) -> BinaryIO:

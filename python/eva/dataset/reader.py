@@ -3,17 +3,23 @@
 Metadata (info.json, the jsonl files, stats.json) is read once, lazily, on first use; episode
 tables are read per episode on request; video frames are decoded in bounded batches. Every path
 the reader hands out is checked to follow no symlink below the dataset root and, if it exists,
-to be a regular file (``eva.dataset.fsafe``).
+to be a regular file (``eva.dataset.fsafe``). Every file the reader reads itself (metadata,
+parquet tables and footers) is opened when it is read, beneath the root with no link followed
+at any component (``fsafe.open_binary_beneath``), and read from that open file: what the reader
+remembers (checked directories, resolved paths, tables by file identity) is metadata, never a
+reason to skip that open.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +28,7 @@ import pyarrow.parquet as pq
 from eva.dataset import atomic, fsafe, layout, video
 from eva.dataset.columns import list_lengths, list_values
 from eva.dataset.errors import DatasetError
-from eva.dataset.identity import Identity, file_identity
+from eva.dataset.identity import Identity, fd_identity
 from eva.dataset.limits import MAX_FPS
 
 __all__ = ["DatasetReader"]
@@ -33,13 +39,15 @@ _BOOKKEEPING = frozenset(
 )
 
 
-def read_columns(parquet: pq.ParquetFile, path: Path, wanted: list[str]) -> pa.Table:
-    """``wanted`` (top-level column names of the file) from the already open file. Its
-    ``read(columns=)`` resolves names as column paths (a name may select a nested field's
-    children), so the result is checked to be exactly ``wanted``, else read by exact name."""
+def read_columns(parquet: pq.ParquetFile, wanted: list[str]) -> pa.Table:
+    """``wanted`` (distinct top-level column names of the file) from the already open file.
+    Its ``read(columns=)`` resolves names as column paths (a name may select a nested field's
+    children), so the result is checked to be exactly ``wanted``, else the whole table is read
+    from the same open file and the columns picked by exact name (a rare name: ``a.b`` beside a
+    struct ``a``)."""
     table = parquet.read(columns=wanted, use_threads=False)
     if table.column_names != wanted:
-        table = pq.read_table(path, columns=wanted)
+        table = parquet.read(use_threads=False).select(wanted)
     return table
 
 
@@ -49,8 +57,11 @@ TABLE_CACHE_BYTES = 64 << 20  # episode tables a reader keeps (see DatasetReader
 class DatasetReader:
     """Read-only view of one raw v2.1 dataset directory."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, *, root_may_link: bool = True) -> None:
+        """``root_may_link``: the root itself may be a symlink (a path the user named is taken
+        as given); a server that checked the root is not one passes False."""
         self.root = Path(root)
+        self.root_may_link = root_may_link
         if not self.root.is_dir():
             raise DatasetError(f"{self.root}: not a directory")
         # directories below the root already checked to be real directories (not links)
@@ -63,6 +74,7 @@ class DatasetReader:
         # inode), within TABLE_CACHE_BYTES (oldest dropped first)
         self._tables: OrderedDict[int, tuple[Identity, pa.Table]] = OrderedDict()
         self._table_bytes = 0
+        self._tables_lock = threading.Lock()  # exports' episode tasks share a reader on threads
 
     # ---- metadata ------------------------------------------------------------------------
 
@@ -78,25 +90,48 @@ class DatasetReader:
                 self._checked_dirs.add(parent)
         return fsafe.contained(self.root / parent if parent else self.root, name, "file")
 
-    def _json(self, rel: str) -> Any:
-        path = self._path(rel)
+    def open_file(self, path: Path) -> BinaryIO:
+        """``path`` (below the root, as this reader names it) opened now beneath the root with
+        no link followed at any component (``fsafe.open_binary_beneath``), whatever was checked
+        or remembered before: read the bytes from it, never from the path again. Raises
+        ``FileNotFoundError`` when it is missing, ``UnsafePathError`` for a link on its way."""
+        rel = path.relative_to(self.root)
+        return fsafe.open_binary_beneath(self.root, rel, root_may_link=self.root_may_link)
+
+    def _read(self, rel: str) -> bytes | None:
+        """The bytes of ``root / rel``, None when it is missing."""
+        path = self.root / rel
         try:
-            return json.loads(fsafe.read_bytes(path).decode("utf-8"))
+            with self.open_file(path) as f:
+                return f.read()
         except FileNotFoundError:
-            raise DatasetError(f"{path}: missing") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            return None
+        except OSError as e:  # EACCES, EIO, EISDIR: one line naming the file
+            raise fsafe.os_error(e, path) from None
+
+    def _json(self, rel: str, *, required: bool = True) -> Any:
+        path = self.root / rel
+        data = self._read(rel)
+        if data is None:
+            if required:
+                raise DatasetError(f"{path}: missing")
+            return None
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise DatasetError(f"{path}: unreadable JSON ({e})") from None
 
     def _jsonl(self, rel: str, *, required: bool) -> list[dict[str, Any]]:
-        path = self._path(rel)
-        if not path.exists():
+        path = self.root / rel
+        data = self._read(rel)
+        if data is None:
             if required:
                 raise DatasetError(f"{path}: missing")
             return []
         try:
-            rows = atomic.read_jsonl(path)
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise DatasetError(str(e) if isinstance(e, ValueError) else f"{path}: {e}") from None
+            rows = atomic.parse_jsonl(data, path)
+        except ValueError as e:
+            raise DatasetError(str(e)) from None
         for lineno, row in enumerate(rows, 1):
             if not isinstance(row, dict):
                 raise DatasetError(f"{path}: row {lineno} is not a JSON object")
@@ -260,9 +295,9 @@ class DatasetReader:
     @cached_property
     def stats(self) -> dict[str, Any]:
         """meta/stats.json (empty dict if absent, as in LeRobot-written v2.1 datasets)."""
-        if not (self.root / layout.STATS).exists():
+        stats = self._json(layout.STATS, required=False)
+        if stats is None:
             return {}
-        stats = self._json(layout.STATS)
         if not isinstance(stats, dict):
             raise DatasetError(f"{self.root / layout.STATS}: not a JSON object")
         return stats
@@ -318,36 +353,69 @@ class DatasetReader:
 
     # ---- data ----------------------------------------------------------------------------
 
-    def read_table(self, episode_index: int, columns: Sequence[str] | None = None) -> pa.Table:
-        """The episode's parquet table (only ``columns`` if given), read on demand."""
+    def open_data(self, episode_index: int) -> BinaryIO:
+        """The episode's parquet, opened now (``open_file``); ``DatasetError`` when missing."""
         path = self.data_path(episode_index)
-        if not path.exists():
-            raise DatasetError(f"{path}: episode {episode_index} parquet missing")
-        identity = None
-        if columns is None:
-            identity = file_identity(path)
-            cached = self._tables.get(episode_index)
-            if cached is not None and identity is not None and cached[0] == identity:
-                self._tables.move_to_end(episode_index)
-                return cached[1]
         try:
+            return self.open_file(path)
+        except FileNotFoundError:
+            raise DatasetError(f"{path}: episode {episode_index} parquet missing") from None
+        except OSError as e:
+            raise fsafe.os_error(e, path) from None
+
+    def read_table(self, episode_index: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """The episode's parquet table (only ``columns`` if given), read on demand.
+
+        The file is opened on every call; a whole table read before is served again only when
+        the file just opened is that one (same identity: size, times, inode, device)."""
+        with self.open_data(episode_index) as source:
+            return self._read_open_table(episode_index, source, columns)
+
+    def _read_open_table(
+        self, episode_index: int, source: BinaryIO, columns: Sequence[str] | None
+    ) -> pa.Table:
+        path = self.data_path(episode_index)
+        identity = None
+        try:
+            if columns is None:
+                identity = fd_identity(source.fileno())
+                with self._tables_lock:
+                    cached = self._tables.get(episode_index)
+                    if cached is not None and cached[0] == identity:
+                        self._tables.move_to_end(episode_index)
+                        return cached[1]
             # one file, read by its own reader: pq.read_table goes through the dataset layer
             # (discovery, fragments), which costs more than reading a small episode file
-            with pq.ParquetFile(path) as parquet:
+            with pq.ParquetFile(source) as parquet:
                 if columns is None:
                     table = parquet.read(use_threads=False)
-                    if identity is not None and identity == file_identity(path):
+                    if identity == fd_identity(source.fileno()):  # not rewritten meanwhile
                         self._remember_table(episode_index, identity, table)
                     return table
                 present = set(parquet.schema_arrow.names)
                 missing = [c for c in columns if c not in present]
                 if missing:  # ParquetFile.read would leave them out without a word
                     raise DatasetError(f"{path}: episode {episode_index}: no column {missing[0]!r}")
-                return read_columns(parquet, path, list(columns))
+                return read_columns(parquet, list(columns))
         except (ValueError, pa.ArrowException, KeyError, OSError) as e:  # a damaged footer too
             raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
 
+    def read_schema(self, episode_index: int) -> tuple[int, pa.Schema]:
+        """The episode parquet's size and Arrow schema (without metadata), from its footer."""
+        with self.open_data(episode_index) as source:
+            try:
+                size = os.fstat(source.fileno()).st_size
+                with pq.ParquetFile(source) as parquet:
+                    return size, parquet.schema_arrow.remove_metadata()
+            except (pa.ArrowInvalid, OSError) as e:
+                path = self.data_path(episode_index)
+                raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
+
     def _remember_table(self, episode: int, identity: Identity, table: pa.Table) -> None:
+        with self._tables_lock:
+            self._remember_table_locked(episode, identity, table)
+
+    def _remember_table_locked(self, episode: int, identity: Identity, table: pa.Table) -> None:
         old = self._tables.pop(episode, None)
         if old is not None:
             self._table_bytes -= old[1].nbytes
@@ -414,15 +482,13 @@ class DatasetReader:
 
     def count_rows(self, episode_index: int) -> int:
         """Rows of the episode's parquet, from the footer (no data read)."""
-        path = self.data_path(episode_index)
-        if not path.exists():
-            raise DatasetError(f"{path}: episode {episode_index} parquet missing")
-        try:
-            return cast(int, pq.ParquetFile(path).metadata.num_rows)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
-
-
+        with self.open_data(episode_index) as source:
+            try:
+                with pq.ParquetFile(source) as parquet:
+                    return cast(int, parquet.metadata.num_rows)
+            except (pa.ArrowInvalid, OSError) as e:
+                path = self.data_path(episode_index)
+                raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
 
 
 def _is_int(value: Any) -> bool:

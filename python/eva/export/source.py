@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from eva.dataset import layout
 from eva.dataset.columns import fixed_size_values
@@ -188,7 +187,7 @@ def complete_episode_stats(reader: DatasetReader, episode: int) -> dict[str, Any
             )
         table_columns.append(feature)
     # The footer's schema: ``read_table(columns=[])`` would give an empty one.
-    schema_names = set(pq.read_schema(reader.data_path(episode)).names)
+    schema_names = set(reader.read_schema(episode)[1].names)
     absent = [c for c in table_columns if c not in schema_names]
     if absent:
         raise DatasetError(

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from eva.dataset import fsafe, layout
-from eva.dataset.atomic import atomic_write_jsonl, read_jsonl, remove_stale_temporaries
+from eva.dataset.atomic import atomic_write_jsonl, parse_jsonl, remove_stale_temporaries
 from eva.dataset.errors import DatasetError
 from eva.dataset.layout import META_LOCK as META_LOCK  # re-exported: the lock qc shares
 from eva.dataset.layout import WRITER_LOCK
@@ -81,12 +81,15 @@ def read_episode_rows(root: Path) -> list[dict[str, Any]]:
     ``episode_index`` is an int >= 0 (the review sorts and matches on it)."""
     path = Path(root) / layout.EPISODES
     fsafe.check_dataset_tree(root)
-    if not path.is_file():
-        raise DatasetError(f"{path}: missing (not a v2.1 dataset?)")
-    try:
-        rows = read_jsonl(path)
+    try:  # opened beneath the root now, whatever was checked above (no link on its way)
+        with fsafe.open_binary_beneath(root, layout.EPISODES, root_may_link=True) as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: missing (not a v2.1 dataset?)") from None
     except OSError as e:  # EACCES, EIO: one line naming the file
         raise fsafe.os_error(e, path) from None
+    try:
+        rows = parse_jsonl(data, path)
     except ValueError as e:
         raise DatasetError(str(e)) from None
     for lineno, row in enumerate(rows, 1):

@@ -34,13 +34,13 @@ import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eva.dataset import fsafe, layout, video
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, UnsafePathError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate.meta import (
     check_episodes_stats,
@@ -301,24 +301,33 @@ def _check_episode(
     first_index: int | None = None
     columns: set[str] = set()
     parquet: pq.ParquetFile | None = None
-    if not data_path.exists():
+    source: BinaryIO | None = None
+    try:  # opened now beneath the root (no link on its way), read from that open file
+        source = reader.open_file(data_path)
+    except FileNotFoundError:
         out.add("missing_parquet", f"{data_path}: episode {ep} parquet missing", data_path, ep)
-    else:
+    except UnsafePathError as e:
+        out.add("unsafe_path", str(e), data_path, ep)
+    except DatasetError as e:  # not a regular file, EACCES: names the file
+        out.add("unreadable_parquet", str(e), data_path, ep)
+    if source is not None:
         # Row count and schema come from the footer; only the index columns are read below.
         try:
-            parquet = pq.ParquetFile(data_path)
+            parquet = pq.ParquetFile(source)
             rows = parquet.metadata.num_rows
             columns = set(parquet.schema_arrow.names)
         except (pa.ArrowInvalid, OSError) as e:
             out.add("unreadable_parquet", f"{data_path}: episode {ep}: {e}", data_path, ep)
-    if rows is not None:
-        assert parquet is not None
-        try:
+    try:
+        if rows is not None:
+            assert parquet is not None
             first_index = check_table(
                 reader, parquet, data_path, ep, rows, columns, tasks, out, on_table
             )
-        finally:
-            parquet.close()
+    finally:
+        if source is not None:
+            source.close()
+    if rows is not None:
         if length is not None and rows != length:
             out.add(
                 "length_mismatch",

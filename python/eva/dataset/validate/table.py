@@ -217,7 +217,7 @@ def _check_feature_columns(
             # served (while the file is unchanged) instead of reading the file again
             table = reader.read_table(ep)
         else:
-            table = read_columns(parquet, data_path, names_to_read)
+            table = read_columns(parquet, names_to_read)
     except DatasetError as e:
         out.add("unreadable_parquet", str(e), data_path, ep)
         return None

@@ -28,9 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
@@ -84,17 +81,6 @@ class OpenFile:
             self.chunk_index, self.file_index, chunks_size
         )
         self.episodes, self.size = [], 0
-
-
-def source_schema(path: Path, source: int) -> tuple[int, pa.Schema]:
-    """The episode parquet's size and Arrow schema (without metadata), from its footer."""
-    try:
-        size = path.stat().st_size
-        return size, pq.read_schema(path).remove_metadata()
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: episode {source} parquet missing") from None
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DatasetError(f"{path}: episode {source}: {e}") from None
 
 
 def source_video(path: Path, source: int, key: str, cache: ParamsCache) -> tuple[int, StreamParams]:
@@ -165,7 +151,7 @@ def plan_data(
     files: list[tuple[int, int, list[int]]] = []
     current = OpenFile()
     for task in episodes:
-        size, schema = source_schema(Path(reader.data_path(task.source_index)), task.source_index)
+        size, schema = reader.read_schema(task.source_index)  # opened beneath the root
         if current.episodes and (current.size + size > limit or not schema.equals(current.key)):
             files.append((current.chunk_index, current.file_index, current.episodes))
             current.roll(settings.chunks_size)
