@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_capture_cli import CONFIG  # a one-camera rig at 10 fps
 
+from eva.capture.sources import SourceSpecError, source_from_spec
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.config import ConfigError, config_from_dict, ring_memory_problem
 from eva.console.errors import ConsoleError
@@ -35,6 +38,8 @@ from eva.console.http_values import (
     parse_json_body,
 )
 from eva.dataset import atomic, layout
+from eva.dataset.atomic import NotJSONError
+from eva.dataset.errors import DatasetError
 from eva.dataset.features import CameraSpec, VectorSpec
 from eva.dataset.limits import MAX_FPS, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE
 from eva.dataset.reader import info_field_problems
@@ -133,7 +138,7 @@ def test_config_strings_name_their_key() -> None:
         ),
     }
     for key, raw in cases.items():
-        with pytest.raises(ConfigError, match=rf"^config: {__import__('re').escape(key)}: "):
+        with pytest.raises(ConfigError, match=rf"^config: {re.escape(key)}: "):
             config_from_dict(raw)
 
 
@@ -404,3 +409,158 @@ def test_console_refuses_what_validate_would_and_survives_a_hostile_dataset(
 def test_console_answers_carry_what_utf8_and_json_cannot() -> None:
     response = UnicodeSafeJSONResponse({"note": "a\ud800", "seconds": [float("nan"), 1.5]})
     assert json.loads(response.body) == {"note": "a\ud800", "seconds": [None, 1.5]}
+
+
+# ---- values read back from hand-edited files -------------------------------------------------
+
+# What Python's json reads and JSON has no text for; eva writes JSON only.
+NOT_JSON = ("NaN", "Infinity", "-Infinity", "1e999")
+
+
+def _hand_edit(path: Path, line: int, old: str, new: str) -> bytes:
+    lines = path.read_bytes().split(b"\n")
+    assert old.encode() in lines[line - 1]
+    lines[line - 1] = lines[line - 1].replace(old.encode(), new.encode())
+    path.write_bytes(b"\n".join(lines))
+    return path.read_bytes()
+
+
+@pytest.fixture
+def two_episodes(tmp_path: Path) -> Path:
+    return write_synthetic_dataset(
+        tmp_path / "raw", episodes=2, frames=6, cameras=1, width=32, height=24, state_dim=2
+    )
+
+
+def test_qc_names_a_hand_edited_nan_and_leaves_the_file(two_episodes: Path) -> None:
+    """A review rewrites episodes.jsonl: a NaN in any row refuses it with the file, the row and
+    the field, before anything is written; eva validate names the same field."""
+    episodes = two_episodes / layout.EPISODES
+    fine = episodes.read_bytes()
+    for value, field in [(v, "duration_seconds") for v in NOT_JSON] + [
+        ('0.2, "quality_issues": [{"code": "x", "at": [1, NaN]}]', "quality_issues.0.at.1")
+    ]:
+        before = _hand_edit(episodes, 2, '"duration_seconds": 0.2', f'"duration_seconds": {value}')
+        message = rf"episodes\.jsonl: row 2 \(episode 1\): field {re.escape(field)}: .* JSON number"
+        with pytest.raises(NotJSONError, match=message + ".* by hand, then run this again$"):
+            review_episodes(two_episodes, [0], note="glare")
+        assert episodes.read_bytes() == before
+        assert not [p for p in episodes.parent.iterdir() if p.name.startswith(atomic.TMP_PREFIX)]
+        problems = [(p.code, p.episode) for p in validate_dataset(two_episodes)]
+        assert problems == [("invalid_episode_row", 1)], problems
+        episodes.write_bytes(fine)
+    _hand_edit(episodes, 2, '"duration_seconds": 0.2', '"duration_seconds": NaN')
+    result = run("qc", str(two_episodes), "0", "--pass")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "row 2 (episode 1): field duration_seconds: NaN" in (
+        result.stderr
+    )
+    _hand_edit(episodes, 2, "NaN", "null")  # the fix the message asks for
+    assert run("qc", str(two_episodes), "0", "--pass").returncode == 0
+    assert validate_dataset(two_episodes) == []
+
+
+def test_lines_json_loads_chokes_on_name_their_line(two_episodes: Path) -> None:
+    """Beyond JSONDecodeError: a 5000-digit integer (ValueError) and deep nesting
+    (RecursionError) are an invalid line, named, for qc and validate alike."""
+    episodes = two_episodes / layout.EPISODES
+    fine = episodes.read_bytes()
+    for value, reason in (("9" * 5000, "more than 4300 digits"),
+                          ("[" * 100_000 + "]" * 100_000, "nested too deeply")):  # fmt: skip
+        _hand_edit(episodes, 2, '"duration_seconds": 0.2', f'"duration_seconds": {value}')
+        with pytest.raises(DatasetError, match=rf"episodes\.jsonl:2: invalid JSON line .*{reason}"):
+            review_episodes(two_episodes, [0], note="glare")
+        assert [p.code for p in validate_dataset(two_episodes)] == ["invalid_episodes"]
+        episodes.write_bytes(fine)
+
+
+def test_metadata_writers_name_what_json_cannot_hold(two_episodes: Path, tmp_path: Path) -> None:
+    """Every metadata write names the file and the field; the writer refuses a NaN in the
+    info.json it writes back when it opens the dataset, before recording an episode."""
+    target = tmp_path / "info.json"
+    target.write_text("{}\n")
+    with pytest.raises(NotJSONError, match=r"info\.json: field features\.a\.range\.1: NaN is"):
+        atomic.atomic_write_json(target, {"features": {"a": {"range": [0, math.nan]}}})
+    assert target.read_text() == "{}\n"
+    rows = tmp_path / "rows.jsonl"
+    with pytest.raises(NotJSONError, match=r"rows\.jsonl: row 2 \(episode 7\): field s\.x: -Inf"):
+        atomic.append_jsonl_inplace(
+            rows, [{"episode_index": 6}, {"episode_index": 7, "s": {"x": -math.inf}}]
+        )
+    assert not rows.exists()
+    info = two_episodes / layout.INFO
+    info.write_text(info.read_text().replace('"fps": 30,', '"fps": 30, "note": [Infinity],'))
+    before = (two_episodes / layout.EPISODES).read_bytes()
+    with pytest.raises(NotJSONError, match=r"info\.json: field note\.0: Infinity is not a JSON"):
+        write_synthetic_dataset(two_episodes, episodes=1, frames=6, cameras=1, width=32,
+                                height=24, state_dim=2)  # fmt: skip
+    assert (two_episodes / layout.EPISODES).read_bytes() == before
+    assert [p.code for p in validate_dataset(two_episodes)] == ["invalid_info"]
+
+
+def test_console_review_of_a_hand_edited_nan_is_a_409(console: ConsoleServer) -> None:
+    raw = console.config.parent / "logs" / "fold" / "raw"
+    write_synthetic_dataset(raw, episodes=2, frames=6, cameras=1, width=32, height=24, state_dim=2)
+    _hand_edit(raw / layout.EPISODES, 2, '"duration_seconds": 0.2', '"duration_seconds": NaN')
+    api = console.client()
+    base = "/api/datasets/fold/episodes"
+    error = _error(api.put(f"{base}/0/qc", json={"verdict": "fail"}), 409)
+    assert error["code"] == "invalid_episode_row"
+    assert "row 2 (episode 1): field duration_seconds: NaN" in error["message"]
+    assert api.get(base).status_code == 200 and api.get("/api/status").status_code == 200
+    _hand_edit(raw / layout.EPISODES, 2, "NaN", "0.2")
+    assert api.put(f"{base}/0/qc", json={"verdict": "fail"}).status_code == 200
+
+
+# ---- a replayed dataset's streams --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("[24, 32, 3]", "[100000, 100000, 3]"), "shape [100000, 100000, 3]: 100000x100000: each"),
+        (("[24, 32, 3]", "[24, 32, 4]"), "shape [24, 32, 4] is not [height, width, 3]"),
+        (("[24, 32, 3]", "[25, 32, 3]"), "32x25: yuv420p video needs even sizes"),
+        (('"fps": 30', '"fps": 1'), "field fps 1: recording needs 2..1000"),
+        (
+            ('[2], "names": ["joint_0", "gripper"]', '[5000], "names": ["joint_0", "gripper"]'),
+            "shape [5000]: a vector of 1..4096 values",
+        ),
+    ],
+)
+def test_replay_streams_meet_the_config_limits(
+    small_raw: Path, tmp_path: Path, edit: tuple[str, str], message: str
+) -> None:
+    """A replayed dataset's cameras, vectors and fps replace the config's and size the capture
+    rings: they are held to the config's limits, naming info.json and the field."""
+    replay = Path(shutil.copytree(small_raw, tmp_path / "replay"))
+    info = json.loads((replay / layout.INFO).read_text())
+    (replay / layout.INFO).write_text(json.dumps(info).replace(*edit))
+    assert edit[1] in (replay / layout.INFO).read_text()
+    with pytest.raises(SourceSpecError) as refused:
+        source_from_spec(config_from_dict(collection()).collection, f"replay:{replay}")
+    assert str(refused.value).startswith(f"--source replay:{replay}: {replay / layout.INFO}: ")
+    assert message in str(refused.value)
+
+
+def test_replay_streams_must_fit_the_rings(small_raw: Path, tmp_path: Path) -> None:
+    replay = Path(shutil.copytree(small_raw, tmp_path / "replay"))
+    info = json.loads((replay / layout.INFO).read_text())
+    info["fps"] = 1000
+    info["features"]["observation.images.cam0"]["shape"] = [4352, 8192, 3]
+    (replay / layout.INFO).write_text(json.dumps(info))
+    config = config_from_dict(collection(backlog={"ring_seconds": 60})).collection
+    with pytest.raises(SourceSpecError, match=r"the replayed streams: collection\.backlog\.ring"):
+        source_from_spec(config, f"replay:{replay}")
+    # eva collect: a usage error (exit 2), one line, nothing created
+    (replay / layout.INFO).write_text(
+        json.dumps(info).replace("[4352, 8192, 3]", "[100000, 100000, 3]")
+    )
+    (tmp_path / "rig.toml").write_text(CONFIG)
+    result = run("collect", str(tmp_path / "rig.toml"), "--episodes", "1", "--seconds", "0.3",
+                 "--source", f"replay:{replay}")  # fmt: skip
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "info.json: feature 'observation.images.cam0': shape [100000, 100000, 3]" in (
+        result.stderr
+    )
+    assert not (tmp_path / "logs").exists()

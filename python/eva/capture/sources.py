@@ -41,13 +41,15 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from eva.capture.synthetic import SyntheticScene, joint_actions, joint_states
-from eva.config import CameraConfig, CollectionConfig, VectorConfig
+from eva.config import CameraConfig, CollectionConfig, VectorConfig, ring_memory_problem
+from eva.dataset import layout
 from eva.dataset.errors import DatasetError
+from eva.dataset.limits import MAX_FPS, MAX_VECTOR_DIM, image_size_problem
 from eva.dataset.reader import DatasetReader
 
 if TYPE_CHECKING:
@@ -273,7 +275,13 @@ class ReplaySource:
         self.batch_size = batch_size
 
     def stream_config(self) -> tuple[list[CameraConfig], list[VectorConfig]]:
-        """The dataset's cameras and vector streams, for a collection config that matches."""
+        """The dataset's cameras and vector streams, for a collection config that matches.
+        DatasetError (info.json and the field) for a stream or fps a config could not declare:
+        capture rings are preallocated from these numbers (a 100000x100000 camera of a hostile
+        dataset would be an allocation of terabytes), so they meet the config's own limits."""
+        problem = replay_stream_problem(self.reader.info, self.reader.vector_keys)
+        if problem is not None:
+            raise DatasetError(f"{self.reader.root / layout.INFO}: {problem}")
         features = self.reader.features
         cameras = [
             CameraConfig(k, int(features[k]["shape"][1]), int(features[k]["shape"][0]))
@@ -353,6 +361,26 @@ class ReplaySource:
                 return
 
 
+def replay_stream_problem(info: Mapping[str, Any], vector_keys: Sequence[str]) -> str | None:
+    """Why a dataset's info.json (already past the reader's ``info_field_problems``) declares
+    streams a collection config could not (None when it could): fps, camera sizes and vector
+    widths are held to the limits ``eva.config`` holds a config to (``eva.dataset.limits``)."""
+    fps = info["fps"]
+    if not 2 <= fps <= MAX_FPS:
+        return f"field fps {fps!r}: recording needs 2..{MAX_FPS} frames per second"
+    for key, feature in info["features"].items():
+        shape = feature["shape"]
+        if feature.get("dtype") == "video":
+            if len(shape) != 3 or shape[2] != 3:
+                return f"feature {key!r}: shape {shape!r} is not [height, width, 3]"
+            problem = image_size_problem(shape[1], shape[0])
+            if problem is not None:
+                return f"feature {key!r}: shape {shape!r}: {problem}"
+        elif key in vector_keys and len(shape) == 1 and not 1 <= shape[0] <= MAX_VECTOR_DIM:
+            return f"feature {key!r}: shape {shape!r}: a vector of 1..{MAX_VECTOR_DIM} values"
+    return None
+
+
 class SourceSpecError(ValueError):
     """A ``--source`` value that names no usable source (the message says why in one line)."""
 
@@ -389,6 +417,9 @@ def source_from_spec(
     config = dataclasses.replace(
         config, cameras=tuple(cameras), vectors=tuple(vectors), fps=replay.fps
     )
+    problem = ring_memory_problem(config)  # the check a config's own cameras passed
+    if problem is not None:
+        raise SourceSpecError(f"--source {spec}: the replayed streams: {problem}")
     return config, replay, note
 
 

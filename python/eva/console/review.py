@@ -19,6 +19,7 @@ from eva.console.errors import bad_request, check_body, conflict, not_found
 from eva.console.http_values import episode_index, typed_text
 from eva.console.jobs import export_states
 from eva.dataset import fsafe, layout
+from eva.dataset.atomic import NotJSONError
 from eva.dataset.errors import DatasetError, UnsafePathError
 
 MAX_SERIES_POINTS = 2000
@@ -123,6 +124,8 @@ class EpisodeReview:
                 note=note,
                 clear_verdict="verdict" in body and verdict is None,
             )
+        except NotJSONError as e:  # a hand-edited NaN in a row: the file is kept as it is
+            raise conflict("invalid_episode_row", str(e)) from None
         except DatasetError as e:
             text = str(e)
             if "being saved" in text or "not saved yet" in text:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import secrets
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -98,15 +99,63 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None
         fsync_dir(path.parent)
 
 
+class NotJSONError(DatasetError):
+    """A value read back from a hand-edited file that JSON has no text for (``NaN``): eva
+    writes JSON only, so the rewrite is refused, naming the file, the row and the field."""
+
+
+def first_problem(
+    value: Any, problem_of: Callable[[Any], str | None], where: str = ""
+) -> tuple[str, str] | None:
+    """``(dotted field, why)`` of the first scalar in the JSON value ``value`` (objects and lists
+    walked in order) for which ``problem_of`` gives a reason, None when it gives none."""
+    if not isinstance(value, dict | list):
+        problem = problem_of(value)
+        return None if problem is None else (where or "value", problem)
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        found = first_problem(item, problem_of, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _non_json_number(value: Any) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{json.dumps(value)} is not a JSON number"
+    return None
+
+
+def non_json_value(value: Any) -> tuple[str, str] | None:
+    """``(dotted field, why)`` of the first number in ``value`` that JSON cannot hold, None when
+    there is none. Python's json reads ``NaN``, ``Infinity`` and ``1e999`` (a hand edit); JSON
+    has no text for them, and eva writes strict JSON (another reader would refuse the file)."""
+    return first_problem(value, _non_json_number)
+
+
+# How to get past a NotJSONError: eva keeps the file as it is and does not guess a value.
+_FIX = "write a number or null there by hand, then run this again"
+
+
+def _not_json(obj: Any, error: Exception) -> NotJSONError:
+    found = non_json_value(obj)
+    if found is not None:
+        return NotJSONError(f"field {found[0]}: {found[1]}")
+    return NotJSONError(f"cannot be written as JSON ({type(error).__name__}: {error})")
+
+
 def _utf8_json(obj: Any, indent: int | None) -> str:
     """JSON text that encodes as UTF-8: a lone surrogate (a JSON ``\\ud800`` escape read back,
     a mis-decoded note) cannot be written as UTF-8, so such a document is written with ASCII
-    escapes, which store the same string exactly."""
-    text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
+    escapes, which store the same string exactly. NotJSONError for a NaN (``non_json_value``)."""
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(obj, indent=indent, ensure_ascii=True, allow_nan=False)
+        text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(obj, indent=indent, ensure_ascii=True, allow_nan=False)
+    except (ValueError, RecursionError) as e:  # NaN/Infinity; an int past the digit limit
+        raise _not_json(obj, e) from None
     return text
 
 
@@ -114,16 +163,42 @@ def dumps_json(obj: Any) -> str:
     return _utf8_json(obj, 4)
 
 
+def json_file_bytes(path: Path, obj: Any) -> bytes:
+    """The text of a JSON file ``path`` (for ``atomic_write_json`` and staged copies);
+    NotJSONError ``<path>: field F: why``."""
+    try:
+        return (dumps_json(obj) + "\n").encode()
+    except NotJSONError as e:
+        raise NotJSONError(
+            f"{path}: {e}; nothing was written: fix the hand-edited value it comes from "
+            "(eva validate names it), then run this again"
+        ) from None
+
+
 def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
-    atomic_write_bytes(path, (dumps_json(obj) + "\n").encode(), durable=durable)
+    atomic_write_bytes(path, json_file_bytes(path, obj), durable=durable)
 
 
 def jsonl_line(obj: Any) -> bytes:
     return (_utf8_json(obj, None) + "\n").encode()
 
 
+def jsonl_bytes(path: Path, rows: Iterable[Any]) -> bytes:
+    """The lines of the jsonl file ``path``; NotJSONError ``<path>: row N (episode E): field F:
+    why``, before anything is written (a hand-edited NaN read back: the file is left as it is)."""
+    lines = []
+    for number, row in enumerate(rows, 1):
+        try:
+            lines.append(jsonl_line(row))
+        except NotJSONError as e:
+            episode = row.get("episode_index") if isinstance(row, dict) else None
+            which = f"row {number}" + (f" (episode {episode})" if isinstance(episode, int) else "")
+            raise NotJSONError(f"{path}: {which}: {e}; {_FIX}") from None
+    return b"".join(lines)
+
+
 def atomic_write_jsonl(path: Path, rows: Iterable[Any], *, durable: bool = True) -> None:
-    atomic_write_bytes(path, b"".join(jsonl_line(r) for r in rows), durable=durable)
+    atomic_write_bytes(path, jsonl_bytes(path, rows), durable=durable)
 
 
 def atomic_append_lines(path: Path, data: bytes, *, durable: bool = True) -> None:
@@ -156,12 +231,24 @@ def parse_jsonl(data: bytes, path: Path) -> list[dict[str, Any]]:
             if not line:
                 continue
             rows.append(json.loads(line))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError too
             if torn_tail_possible and lineno == len(lines):
                 break
-            reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+            reason = unparsable(e)
             raise ValueError(f"{path}:{lineno}: invalid JSON line ({reason})") from None
     return rows
+
+
+def unparsable(error: BaseException) -> str:
+    """Why a line is not JSON eva reads, in a few words: ``json.loads`` raises more than
+    JSONDecodeError on hostile text (an integer past Python's 4300-digit limit, deep nesting)."""
+    if isinstance(error, json.JSONDecodeError):
+        return error.msg
+    if isinstance(error, UnicodeDecodeError):
+        return "not UTF-8"
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return "an integer of more than 4300 digits" if "digits" in str(error) else str(error)
 
 
 def _unterminated_tail(fd: int) -> tuple[int, bytes]:
@@ -189,7 +276,7 @@ def _heal_fd(fd: int) -> bool:
     try:
         json.loads(tail.decode("utf-8"))
         complete = bool(tail.strip())
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
         complete = False
     if complete:
         _write_all(fd, b"\n")  # a whole row that only lacks its newline (e.g. a hand edit)
@@ -219,7 +306,7 @@ def has_torn_tail(path: Path) -> bool:
         return bool(tail)
     try:
         json.loads(tail.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
         return True
     return False
 
@@ -245,7 +332,7 @@ def append_jsonl_inplace(path: Path, rows: Iterable[Any], *, durable: bool = Tru
     Concurrent writers of the same file must be serialised by the caller (a lock).
     """
     path = Path(path)
-    data = b"".join(jsonl_line(r) for r in rows)
+    data = jsonl_bytes(path, rows)
     created = not os.path.lexists(path)
     fsafe.real_directory(path.parent, create=created)
     fd = fsafe.create_file(path, os.O_RDWR | os.O_APPEND)

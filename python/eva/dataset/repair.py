@@ -133,11 +133,22 @@ def _repair(root: Path) -> list[str]:
 
 
 def read_meta_json(path: Path) -> Any:
-    """A metadata JSON file (info.json, stats.json); a ``DatasetError`` naming it otherwise."""
+    """A metadata JSON file (info.json, stats.json) the writer will write back; a
+    ``DatasetError`` naming it otherwise. A hand-edited ``NaN`` is refused here, when the
+    writer opens the dataset, not after it has recorded an episode (``atomic.NotJSONError``)."""
     try:
-        return json.loads(fsafe.read_bytes(path).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        value = json.loads(fsafe.read_bytes(path).decode("utf-8"))
+    except OSError as e:
         raise DatasetError(f"{path}: cannot read ({e})") from None
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, a 5000-digit integer
+        raise DatasetError(f"{path}: cannot read ({atomic.unparsable(e)})") from None
+    found = atomic.non_json_value(value)
+    if found is not None:
+        raise atomic.NotJSONError(
+            f"{path}: field {found[0]}: {found[1]}; eva writes this file back: write a number "
+            "or null there by hand"
+        )
+    return value
 
 
 def read_meta_jsonl(path: Path) -> list[dict[str, Any]]:

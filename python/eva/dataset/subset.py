@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from eva.dataset import layout
-from eva.dataset.atomic import dumps_json, jsonl_line
+from eva.dataset.atomic import json_file_bytes, jsonl_bytes
 from eva.dataset.errors import DatasetError, naming_write_errors
 
 # Columns whose values the renumbering changes (so their per-episode stats are recomputed).
@@ -312,7 +312,7 @@ def write_common_meta(dest: Path, meta: SubsetMeta, info: Mapping[str, Any]) -> 
     for rel, obj in json_files.items():
         write_staged_json(dest / rel, obj)
     for rel, rows in jsonl_files.items():
-        data = b"".join(jsonl_line(row) for row in rows)
+        data = jsonl_bytes(dest / rel, rows)
         with naming_write_errors(dest / rel):
             (dest / rel).write_bytes(data)
     return len(json_files) + len(jsonl_files)
@@ -321,6 +321,6 @@ def write_common_meta(dest: Path, meta: SubsetMeta, info: Mapping[str, Any]) -> 
 def write_staged_json(path: Path, obj: Any) -> None:
     """A JSON file inside a staging directory (same text as ``atomic_write_json``), written in
     place: see ``write_common_meta``."""
-    data = (dumps_json(obj) + "\n").encode()
+    data = json_file_bytes(path, obj)
     with naming_write_errors(path):  # a full disk names the file
         Path(path).write_bytes(data)

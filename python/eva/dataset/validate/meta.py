@@ -64,6 +64,9 @@ def check_info(info: dict[str, Any], path: Path, out: ProblemCollector) -> None:
             f"{path}: dataset_format {info['dataset_format']!r} is not {layout.DATASET_FORMAT!r}",
             path,
         )
+    found = atomic.non_json_value(info)
+    if found is not None:  # a rewrite (the writer resuming, eva cleanup) would refuse it
+        out.add("invalid_info", f"{path}: field {found[0]}: {found[1]}", path)
 
 
 def more_info_problems(reader: DatasetReader, path: Path, out: ProblemCollector) -> None:
@@ -82,21 +85,11 @@ def more_info_problems(reader: DatasetReader, path: Path, out: ProblemCollector)
 def _unstorable(value: Any, where: str) -> tuple[str, str] | None:
     """``(dotted field, why)`` of the first string in ``value`` that no format can store
     (``eva.textsafe.storable_problem``: a lone surrogate, a NUL), None when every one can."""
-    if isinstance(value, str):
-        problem = storable_problem(value)
-        return None if problem is None else (where, problem)
-    items = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list)
-        else ()
-    )
-    for key, item in items:
-        found = _unstorable(item, f"{where}.{key}" if where else str(key))
-        if found is not None:
-            return found
-    return None
+    return atomic.first_problem(value, _storable_problem, where)
+
+
+def _storable_problem(value: Any) -> str | None:
+    return storable_problem(value) if isinstance(value, str) else None
 
 
 def check_text(
@@ -159,6 +152,9 @@ def check_review_fields(root: Path, row: Mapping[str, Any], ep: int, out: Proble
         not isinstance(issues, list) or not all(isinstance(i, dict) for i in issues)
     ):
         found.append(f"field quality_issues {issues!r} is not a list of objects")
+    not_json = atomic.non_json_value(row)
+    if not_json is not None:  # eva qc / the console would refuse to rewrite the file
+        found.append(f"field {not_json[0]} {not_json[1]} (write a number or null)")
     for message in found:
         out.add("invalid_episode_row", f"{path}: episode {ep}: {message}", path, ep)
 
