@@ -462,7 +462,7 @@ def test_qc_names_a_hand_edited_nan_and_leaves_the_file(two_episodes: Path) -> N
 
 def test_lines_json_loads_chokes_on_name_their_line(two_episodes: Path) -> None:
     """Beyond JSONDecodeError: a 5000-digit integer (ValueError) and deep nesting
-    (RecursionError) are an invalid line, named, for qc and validate alike."""
+    (RecursionError) are an invalid line, named, for qc and validate alike; in info.json too."""
     episodes = two_episodes / layout.EPISODES
     fine = episodes.read_bytes()
     for value, reason in (("9" * 5000, "more than 4300 digits"),
@@ -472,6 +472,12 @@ def test_lines_json_loads_chokes_on_name_their_line(two_episodes: Path) -> None:
             review_episodes(two_episodes, [0], note="glare")
         assert [p.code for p in validate_dataset(two_episodes)] == ["invalid_episodes"]
         episodes.write_bytes(fine)
+        info = two_episodes / layout.INFO
+        info_text = info.read_text()
+        info.write_text(info_text.replace('"fps": 30,', f'"fps": 30, "x": {value},'))
+        problems = validate_dataset(two_episodes)
+        assert [p.code for p in problems] == ["invalid_info"] and reason in problems[0].message
+        info.write_text(info_text)
 
 
 def test_metadata_writers_name_what_json_cannot_hold(two_episodes: Path, tmp_path: Path) -> None:

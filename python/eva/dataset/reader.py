@@ -120,6 +120,8 @@ class DatasetReader:
             return json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise DatasetError(f"{path}: unreadable JSON ({e})") from None
+        except (ValueError, RecursionError) as e:  # a 5000-digit integer, deep nesting
+            raise DatasetError(f"{path}: unreadable JSON ({atomic.unparsable(e)})") from None
 
     def _jsonl(self, rel: str, *, required: bool) -> list[dict[str, Any]]:
         path = self.root / rel

@@ -75,7 +75,7 @@ def more_info_problems(reader: DatasetReader, path: Path, out: ProblemCollector)
 
     try:
         info = json.loads(fsafe.read_text(path))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, ValueError, RecursionError):  # the reader named it (invalid_info)
         return
     if isinstance(info, dict):
         for message in info_field_problems(info)[1:]:
@@ -322,7 +322,7 @@ def settled_info(path: Path, expected: dict[str, int], info: dict[str, Any]) -> 
     while True:
         try:
             fresh = json.loads(fsafe.read_text(path))
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return info
         if not isinstance(fresh, dict):
             return info
