@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from eva.dataset import fsafe, layout, video
 from eva.dataset.errors import DatasetError, UnsafePathError
-from eva.dataset.reader import DatasetReader
+from eva.dataset.reader import DatasetReader, parquet_file
 from eva.dataset.validate.meta import (
     check_episodes_stats,
     check_global_index,
@@ -313,7 +313,7 @@ def _check_episode(
     if source is not None:
         # Row count and schema come from the footer; only the index columns are read below.
         try:
-            parquet = pq.ParquetFile(source)
+            parquet = parquet_file(source)
             rows = parquet.metadata.num_rows
             columns = set(parquet.schema_arrow.names)
         except (pa.ArrowInvalid, OSError) as e:
