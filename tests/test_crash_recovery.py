@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,6 +63,12 @@ def _open(root: Path, **kwargs: object) -> DatasetWriter:
         vectors=[VectorSpec("observation.state", 7), VectorSpec("action", 7)],
         **kwargs,  # type: ignore[arg-type]
     )  # fmt: skip
+
+
+def _add_black_frames(episode: Any, n: int) -> None:
+    black = np.zeros((n, 48, 64, 3), np.uint8)
+    zeros = np.zeros((n, 7))
+    episode.add_frames({FRONT: black, WRIST: black}, {"observation.state": zeros, "action": zeros})
 
 
 def _record_then_kill(root: Path, batches: int, codec: str = "libx264") -> int:
@@ -118,10 +125,7 @@ def test_eva_recover_and_every_export_of_a_recovered_episode(tmp_path: Path) -> 
     _record_then_kill(root, 6)
     with _open(root, recover=False) as writer:  # a normal episode after the crashed one
         ep = writer.begin_episode("place")
-        ep.add_frames(
-            {FRONT: np.zeros((5, 48, 64, 3), np.uint8), WRIST: np.zeros((5, 48, 64, 3), np.uint8)},
-            {"observation.state": np.zeros((5, 7)), "action": np.zeros((5, 7))},
-        )
+        _add_black_frames(ep, 5)
         assert ep.commit() == 0
     info = subprocess.run([*EVA, "info", str(root)], capture_output=True, text=True)
     assert "1 recording(s) cut short by a crash await recovery: eva recover" in info.stderr
@@ -154,10 +158,7 @@ def test_a_spool_already_committed_is_removed_not_recovered_twice(
     real_rmtree = shutil.rmtree
     with _open(root) as writer:
         ep = writer.begin_episode("pick")
-        ep.add_frames(
-            {FRONT: np.zeros((4, 48, 64, 3), np.uint8), WRIST: np.zeros((4, 48, 64, 3), np.uint8)},
-            {"observation.state": np.zeros((4, 7)), "action": np.zeros((4, 7))},
-        )
+        _add_black_frames(ep, 4)
 
         def killed_before_removal(path: object, *args: object, **kwargs: object) -> None:
             if Path(str(path)) != ep.work_dir:
@@ -179,10 +180,7 @@ def test_a_cancelled_episode_is_never_recovered(tmp_path: Path) -> None:
     root = tmp_path / "raw"
     with _open(root) as writer:
         ep = writer.begin_episode("pick")
-        ep.add_frames(
-            {FRONT: np.zeros((4, 48, 64, 3), np.uint8), WRIST: np.zeros((4, 48, 64, 3), np.uint8)},
-            {"observation.state": np.zeros((4, 7)), "action": np.zeros((4, 7))},
-        )
+        _add_black_frames(ep, 4)
         ep.disown()  # what Recorder.cancel does before the consumer discards the episode
         assert ep.work_dir.is_dir()  # the kill comes now
         ep._encoders.stop(close=False)
@@ -207,10 +205,7 @@ def test_a_commit_short_of_file_descriptors_is_retried(
 
     with _open(root) as writer:
         ep = writer.begin_episode("pick")
-        ep.add_frames(
-            {FRONT: np.zeros((4, 48, 64, 3), np.uint8), WRIST: np.zeros((4, 48, 64, 3), np.uint8)},
-            {"observation.state": np.zeros((4, 7)), "action": np.zeros((4, 7))},
-        )
+        _add_black_frames(ep, 4)
         monkeypatch.setattr(atomic, "_write_all", out_of_fds)
         assert ep.commit({"quality": "green"}) == 0
     assert failures == [0]
@@ -231,10 +226,7 @@ def test_a_commit_that_keeps_failing_keeps_the_recording(
 
     with _open(root) as writer:
         ep = writer.begin_episode("pick")
-        ep.add_frames(
-            {FRONT: np.zeros((4, 48, 64, 3), np.uint8), WRIST: np.zeros((4, 48, 64, 3), np.uint8)},
-            {"observation.state": np.zeros((4, 7)), "action": np.zeros((4, 7))},
-        )
+        _add_black_frames(ep, 4)
         monkeypatch.setattr(atomic, "_write_all", read_only)
         with pytest.raises(DatasetError, match="Read-only.*eva recover"):
             ep.commit({"quality": "green"})
