@@ -76,7 +76,7 @@ from eva.dataset.repair import (
 )
 from eva.dataset.stats import RunningMerge
 from eva.dataset.video import VideoOptions
-from eva.textsafe import text_problem
+from eva.textsafe import storable_problem
 
 __all__ = [
     "CameraSpec",
@@ -375,7 +375,7 @@ class DatasetWriter:
             raise DatasetError(f"{self.root}: writer is closed")
         if not isinstance(task, str) or not task.strip():
             raise DatasetError(f"{self.root}: task prompt must be a non-empty string")
-        if (problem := text_problem(task)) is not None:  # what the validator would refuse
+        if (problem := storable_problem(task)) is not None:  # what the validator refuses
             raise DatasetError(f"{self.root}: task prompt: {problem}")
         return EpisodeWriter(self, task, started_at)
 
