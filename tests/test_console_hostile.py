@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import re
 import resource
 import shutil
 import socket
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from eva.console.transport import (
     ConnectionCounts,
     ConnectionLimits,
     guarded_protocol,
+    missing_uvicorn_internals,
     read_body,
     trust_connection,
 )
@@ -224,6 +227,87 @@ def test_body_limit_is_enforced_while_reading(guarded: GuardedServer, how: str) 
         conn.send(b"z" * 10)
         assert conn.getresponse().status == 408
     conn.close()
+
+
+# ---- canary: the uvicorn internals the guard hooks ---------------------------------------------
+
+_ADAPT = (
+    "the console's connection guard (eva/console/transport.py) hooks uvicorn internals; adapt "
+    "it to this uvicorn, then move the uvicorn bound in pyproject.toml and the Makefile"
+)
+
+
+@pytest.mark.kernel_independent
+def test_uvicorn_canary_hooked_internals_are_there() -> None:
+    missing = missing_uvicorn_internals()
+    assert not missing, f"{_ADAPT}: " + "; ".join(missing)
+
+
+@pytest.mark.kernel_independent
+def test_uvicorn_canary_names_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    monkeypatch.delattr(HttpToolsProtocol, "on_headers_complete")
+    monkeypatch.setattr(HttpToolsProtocol, "data_received", lambda self, chunk: None)
+    missing = missing_uvicorn_internals()
+    assert len(missing) == 2, missing
+    assert missing[0].startswith("HttpToolsProtocol.data_received(chunk) instead of (data)")
+    assert missing[1].startswith("HttpToolsProtocol.on_headers_complete is gone")
+    assert all(item.endswith(f"(uvicorn {uvicorn.__version__})") for item in missing)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+@pytest.mark.kernel_independent
+def test_uvicorn_canary_installed_release_is_within_the_bound() -> None:
+    """The canary vouches for the release installed; pyproject.toml must not allow a newer
+    one, and the Makefile installs the same bound."""
+    root = Path(__file__).resolve().parent.parent
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["console"]
+    requirement = next(r for r in extra if r.startswith("uvicorn"))
+    upper = re.search(r"<\s*([\d.]+)", requirement)
+    assert upper is not None, f"{requirement}: uvicorn needs an upper bound ({_ADAPT})"
+    installed = uvicorn.__version__
+    assert _version(installed) < _version(upper.group(1)), (
+        f"uvicorn {installed} installed beyond the bound {requirement!r}: {_ADAPT}"
+    )
+    assert f'"{requirement}"' in (root / "Makefile").read_text(), requirement
+
+
+@pytest.mark.kernel_independent
+def test_uvicorn_canary_every_hook_still_acts(guarded: GuardedServer) -> None:
+    """Each overridden method of the installed uvicorn still does its part on a real server:
+    connection_made refuses past the cap, on_message_begin arms and on_headers_complete disarms
+    the header deadline and hands the trust hook to the app, data_received bounds the headers."""
+    half_open = guarded.connect()
+    half_open.sendall(b"GET /trust HTTP/1.1\r\nHost: x\r\n")
+    assert closed_by_peer(half_open), (
+        f"a half-open connection outlived the header timeout: {_ADAPT}"
+    )
+    assert guarded.counts.timed_out == 1, (guarded.counts, _ADAPT)
+    kept = guarded.connect()
+    kept.sendall(b"GET /trust HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert kept.recv(65536).startswith(b"HTTP/1.1 200"), _ADAPT
+    wait_for(lambda: guarded.counts.untrusted == 0, 5)  # the app reached the trust hook
+    time.sleep(SMALL.header_timeout_s * 2)
+    kept.sendall(b"GET /trust HTTP/1.1\r\nHost: x\r\n\r\n")  # no deadline left armed
+    assert kept.recv(65536).startswith(b"HTTP/1.1 200"), f"a served request timed out: {_ADAPT}"
+    waiting = [guarded.connect() for _ in range(SMALL.max_untrusted)]
+    wait_for(lambda: guarded.counts.untrusted == SMALL.max_untrusted, 5)
+    assert closed_by_peer(guarded.connect(), 2) and guarded.counts.refused == 1, _ADAPT
+    for sock in [*waiting, kept]:
+        sock.close()
+    wait_for(lambda: guarded.counts.open == 0, 5)
+    big = guarded.connect()
+    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+        big.sendall(
+            b"GET /trust HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (2 * SMALL.max_header_bytes)
+        )
+    assert b"431" in answer(big).split(b"\r\n")[0], f"endless headers were not cut off: {_ADAPT}"
 
 
 @pytest.mark.kernel_independent

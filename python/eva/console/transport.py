@@ -16,12 +16,18 @@ none of them by itself (no header timeout, no connection cap, a request body rea
   far below it.
 
 The guard is a subclass of uvicorn's httptools protocol (a dependency of the console extra),
-hooked where the parser reports a request's first byte and its complete headers.
+hooked where the parser reports a request's first byte and its complete headers. Those are
+uvicorn internals, not its API: ``missing_uvicorn_internals`` lists what the guard relies on that
+the installed uvicorn lacks, the canary tests in tests/test_console_hostile.py check it and the
+guard's behaviour against a real uvicorn server, and pyproject.toml bounds uvicorn to releases
+that passed them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +49,54 @@ _TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
     b"content-length: 0\r\nconnection: close\r\n\r\n"
 )
+
+
+# What the guard overrides in uvicorn.protocols.http.httptools_impl.HttpToolsProtocol: each
+# method's parameters after self (uvicorn calls connection_made/lost and data_received as an
+# asyncio protocol; httptools calls on_message_begin and on_headers_complete on the protocol
+# it parses for), and the attributes of the protocol the guard reads.
+HOOKED_METHODS: dict[str, tuple[str, ...]] = {
+    "connection_made": ("transport",),
+    "connection_lost": ("exc",),
+    "data_received": ("data",),
+    "on_message_begin": (),
+    "on_headers_complete": (),
+}
+READ_ATTRIBUTES = ("loop", "transport", "scope")
+# the parser must call back the protocol itself, or the hooks above are never called
+PARSER_OF_SELF = "httptools.HttpRequestParser(self)"
+
+
+def missing_uvicorn_internals() -> list[str]:
+    """The uvicorn internals the guard relies on that the installed uvicorn lacks or changed
+    (``[]`` when all are as expected), each naming the installed version."""
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    missing = []
+    for name, expected in HOOKED_METHODS.items():
+        method = getattr(HttpToolsProtocol, name, None)
+        if not callable(method):
+            missing.append(f"HttpToolsProtocol.{name} is gone")
+            continue
+        parameters = tuple(p for p in inspect.signature(method).parameters if p != "self")
+        if parameters != expected:
+            missing.append(
+                f"HttpToolsProtocol.{name}({', '.join(parameters)}) instead of "
+                f"({', '.join(expected)})"
+            )
+    try:
+        source = inspect.getsource(HttpToolsProtocol)
+    except (OSError, TypeError):  # no source installed: only the methods can be checked
+        source = None
+    if source is not None:
+        for attribute in READ_ATTRIBUTES:
+            if not re.search(rf"self\.{attribute}\s*(:[^=\n]*)?=", source):
+                missing.append(f"HttpToolsProtocol sets no self.{attribute}")
+        if PARSER_OF_SELF not in source:
+            missing.append(f"HttpToolsProtocol does not build {PARSER_OF_SELF}")
+    version = getattr(uvicorn, "__version__", "?")
+    return [f"{item} (uvicorn {version})" for item in missing]
 
 
 @dataclass
