@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.cli import main
-from eva.dataset import fsafe, layout
+from eva.dataset import fsafe, layout, share
 from eva.dataset.atomic import TMP_PREFIX, atomic_write_bytes
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
@@ -212,7 +212,7 @@ def test_share_file_never_links_a_link(tmp_path: Path) -> None:
     link = tmp_path / "link.mp4"
     link.symlink_to(real.name)
     with pytest.raises(DatasetError, match="is a symlink"):
-        fsafe.share_file(link, tmp_path / "out.mp4")
+        share.share_file(link, tmp_path / "out.mp4")
     assert not (tmp_path / "out.mp4").exists()
 
 
@@ -365,13 +365,13 @@ def test_export_links_only_read_only_files(dataset: Path, tmp_path: Path) -> Non
 def test_share_file_choice(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.write_bytes(b"x" * 5000)
-    how = fsafe.share_file(src, tmp_path / "a")
+    how = share.share_file(src, tmp_path / "a")
     assert how in ("reflink", "copy")  # writable: never a hard link
     assert (tmp_path / "a").read_bytes() == src.read_bytes()
     src.chmod(0o444)
-    how = fsafe.share_file(src, tmp_path / "b")
+    how = share.share_file(src, tmp_path / "b")
     assert how in ("reflink", "link", "copy")
-    assert fsafe.share_file(src, tmp_path / "c", link=False) == "copy"
+    assert share.share_file(src, tmp_path / "c", link=False) == "copy"
     assert (tmp_path / "c").read_bytes() == src.read_bytes()
 
 

@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from swap_helpers import exchanging
 
-from eva import libc
 from eva.cli import main
 from eva.console.errors import ConsoleError
 from eva.console.review import EpisodeReview
@@ -452,21 +452,8 @@ def test_console_series_never_reads_a_table_swapped_in_mid_request(
     data_dir = raw / "data" / "chunk-000"
     link = data_dir.with_name("chunk-link")
     link.symlink_to(_outside_copy(data_dir, tmp_path / "outside-data"), target_is_directory=True)
-    try:
-        libc.rename_exchange(data_dir, link)
-        libc.rename_exchange(data_dir, link)
-    except OSError as e:
-        pytest.skip(f"no renameat2(RENAME_EXCHANGE) here: {e}")
-    stop = threading.Event()
-
-    def swap() -> None:
-        while not stop.is_set():
-            libc.rename_exchange(data_dir, link)
-
-    swapper = threading.Thread(target=swap, daemon=True)
-    swapper.start()
     outcomes: list[str] = []
-    try:
+    with exchanging(data_dir, link):
         for _ in range(300):
             try:
                 answer = review.series(name, 0)
@@ -475,10 +462,5 @@ def test_console_series_never_reads_a_table_swapped_in_mid_request(
                 continue
             assert answer["series"] == inside["series"]  # not 7777.0
             outcomes.append("ok")
-    finally:
-        stop.set()
-        swapper.join(10)
-        if data_dir.is_symlink():
-            libc.rename_exchange(data_dir, link)
     assert set(outcomes) <= {"ok", "unsafe_path"}, sorted(set(outcomes))
     assert review.series(name, 0) == inside

@@ -117,9 +117,9 @@ def _decode_samples(fd: int, path: Path, table: mp4box.VideoSamples, indices: li
     return True
 
 
-def _read_table(path: Path) -> mp4box.VideoSamples | None:
+def _read_table(source: fsafe.Readable) -> mp4box.VideoSamples | None:
     try:
-        return mp4box.read_video_samples(path)
+        return mp4box.read_video_samples(source)
     except mp4box.Mp4Truncated as e:
         raise DatasetError(str(e)) from None
     except (mp4box.Mp4Unsupported, OSError):
@@ -127,12 +127,17 @@ def _read_table(path: Path) -> mp4box.VideoSamples | None:
 
 
 def _check_table(
-    path: Path, table: mp4box.VideoSamples, keyframes: int, *, check_framing: bool = True
+    source: fsafe.Readable,
+    table: mp4box.VideoSamples,
+    keyframes: int,
+    *,
+    check_framing: bool = True,
 ) -> bool:
     """Framing of every sample (``check_framing``), then ``keyframes`` keyframes decoded; False
     when the decode needs FFmpeg's demuxer (an unknown sample entry)."""
+    path = fsafe.name_of(source)
     try:
-        fd = fsafe.open_regular(path)
+        fd = source.open() if isinstance(source, fsafe.FileBeneath) else fsafe.open_regular(path)
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing") from None
     try:
@@ -152,22 +157,23 @@ def _check_table(
         os.close(fd)
 
 
-def inspect_video(path: Path | str, keyframes: int = 1) -> int:
+def inspect_video(source: fsafe.Readable | str, keyframes: int = 1) -> int:
     """Frames of the MP4 (as ``video.count_frames``), after checking that every sample is well
     framed and that ``keyframes`` keyframes decode (the first always).
 
     Raises ``UndecodableVideo`` for damaged video data, ``DatasetError`` for a file that cannot
-    be read or counted."""
+    be read or counted. A dataset's file (``fsafe.FileBeneath``) is opened beneath its root
+    by every reader of it (box parser, sample reads, FFmpeg)."""
     from eva.dataset import video
 
-    path = Path(path)
-    table = _read_table(path)
+    source = source if isinstance(source, fsafe.FileBeneath) else Path(source)
+    table = _read_table(source)
     if table is None:  # fragmented, several tracks, not an MP4...: FFmpeg counts and decodes
-        frames = video.count_frames(path)
-        _check_with_demuxer(path, None)
+        frames = video.count_frames(source)
+        _check_with_demuxer(source, None)
         return frames
-    if not _check_table(path, table, keyframes):
-        _check_with_demuxer(path, _keyframe_times(table, keyframes))
+    if not _check_table(source, table, keyframes):
+        _check_with_demuxer(source, _keyframe_times(table, keyframes))
     return table.track.sample_count
 
 
@@ -179,17 +185,13 @@ def _keyframe_times(table: mp4box.VideoSamples, samples: int) -> tuple[list[int]
     return [int(table.pts[i]) for i in _spread(positions, samples)], table.track.timescale
 
 
-def _open(path: Path) -> av.container.InputContainer:
-    try:
-        return av.open(str(path), mode="r", metadata_errors="replace")
-    except (av.error.FFmpegError, OSError) as e:
-        raise DatasetError(f"{path}: cannot open video ({e.__class__.__name__}: {e})") from None
-
-
-def _check_with_demuxer(path: Path, sampled: tuple[list[int], int] | None) -> None:
+def _check_with_demuxer(source: fsafe.Readable, sampled: tuple[list[int], int] | None) -> None:
     """Decode one frame at each sampled keyframe through FFmpeg's demuxer (seeking by
     presentation time); the first frame only when the sample table could not be read."""
-    with _open(path) as container:
+    from eva.dataset import video
+
+    path = fsafe.name_of(source)
+    with video.open_input(source) as container:
         if not container.streams.video:
             raise DatasetError(f"{path}: no video stream")
         stream = container.streams.video[0]

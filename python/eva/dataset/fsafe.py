@@ -13,33 +13,32 @@ device. The rules, applied here in one place:
   link), ``O_NONBLOCK`` (opening a FIFO returns at once instead of waiting for a writer), then
   ``fstat`` must say regular file, then ``O_NONBLOCK`` is cleared. ``read_bytes`` and
   ``open_binary`` wrap it (JSON and JSONL).
-- Files read below a dataset root by the dataset reader (info.json, the jsonl files, stats,
-  episode parquet tables) and served by the console (videos, the plotted series) are opened by
-  ``open_beneath`` on every read: relative to a directory fd of the root, refusing a link at
-  every component (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`` where the kernel
-  has it, else a walk of ``O_NOFOLLOW`` directory fds), and the bytes are read from that fd
-  (json, and pyarrow through a file object): no swap between a check and an open exists to
-  exploit. PyAV (video decoding) and exports that share raw files still get the path of a file
-  checked just before by ``contained``: a swap after the check needs someone writing into the
-  dataset while eva reads it.
+- Files read below a dataset root (info.json, the jsonl files, stats, episode parquet tables,
+  the episode MP4s decoded, parsed or shared by validation and the exports, the videos and
+  series the console serves) are opened by ``open_beneath`` on every read: relative to a
+  directory fd of the root, refusing a link at every component (``openat2`` with
+  ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`` where the kernel has it, else a walk of
+  ``O_NOFOLLOW`` directory fds), and the bytes are read from that fd (json, pyarrow through a
+  file object, the MP4 box parser and packet copies with ``pread``). The reader hands such a
+  file out as a ``FileBeneath`` (root and relative path, no ``__fspath__``); a library that
+  opens paths itself (FFmpeg, through PyAV) gets ``proc_path(fd)``, the magic link naming the
+  file already opened. No swap between a check and an open exists to exploit.
 - Files are created only through ``create_file`` (``O_NOFOLLOW``, mode 0o666 so the umask
   decides, as for any other program) in a parent checked by ``real_directory``. A rewrite keeps
   the old file's mode (``eva.dataset.atomic``).
-- Committed raw episode files are read-only (``make_read_only``). ``share_file`` gives an export
-  its own copy of a raw file: a reflink (``FICLONE``: shared blocks, copy-on-write, so writing
-  the export never changes the raw file) where the filesystem has one, else a hard link but only
-  to a read-only file, else a byte copy.
+- Committed raw episode files are read-only (``make_read_only``). ``eva.dataset.share``
+  gives an export its own copy of a raw file (reflink, hard link to a read-only file, or copy).
 - ``os_error`` turns an ``OSError`` (EACCES, EROFS, ENOSPC, ELOOP...) into a one-line
   ``DatasetError`` naming the path.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -48,7 +47,8 @@ from eva.dataset import layout
 from eva.dataset.errors import DatasetError, UnsafePathError
 
 __all__ = [
-    "FICLONE",
+    "FileBeneath",
+    "Readable",
     "check_dataset_tree",
     "check_export_tree",
     "check_subtree",
@@ -56,21 +56,21 @@ __all__ = [
     "create_file",
     "is_read_only",
     "make_read_only",
+    "name_of",
     "named",
     "open_beneath",
     "open_binary",
     "open_binary_beneath",
+    "open_readable",
     "open_regular",
     "os_error",
+    "has_proc_fd",
+    "proc_path",
     "read_bytes",
     "read_text",
     "real_directory",
-    "reflink",
-    "share_file",
 ]
 
-# linux/fs.h: _IOW(0x94, 9, int)
-FICLONE = 0x40049409
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 READ_ONLY_MODE = 0o444
 _WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
@@ -389,6 +389,60 @@ def open_binary_beneath(root: Path | str, rel: Path | str, *, root_may_link: boo
     return os.fdopen(open_beneath(root, rel, root_may_link=root_may_link), "rb")
 
 
+@dataclass(frozen=True)
+class FileBeneath:
+    """A regular file of a dataset named by its root and its path below it, to be opened
+    beneath the root (``open_beneath``) every time it is read: what the reader hands to the
+    decoders, the box parser and the exports instead of a path. It has no ``__fspath__`` on
+    purpose: it cannot be given to a library that would open a path itself; ``path`` is its
+    name in messages, ``proc_path`` names an fd of it for a library that must open a path."""
+
+    root: Path
+    rel: str
+    root_may_link: bool = True
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.rel
+
+    def open(self) -> int:
+        """An fd of the file, opened now beneath the root (see ``open_beneath`` for errors)."""
+        return open_beneath(self.root, self.rel, root_may_link=self.root_may_link)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+# A file read by a decoder, the box parser or an export: a path eva wrote or was handed (opened
+# as it is), or a dataset file opened beneath its root.
+Readable = Path | FileBeneath
+
+
+def name_of(source: Readable) -> Path:
+    """The path naming ``source`` in messages."""
+    return source.path if isinstance(source, FileBeneath) else Path(source)
+
+
+def open_readable(source: Readable) -> int:
+    """An fd of ``source``: beneath its root for a ``FileBeneath``, else the path opened as it
+    is (a path eva wrote itself, or one a user named). ``FileNotFoundError`` when missing."""
+    if isinstance(source, FileBeneath):
+        return source.open()
+    return os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def proc_path(fd: int) -> str:
+    """``/proc/self/fd/<fd>``: a path that names the open file ``fd`` itself (the kernel's
+    magic link resolves to that file, whatever happens to its path meanwhile). For libraries
+    that open a path and then do their own fast I/O (FFmpeg): no Python callback per read."""
+    return f"/proc/self/fd/{fd}"
+
+
+def has_proc_fd() -> bool:
+    """Whether ``proc_path`` works here (/proc is mounted)."""
+    return os.path.isdir("/proc/self/fd")
+
+
 def open_binary(path: Path | str) -> BinaryIO:
     """``open(path, "rb")`` through ``open_regular`` (for pyarrow, PyAV and json)."""
     return os.fdopen(open_regular(path), "rb")
@@ -424,126 +478,3 @@ def make_read_only(path: Path | str) -> None:
     """Drop every write bit (committed raw evidence: 0444 under the usual umask)."""
     st = os.lstat(path)
     os.chmod(path, stat.S_IMODE(st.st_mode) & ~_WRITE_BITS, follow_symlinks=False)
-
-
-def reflink(src_fd: int, dest_fd: int) -> bool:
-    """Clone ``src_fd``'s blocks into the empty ``dest_fd`` (``FICLONE``); False where the
-    filesystem cannot (ext4, another filesystem)."""
-    try:
-        fcntl.ioctl(dest_fd, FICLONE, src_fd)
-        return True
-    except OSError as e:
-        if e.errno in (
-            errno.EOPNOTSUPP,
-            errno.ENOTSUP,
-            errno.EXDEV,
-            errno.EINVAL,
-            errno.ENOTTY,
-            errno.EPERM,
-            errno.ETXTBSY,
-            errno.EBADF,
-        ):
-            return False
-        raise
-
-
-def share_file(src: Path | str, dest: Path | str, *, link: bool = True) -> str:
-    """Give ``dest`` (new, in a real directory) the content of the regular file ``src``.
-
-    Returns how, in this order of preference: ``"reflink"`` (copy-on-write clone: no data
-    copied, and writing ``dest`` never changes ``src``), ``"link"`` (hard link, only when ``src``
-    is read-only, so a consumer cannot open the shared inode for writing without first changing
-    its mode), or ``"copy"``.
-    ``link=False`` forbids sharing blocks or inodes (always a copy). The source is opened once,
-    without following links; a hard link is checked to be of that open inode, so a link in its
-    place is neither linked nor followed.
-    """
-    src, dest = Path(src), Path(dest)
-    src_fd = open_regular(src)
-    try:
-        st = os.fstat(src_fd)
-        dest_fd = _create_new(dest)
-        try:
-            if link and reflink(src_fd, dest_fd):
-                return "reflink"
-            if link and is_read_only(st):
-                os.close(dest_fd)
-                dest_fd = -1
-                os.unlink(dest)
-                if _hard_link(src, dest, st):
-                    return "link"
-                dest_fd = _create_new(dest)
-            _copy_fd(src_fd, dest_fd, st.st_size, dest)
-            return "copy"
-        except BaseException:
-            if dest_fd >= 0:
-                os.close(dest_fd)
-                dest_fd = -1
-            with contextlib.suppress(OSError):
-                os.unlink(dest)
-            raise
-        finally:
-            if dest_fd >= 0:
-                os.close(dest_fd)
-    finally:
-        os.close(src_fd)
-
-
-def _hard_link(src: Path, dest: Path, st: os.stat_result) -> bool:
-    """Hard-link ``src`` (whose open file has ``st``) to ``dest``; False where the filesystem or
-    the kernel's protected_hardlinks refuses (then the caller copies)."""
-    try:
-        # linkat without AT_SYMLINK_FOLLOW would link a symlink itself: the inode linked must
-        # be the one that is open (a regular file), or the link is undone.
-        os.link(src, dest, follow_symlinks=False)
-    except OSError as e:
-        if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-            return False
-        raise os_error(e, dest) from None
-    linked = os.lstat(dest)
-    if (linked.st_dev, linked.st_ino) != (st.st_dev, st.st_ino):
-        os.unlink(dest)
-        raise DatasetError(f"{src}: changed while being linked; not exporting it")
-    return True
-
-
-def _create_new(path: Path) -> int:
-    real_directory(path.parent)
-    try:
-        return os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666
-        )
-    except OSError as e:
-        raise os_error(e, path) from None
-
-
-def _copy_fd(src_fd: int, dest_fd: int, size: int, dest: Path) -> None:
-    offset = 0
-    try:
-        while offset < size:
-            try:
-                n = os.copy_file_range(src_fd, dest_fd, size - offset, offset, offset)
-            except OSError as e:
-                if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                    raise
-                n = _copy_blocks(src_fd, dest_fd, offset)
-                offset += n
-                break
-            if n == 0:
-                break
-            offset += n
-    except OSError as e:
-        raise os_error(e, dest) from None
-
-
-def _copy_blocks(src_fd: int, dest_fd: int, offset: int) -> int:
-    copied = 0
-    while True:
-        block = os.pread(src_fd, 1 << 20, offset + copied)
-        if not block:
-            return copied
-        view = memoryview(block)
-        while view:
-            written = os.pwrite(dest_fd, view, offset + copied)
-            view = view[written:]
-            copied += written

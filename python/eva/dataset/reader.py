@@ -5,9 +5,11 @@ tables are read per episode on request; video frames are decoded in bounded batc
 the reader hands out is checked to follow no symlink below the dataset root and, if it exists,
 to be a regular file (``eva.dataset.fsafe``). Every file the reader reads itself (metadata,
 parquet tables and footers) is opened when it is read, beneath the root with no link followed
-at any component (``fsafe.open_binary_beneath``), and read from that open file: what the reader
-remembers (checked directories, resolved paths, tables by file identity) is metadata, never a
-reason to skip that open.
+at any component (``fsafe.open_binary_beneath``), and read from that open file; episode files
+read by others (decoders, the box parser, exports) are handed out as ``fsafe.FileBeneath``
+(``data_file``, ``video_file``), opened the same way by each reader. What the reader remembers
+(checked directories, resolved paths, tables by file identity) is metadata, never a reason to
+skip that open.
 """
 
 from __future__ import annotations
@@ -359,6 +361,17 @@ class DatasetReader:
     def data_path(self, episode_index: int) -> Path:
         return self._resolve_template("data_path", layout.DATA_PATH, episode_index)
 
+    def file_beneath(self, path: Path) -> fsafe.FileBeneath:
+        """``path`` (below the root, as this reader names it) to be opened beneath the root on
+        every read: what decoders, the box parser and exports get instead of the path."""
+        return fsafe.FileBeneath(self.root, str(path.relative_to(self.root)), self.root_may_link)
+
+    def data_file(self, episode_index: int) -> fsafe.FileBeneath:
+        return self.file_beneath(self.data_path(episode_index))
+
+    def video_file(self, episode_index: int, key: str) -> fsafe.FileBeneath:
+        return self.file_beneath(self.video_path(episode_index, key))
+
     def video_path(self, episode_index: int, key: str) -> Path:
         feature = self.features.get(key)
         if not isinstance(feature, dict) or feature.get("dtype") != "video":
@@ -486,14 +499,15 @@ class DatasetReader:
         path = self.video_path(episode_index, key)
         if not path.exists():
             raise DatasetError(f"{path}: episode {episode_index} camera {key} video missing")
-        return video.iter_frame_batches(path, batch_size, out=out, alternate=alternate)
+        source = self.file_beneath(path)
+        return video.iter_frame_batches(source, batch_size, out=out, alternate=alternate)
 
     def count_frames(self, episode_index: int, key: str) -> int:
         """Frames in the camera's MP4 according to the container (no decoding)."""
         path = self.video_path(episode_index, key)
         if not path.exists():
             raise DatasetError(f"{path}: episode {episode_index} camera {key} video missing")
-        return video.count_frames(path)
+        return video.count_frames(self.file_beneath(path))
 
     def count_rows(self, episode_index: int) -> int:
         """Rows of the episode's parquet, from the footer (no data read)."""

@@ -11,6 +11,7 @@ PyAV frame threading on.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -20,7 +21,7 @@ from typing import Any, cast
 import av
 import numpy as np
 
-from eva.dataset import mp4box
+from eva.dataset import fsafe, mp4box
 from eva.dataset.errors import DatasetError
 from eva.dataset.rgb import FrameConverter
 from eva.dataset.spool import VideoSpool
@@ -242,23 +243,43 @@ class VideoEncoder:
             self.abort()
 
 
-def open_video(path: Path) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
-    """The opened container of ``path`` and its first video stream (close the container);
+def open_video(
+    source: fsafe.Readable,
+) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
+    """The opened container of ``source`` and its first video stream (close the container);
     ``DatasetError`` naming the file when it does not open or holds no decodable video."""
-    container = _open_input(path)
+    container = open_input(source)
     try:
-        return container, _video_stream(container, path)
+        return container, _video_stream(container, fsafe.name_of(source))
     except DatasetError:
         container.close()
         raise
 
 
-def _open_input(path: Path) -> av.container.InputContainer:
+def open_input(source: fsafe.Readable) -> av.container.InputContainer:
+    """``source`` opened by FFmpeg. A dataset file (``FileBeneath``) is opened beneath its root
+    first and FFmpeg opens ``/proc/self/fd/<fd>``: the magic link names that open file, so no
+    link swapped in after the open is followed, and FFmpeg still reads and seeks with its own
+    I/O (a Python file object would call back into Python on every read)."""
+    path = fsafe.name_of(source)
     try:
-        # Tags in a broken text encoding must not make a playable video unreadable.
-        return av.open(str(path), mode="r", metadata_errors="replace")
+        if not isinstance(source, fsafe.FileBeneath):
+            # Tags in a broken text encoding must not make a playable video unreadable.
+            return av.open(str(path), mode="r", metadata_errors="replace")
+        fd = source.open()
+        try:
+            if not fsafe.has_proc_fd():
+                return av.open(os.fdopen(os.dup(fd), "rb"), mode="r", metadata_errors="replace")
+            return av.open(fsafe.proc_path(fd), mode="r", metadata_errors="replace")
+        finally:
+            os.close(fd)  # FFmpeg holds its own open of the file
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: cannot open video (missing)") from None
     except (av.error.FFmpegError, OSError) as e:
-        raise DatasetError(f"{path}: cannot open video ({e.__class__.__name__}: {e})") from None
+        reason = e.strerror if isinstance(source, fsafe.FileBeneath) and e.strerror else e
+        raise DatasetError(
+            f"{path}: cannot open video ({e.__class__.__name__}: {reason})"
+        ) from None
 
 
 def _video_stream(
@@ -272,10 +293,10 @@ def _video_stream(
     return stream
 
 
-def probe(path: Path) -> dict[str, Any]:
+def probe(source: fsafe.Readable) -> dict[str, Any]:
     """Codec, size, pixel format, fps and frame count of the first video stream (no decoding)."""
-    path = Path(path)
-    with _open_input(path) as container:
+    path = fsafe.name_of(source)
+    with open_input(source) as container:
         stream = _video_stream(container, path)
         ctx = stream.codec_context
         rate = stream.average_rate or stream.guessed_rate
@@ -285,7 +306,7 @@ def probe(path: Path) -> dict[str, Any]:
             "height": ctx.height,
             "pix_fmt": ctx.pix_fmt,
             "fps": float(rate) if rate else None,
-            "frames": count_frames(path),
+            "frames": count_frames(source),
         }
 
 
@@ -303,7 +324,7 @@ def _count_stream_frames(
         raise DatasetError(f"{path}: demux failed ({e})") from None
 
 
-def count_frames(path: Path) -> int:
+def count_frames(source: fsafe.Readable) -> int:
     """Frames the video decodes to, without decoding.
 
     From the MP4 sample table read with ``mp4box`` (tens of microseconds) when that is certainly
@@ -311,14 +332,14 @@ def count_frames(path: Path) -> int:
     tracks, not an MP4 at all...) by demuxing with PyAV. A file cut short or unreadable raises a
     one-line ``DatasetError`` naming it.
     """
-    path = Path(path)
+    path = fsafe.name_of(source)
     try:
-        return mp4box.count_video_samples(path)
+        return mp4box.count_video_samples(source)
     except mp4box.Mp4Truncated as e:
         raise DatasetError(str(e)) from None
     except (mp4box.Mp4Unsupported, OSError):
         pass  # FFmpeg decides, and words its own errors (missing file, not a video...)
-    with _open_input(path) as container:
+    with open_input(source) as container:
         return _count_stream_frames(container, _video_stream(container, path), path)
 
 
@@ -341,13 +362,13 @@ def _strict_decoder(stream: av.video.stream.VideoStream) -> av.VideoCodecContext
     return ctx
 
 
-def count_decoded_frames(path: Path) -> int:
+def count_decoded_frames(source: fsafe.Readable) -> int:
     """Frame count by actually decoding every frame (no pixel conversion): the ground truth.
 
     H.264/HEVC decode with ``err_detect=explode``: FFmpeg otherwise conceals a damaged slice and
     counts its frame as decoded."""
-    path = Path(path)
-    with _open_input(path) as container:
+    path = fsafe.name_of(source)
+    with open_input(source) as container:
         stream = _video_stream(container, path)
         try:
             strict = _strict_decoder(stream)
@@ -363,7 +384,11 @@ def count_decoded_frames(path: Path) -> int:
 
 
 def iter_frame_batches(
-    path: Path, batch_size: int = 32, *, out: np.ndarray | None = None, alternate: bool = False
+    source: fsafe.Readable,
+    batch_size: int = 32,
+    *,
+    out: np.ndarray | None = None,
+    alternate: bool = False,
 ) -> Iterator[np.ndarray]:
     """Yield (n, H, W, 3) uint8 RGB batches of at most ``batch_size`` frames.
 
@@ -380,8 +405,8 @@ def iter_frame_batches(
     """
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    path = Path(path)
-    with _open_input(path) as container:
+    path = fsafe.name_of(source)
+    with open_input(source) as container:
         stream = _video_stream(container, path)
         use_decode_threads(stream)
         height, width = stream.codec_context.height, stream.codec_context.width

@@ -18,7 +18,7 @@ join the workers before they return. Publishing order:
 1. parquet written under a temporary name, then renamed into ``data/chunk-XXX/``;
 2. MP4s renamed into ``videos/chunk-XXX/<key>/``; both lose their write bits before the rename
    (committed raw evidence is read-only, 0444 under a 022 umask, so an export may share it by
-   hard link: ``eva.dataset.fsafe.share_file``);
+   hard link: ``eva.dataset.share.share_file``);
 3. ``tasks.jsonl`` (if the task is new), ``eva_image_histograms.jsonl`` (eva's sidecar: each
    camera's exact 3 x 256 pixel histogram of the frames given to ``add_frames``, for exact image
    quantiles at export without decoding; not in episodes_stats.jsonl, whose image stats LeRobot

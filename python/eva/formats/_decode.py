@@ -18,17 +18,21 @@ from av.video.reformatter import VideoReformatter
 
 from eva.dataset import video
 from eva.dataset.errors import DatasetError
+from eva.dataset.fsafe import FileBeneath, Readable
 
 
 class VideoOpenError(ValueError):
     """An MP4 that does not open, or holds no video stream; the message names the file."""
 
 
-def open_video(path: Path) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
-    """The opened container of ``path`` and its first video stream (close the container): the
-    dataset layer's ``open_video``, its error as a ``VideoOpenError``."""
+def open_video(
+    source: Readable,
+) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
+    """The opened container of ``source`` and its first video stream (close the container): the
+    dataset layer's ``open_video``, its error as a ``VideoOpenError``. A dataset's file comes as
+    a ``FileBeneath`` (opened beneath its root, FFmpeg reading that open file)."""
     try:
-        return video.open_video(Path(path))
+        return video.open_video(source if isinstance(source, FileBeneath) else Path(source))
     except DatasetError as e:
         raise VideoOpenError(str(e)) from None
 
@@ -49,7 +53,7 @@ def frame_time(frame: av.VideoFrame) -> float:
     return float(cast(int, frame.pts) * cast(Fraction, frame.time_base))
 
 
-def decode_frame_times(path: Path) -> list[float]:
+def decode_frame_times(path: Readable) -> list[float]:
     """Presentation time (seconds) of every decoded frame of ``path``, in order."""
     container, stream = open_video(path)
     with container:
@@ -57,7 +61,7 @@ def decode_frame_times(path: Path) -> list[float]:
         return [frame_time(frame) for frame in container.decode(stream)]
 
 
-def decode_frames(path: Path) -> Iterator[tuple[float, np.ndarray]]:
+def decode_frames(path: Readable) -> Iterator[tuple[float, np.ndarray]]:
     """Every frame of ``path`` in order as (presentation time in seconds, (H, W, 3) uint8 RGB)."""
     container, stream = open_video(path)
     with container:
@@ -67,7 +71,7 @@ def decode_frames(path: Path) -> Iterator[tuple[float, np.ndarray]]:
             yield frame_time(frame), reformatter.reformat(frame, format="rgb24").to_ndarray()
 
 
-def first_frame(path: Path) -> np.ndarray | None:
+def first_frame(path: Readable) -> np.ndarray | None:
     """The first decoded frame of ``path`` as RGB, None when it decodes to no frame."""
     container, stream = open_video(path)
     with container:
@@ -76,7 +80,7 @@ def first_frame(path: Path) -> np.ndarray | None:
     return None
 
 
-def frame_at(path: Path, t: float, tolerance_s: float) -> tuple[float, np.ndarray] | None:
+def frame_at(path: Readable, t: float, tolerance_s: float) -> tuple[float, np.ndarray] | None:
     """The first frame presented at ``t`` seconds or later (within ``tolerance_s``), with its
     time: seek to the keyframe before ``t``, decode on. None when there is no such frame."""
     container, stream = open_video(path)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eva.dataset.errors import naming_write_errors
-from eva.dataset.fsafe import reflink
+from eva.dataset.share import reflink
 
 # Bytes per copy_file_range call (the kernel copies; nothing passes through this process).
 COPY_STEP = 1 << 30

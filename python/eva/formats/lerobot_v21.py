@@ -8,10 +8,11 @@
   under the renumbered path, without dictionary encoding: per-frame float data hardly repeats, so
   pyarrow's default dictionary attempt made the files ~25% larger and the write ~40% slower.
 - MP4: the frames do not change, so no data is copied where that is safe
-  (``eva.dataset.fsafe.share_file``): a reflink (copy-on-write clone) where the filesystem has
+  (``eva.dataset.share.share_file``): a reflink (copy-on-write clone) where the filesystem has
   one; else a hard link, but only to a read-only raw file (the writer commits them 0444), so a
-  consumer cannot write the raw evidence through the export; else a copy. A symlink in the
-  source is refused by validation and never linked.
+  consumer cannot write the raw evidence through the export; else a copy. Each source file is
+  opened beneath the dataset root when it is shared (a link at any component refused, even
+  one swapped in after validation) and the reflink, link or copy is made of that open file.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from eva.dataset.atomic import read_jsonl
 from eva.dataset.embedded import read_export_meta
 from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.reader import DatasetReader
+from eva.dataset.share import share_file
 from eva.dataset.subset import SubsetMeta, rewrite_index_columns
 from eva.dataset.validate import Problem
 from eva.formats._decode import first_frame
@@ -48,10 +50,10 @@ FORMAT = "lerobot_v21"
 OPTIONS = LeRobotV21Options  # this format's options (eva.formats.base.FormatModule)
 
 
-def link_or_copy(src: Path, dest: Path, *, link: bool = True) -> str:
+def link_or_copy(src: fsafe.Readable, dest: Path, *, link: bool = True) -> str:
     """``dest`` gets ``src``'s bytes: "reflink", "link" (only of a read-only raw file) or
-    "copy" (``eva.dataset.fsafe.share_file``; never a link to a link)."""
-    return fsafe.share_file(src, dest, link=link)
+    "copy" (``eva.dataset.share.share_file``: of the file opened once, never a link)."""
+    return share_file(src, dest, link=link)
 
 
 def _numbering_unchanged(
@@ -118,7 +120,8 @@ class EpisodeCopier:
     def write(self, task: EpisodeTask) -> EpisodeResult:
         """Output episode ``task.index``: its table, then its videos."""
         reader, src, new = self.reader, task.source_index, task.index
-        src_path = Path(reader.data_path(src))
+        src_file = reader.data_file(src)
+        src_path = src_file.path
         table = reader.read_table(src)  # opened beneath the root; the validation's read reused
         if table.num_rows == 0:
             raise DatasetError(f"{src_path}: episode {src}: empty episode (no rows)")
@@ -133,7 +136,7 @@ class EpisodeCopier:
             # Renumbering would write the same values (an episode that keeps its place, as in
             # an all-accepted export): the source file is shared like the MP4s, not rewritten.
             with naming_write_errors(dest):
-                link_or_copy(src_path, dest, link=self.link)
+                link_or_copy(src_file, dest, link=self.link)
         else:
             table = rewrite_index_columns(
                 table, new, task.index_offset, task.task_remap, where=f"{src_path}: episode {src}"
@@ -142,8 +145,8 @@ class EpisodeCopier:
                 pq.write_table(table, dest, use_dictionary=False)
         size = dest.stat().st_size
         for key, rel in zip(task.video_keys, task.other_files, strict=True):
-            video_src = Path(reader.video_path(src, key))
-            if not video_src.is_file():
+            video_src = reader.video_file(src, key)
+            if not video_src.path.is_file():
                 raise DatasetError(f"{video_src}: episode {src}: camera {key!r}: video missing")
             video_dest = task.subset_dir / rel
             video_dest.parent.mkdir(parents=True, exist_ok=True)

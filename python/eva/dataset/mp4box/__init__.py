@@ -52,7 +52,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from eva.dataset.identity import file_identity
+from eva.dataset.fsafe import Readable, name_of, open_readable
+from eva.dataset.identity import fd_identity
 from eva.dataset.mp4box.boxes import (
     TABLE_ENTRY_LIMIT,
     Box,
@@ -126,62 +127,68 @@ def _top_level_moov(reader: BoxReader) -> Box:
     return moov
 
 
-def _read_track(path: Path, samples: bool) -> VideoTrack | VideoSamples:
-    path = Path(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        reader = BoxReader(fd, path, os.fstat(fd).st_size)
-        moov = _top_level_moov(reader)
-        if moov.end - moov.start <= MOOV_READ_LIMIT:
-            reader.hold(moov.start, moov.end)
-        moov_boxes = child_boxes(reader, moov)
-        if any(box.type == b"mvex" for box in moov_boxes):
-            raise Mp4Unsupported(f"{path}: fragmented MP4 (mvex box)")
-        movie_timescale, _ = timescale_duration(
-            reader, need_box(reader, moov_boxes, b"mvhd", "moov")
-        )
-        tracks = [
-            track
-            for box in moov_boxes
-            if box.type == b"trak"
-            and (track := video_track_of(reader, box, movie_timescale, samples)) is not None
-        ]
-    finally:
-        os.close(fd)
+def _read_track(fd: int, path: Path, samples: bool) -> VideoTrack | VideoSamples:
+    """The video track of the open file ``fd`` (``path`` names it in messages)."""
+    reader = BoxReader(fd, path, os.fstat(fd).st_size)
+    moov = _top_level_moov(reader)
+    if moov.end - moov.start <= MOOV_READ_LIMIT:
+        reader.hold(moov.start, moov.end)
+    moov_boxes = child_boxes(reader, moov)
+    if any(box.type == b"mvex" for box in moov_boxes):
+        raise Mp4Unsupported(f"{path}: fragmented MP4 (mvex box)")
+    movie_timescale, _ = timescale_duration(reader, need_box(reader, moov_boxes, b"mvhd", "moov"))
+    tracks = [
+        track
+        for box in moov_boxes
+        if box.type == b"trak"
+        and (track := video_track_of(reader, box, movie_timescale, samples)) is not None
+    ]
     if len(tracks) != 1:
         raise Mp4Unsupported(f"{path}: {len(tracks)} video tracks")
     return tracks[0]
 
 
-def read_video_track(path: Path) -> VideoTrack:
+def read_video_track(source: Readable) -> VideoTrack:
     """The single video track's sample counts, checked to equal FFmpeg's decoded frame count.
 
-    Raises ``Mp4Unsupported`` when that cannot be told from the boxes (ask FFmpeg),
-    ``Mp4Truncated`` for a file cut short, ``OSError`` when the file cannot be read.
+    ``source``: a path, or a dataset file opened beneath its root (``fsafe.FileBeneath``); it is
+    opened once and parsed from that fd. Raises ``Mp4Unsupported`` when the count cannot be told
+    from the boxes (ask FFmpeg), ``Mp4Truncated`` for a file cut short, ``OSError`` when the file
+    cannot be read, ``DatasetError`` for a link on its way (``FileBeneath``).
     """
-    track = _read_track(path, samples=False)
+    fd = open_readable(source)
+    try:
+        track = _read_track(fd, name_of(source), samples=False)
+    finally:
+        os.close(fd)
     assert isinstance(track, VideoTrack)
     return track
 
 
-def read_video_samples(path: Path) -> VideoSamples:
+def read_video_samples(source: Readable) -> VideoSamples:
     """``read_video_track`` plus the sample entry and every sample (what a packet copy needs:
     ``eva.formats._v3_video`` splices the bytes at ``offsets``/``sizes`` without FFmpeg).
 
     Same checks and errors as ``read_video_track``; additionally ``Mp4Unsupported`` for several
     sample descriptions, or composition offsets (B-frames) without an edit list.
 
-    Parsed tables are kept (``_SampleCache``) while the file's identity and times are unchanged:
-    an export's validation and its writer read every MP4 once. The arrays are shared: read only.
+    Parsed tables are kept (``_SampleCache``) while the identity and times of the file opened
+    are unchanged: an export's validation and its writer read every MP4 once. The arrays are
+    shared: read only.
     """
-    key = _SampleCache.key(path)
-    if key is None:
-        return _parse_samples(path)
-    return _CACHE.get_or_parse(key, lambda: _parse_samples(path))
+    path = name_of(source)
+    fd = open_readable(source)
+    try:
+        key = _SampleCache.key(fd, path)
+        if key is None:
+            return _parse_samples(fd, path)
+        return _CACHE.get_or_parse(key, lambda: _parse_samples(fd, path))
+    finally:
+        os.close(fd)
 
 
-def _parse_samples(path: Path) -> VideoSamples:
-    track = _read_track(path, samples=True)
+def _parse_samples(fd: int, path: Path) -> VideoSamples:
+    track = _read_track(fd, path, samples=True)
     assert isinstance(track, VideoSamples)
     for array in (track.offsets, track.sizes, track.dts, track.pts, track.durations):
         array.flags.writeable = False
@@ -239,11 +246,12 @@ class _SampleCache:
             done.set()
 
     @staticmethod
-    def key(path: Path) -> tuple[object, ...] | None:
-        """None (not cached) for a file changed within ``SETTLED_NS``: file times come from a
-        coarse clock (a few ms), so a rewrite in place right after the parse could keep them."""
-        identity = file_identity(path)
-        if identity is None or time.time_ns() - identity[2] < SETTLED_NS:
+    def key(fd: int, path: Path) -> tuple[object, ...] | None:
+        """The open file's key; None (not cached) for a file changed within ``SETTLED_NS``: file
+        times come from a coarse clock (a few ms), so a rewrite in place right after the parse
+        could keep them."""
+        identity = fd_identity(fd)
+        if time.time_ns() - identity[2] < SETTLED_NS:
             return None
         return (str(path), *identity)
 
@@ -276,6 +284,6 @@ class _SampleCache:
 _CACHE = _SampleCache()
 
 
-def count_video_samples(path: Path) -> int:
+def count_video_samples(source: Readable) -> int:
     """Frames of the single video track (see ``read_video_track`` for the errors)."""
-    return read_video_track(path).sample_count
+    return read_video_track(source).sample_count

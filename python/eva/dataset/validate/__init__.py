@@ -354,7 +354,8 @@ def _check_episode(
             continue
         if rows is None:
             continue
-        check = functools.partial(_check_frames, video_path, ep, key, rows, decode, videos)
+        mp4 = reader.file_beneath(video_path)
+        check = functools.partial(_check_frames, mp4, ep, key, rows, decode, videos)
         if decode or videos is None:
             check(out)
         else:  # the inspection may still be running: its problems keep their place
@@ -380,7 +381,7 @@ def _check_episode(
 
 
 def _check_frames(
-    video_path: Path,
+    source: fsafe.FileBeneath,
     ep: int,
     key: str,
     rows: int,
@@ -390,11 +391,11 @@ def _check_frames(
 ) -> None:
     """One MP4 against its episode's rows: readable, as many frames, and (inspected) intact."""
     damaged: str | None = None
+    video_path = source.path
     try:
         if decode or videos is None:
-            frames = (
-                video.count_decoded_frames(video_path) if decode else video.count_frames(video_path)
-            )
+            count = video.count_decoded_frames if decode else video.count_frames
+            frames = count(source)
         else:
             frames, damaged = videos.result(video_path)
     except DatasetError as e:

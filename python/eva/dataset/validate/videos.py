@@ -18,6 +18,7 @@ from typing import Any
 
 from eva.dataset import decode_check, mp4box, video
 from eva.dataset.errors import DatasetError
+from eva.dataset.fsafe import FileBeneath
 from eva.dataset.identity import Identity, file_identity, matches
 from eva.dataset.reader import DatasetReader
 
@@ -42,6 +43,7 @@ class VideoInspections:
         known: Mapping[str, Any] | None = None,
     ) -> None:
         self._root = reader.root
+        self._reader = reader
         self._futures: dict[Path, Future[_Inspection]] = {}
         self._known: dict[Path, tuple[int, Identity]] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -69,7 +71,7 @@ class VideoInspections:
             thread_name_prefix="eva-validate",
         )
         for path in paths:
-            self._futures[path] = self._pool.submit(_inspect_video, path)
+            self._futures[path] = self._pool.submit(_inspect_video, reader.file_beneath(path))
 
     def _name(self, path: Path) -> str:
         return path.relative_to(self._root).as_posix()
@@ -100,7 +102,9 @@ class VideoInspections:
             return self._known[path][0], None
         future = self._futures.get(path)
         frames, unreadable, damaged, _ = (
-            future.result() if future is not None else _inspect_video(path)
+            future.result()
+            if future is not None
+            else _inspect_video(self._reader.file_beneath(path))
         )
         if unreadable is not None or frames is None:
             raise DatasetError(unreadable or f"{path}: cannot be read")
@@ -122,15 +126,17 @@ def _vouched(known: Mapping[str, Any] | None, name: str, path: Path) -> tuple[in
     return (entry[0], identity) if matches(entry[1:], identity) and identity is not None else None
 
 
-def _inspect_video(path: Path) -> _Inspection:
-    """The inspection of one MP4, with the file's identity when it was the same before and
-    after: never raises a DatasetError, so that the result can wait in a future."""
+def _inspect_video(source: FileBeneath) -> _Inspection:
+    """The inspection of one MP4 (opened beneath the dataset root by each of its reads), with
+    the file's identity when it was the same before and after: never raises a DatasetError, so
+    that the result can wait in a future."""
+    path = source.path
     before = file_identity(path)
     try:
-        frames, unreadable, damaged = decode_check.inspect_video(path), None, None
+        frames, unreadable, damaged = decode_check.inspect_video(source), None, None
     except decode_check.UndecodableVideo as e:
         try:
-            frames, unreadable, damaged = video.count_frames(path), None, str(e)
+            frames, unreadable, damaged = video.count_frames(source), None, str(e)
         except DatasetError as count_error:
             frames, unreadable, damaged = None, str(count_error), None
     except DatasetError as e:

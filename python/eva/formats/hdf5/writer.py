@@ -23,6 +23,7 @@ from h5py import h5f, h5i
 from eva.dataset import embedded, layout
 from eva.dataset.columns import column_values as column_value  # the `columns` group's values
 from eva.dataset.errors import DatasetError, WriteError, naming_write_errors
+from eva.dataset.fsafe import Readable, name_of
 from eva.dataset.reader import DatasetReader
 from eva.dataset.rgb import FrameConverter
 from eva.dataset.subset import SubsetMeta
@@ -170,7 +171,7 @@ class EpisodeWriter:
         path: Path,
         *,
         columns: Mapping[str, Any] | pa.Table,
-        videos: Mapping[str, Path],
+        videos: Mapping[str, Readable],
         metadata: Mapping[str, Any],
         label: str,
     ) -> int:
@@ -217,7 +218,7 @@ class EpisodeWriter:
                         item = images.create_group(ITEM_NAME.format(index))
                         item.attrs["key"] = key
                         item.attrs["kind"] = "array"
-                        self._write_camera(item, key, Path(video), rows, label, tmp)
+                        self._write_camera(item, key, video, rows, label, tmp)
                     write_mapping(h5.create_group("metadata"), metadata)
                     h5.close()  # HDF5's last metadata flush: it fails too on a full disk
                 except BaseException:
@@ -237,9 +238,10 @@ class EpisodeWriter:
         return path.stat().st_size
 
     def _write_camera(
-        self, item: h5py.Group, key: str, video: Path, rows: int, label: str, file: Path
+        self, item: h5py.Group, key: str, source: Readable, rows: int, label: str, file: Path
     ) -> None:
-        """Decode ``video`` into ``item/value`` (rows, H, W, 3).
+        """Decode ``source`` (a dataset's MP4: opened beneath its root) into ``item/value``
+        (rows, H, W, 3).
 
         A decode thread (PyAV and the native conversion release the GIL) fills one batch buffer
         while this thread writes the other, so decoding, conversion and I/O overlap. Memory: two
@@ -252,8 +254,9 @@ class EpisodeWriter:
         converter = self.converter
         assert converter is not None
         where = f"{label}: camera {key}"
+        video = name_of(source)
         try:
-            container, stream = open_video(video)
+            container, stream = open_video(source)
         except VideoOpenError as e:
             raise DatasetError(f"{where}: {e}") from None
         stop = threading.Event()
@@ -466,7 +469,7 @@ class Hdf5EpisodeSession:
                 f"episodes.jsonl length {task.length}"
             )
         table = rewrite_index_columns(table, new, task.index_offset, dict(task.task_remap))
-        videos = {key: Path(reader.video_path(src, key)) for key in task.video_keys}
+        videos = {key: reader.video_file(src, key) for key in task.video_keys}
         size = self.writer.write_episode(
             task.subset_dir / task.path,
             columns=table,

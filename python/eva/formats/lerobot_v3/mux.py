@@ -13,7 +13,7 @@ from typing import TypeVar, cast
 import av
 import numpy as np
 
-from eva.dataset import mp4box
+from eva.dataset import fsafe, mp4box
 from eva.formats._decode import rgb_arrays
 from eva.formats.lerobot_v3.splice import SplicedMp4, SpliceError
 from eva.formats.lerobot_v3.video import EpisodeVideo, StreamParams, VideoConcatError
@@ -71,7 +71,7 @@ class VideoShardWriter:
 
     def append(
         self,
-        source: Path | EpisodeVideo,
+        source: fsafe.Readable | EpisodeVideo,
         keyframes: list[bytes] | None = None,
         keyframe_limit: int = 0,
     ) -> AppendedEpisode:
@@ -116,7 +116,7 @@ class VideoShardWriter:
                     + "; ".join(self.params.differences(source.info.params))
                 )
         if source.samples is not None:
-            return self._copy_samples(source.path, source.samples, keyframes, keyframe_limit)
+            return self._copy_samples(source.source, source.samples, keyframes, keyframe_limit)
         first = len(keyframes) if keyframes is not None else 0
         appended = self._copy_packets(
             source.path, source.container, source.stream, source.info.frames, keyframes
@@ -127,7 +127,7 @@ class VideoShardWriter:
 
     def _copy_samples(
         self,
-        source: Path,
+        source: fsafe.Readable,
         samples: mp4box.VideoSamples,
         keyframes: list[bytes] | None,
         keyframe_limit: int = 0,
@@ -181,7 +181,7 @@ class VideoShardWriter:
 
     def _mux_samples(
         self,
-        source: Path,
+        source: fsafe.Readable,
         samples: mp4box.VideoSamples,
         times: np.ndarray,
         decode_times: np.ndarray,
@@ -197,7 +197,7 @@ class VideoShardWriter:
         flags = samples.keyframes.tolist()
         pts_list = times.tolist()
         dts_list = pts_list if samples.pts is samples.dts else decode_times.tolist()
-        fd = os.open(source, os.O_RDONLY)
+        fd = fsafe.open_readable(source)  # a dataset's file: beneath its root, no link followed
         try:
             i = 0
             while i < n:
@@ -351,10 +351,12 @@ def spread_sample(items: list[T], limit: int) -> list[T]:
     return [items[(2 * j + 1) * n // (2 * limit)] for j in range(limit)]
 
 
-def _read_samples(source: Path, samples: mp4box.VideoSamples, indices: list[int]) -> list[bytes]:
+def _read_samples(
+    source: fsafe.Readable, samples: mp4box.VideoSamples, indices: list[int]
+) -> list[bytes]:
     """The bytes of samples ``indices`` of ``source`` (the keyframes a shard's quantile sample
     decodes)."""
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = fsafe.open_readable(source)
     try:
         out = []
         for k in indices:

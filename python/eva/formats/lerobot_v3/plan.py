@@ -30,6 +30,7 @@ from typing import Any
 
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
+from eva.dataset.fsafe import FileBeneath
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta
 from eva.formats.base import EpisodeTask, ExportOptions, subset_episode_tasks
@@ -83,10 +84,13 @@ class OpenFile:
         self.episodes, self.size = [], 0
 
 
-def source_video(path: Path, source: int, key: str, cache: ParamsCache) -> tuple[int, StreamParams]:
-    """The episode MP4's size and stream parameters (no decoding)."""
+def source_video(
+    file: FileBeneath, source: int, key: str, cache: ParamsCache
+) -> tuple[int, StreamParams]:
+    """The episode MP4's size and stream parameters (no decoding), read from the file opened
+    beneath the dataset root."""
     try:
-        with EpisodeVideo(path, cache) as video:
+        with EpisodeVideo(file, cache) as video:
             return video.info.size_bytes, video.info.params
     except VideoConcatError as e:
         raise DatasetError(f"episode {source}, camera {key}: {e}") from None
@@ -178,7 +182,7 @@ def plan_videos(
     current = OpenFile()
     for task in episodes:
         src = task.source_index
-        size, params = source_video(Path(reader.video_path(src, key)), src, key, cache)
+        size, params = source_video(reader.video_file(src, key), src, key, cache)
         if current.episodes and (
             task.index in starts_data
             or current.size + size > limit

@@ -9,7 +9,6 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import av
@@ -252,9 +251,10 @@ def append_video(
     (the quantile sample: at most ``keyframe_limit``, 0 = all; None = no sample) come back
     with it."""
     source, rows = episode.source_index, episode.length
-    src_path = Path(reader.video_path(source, key))
+    src_file = reader.video_file(source, key)
+    src_path = src_file.path
     try:
-        video = EpisodeVideo(src_path, params_cache)
+        video = EpisodeVideo(src_file, params_cache)
     except VideoConcatError as e:
         raise DatasetError(f"episode {source}, camera {key}: {e}") from None
     with video:

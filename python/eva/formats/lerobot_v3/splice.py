@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eva.dataset import mp4box
+from eva.dataset import fsafe, mp4box
 from eva.formats._direct_io import SequentialWriter
 
 __all__ = ["SpliceError", "SplicedMp4"]
@@ -82,6 +82,14 @@ def _sample_entry(entry: mp4box.SampleEntry) -> bytes:
     return bytes(key)
 
 
+def _open_source(source: fsafe.Readable) -> int:
+    """A run's file: a dataset's episode MP4 opened beneath its root (no link at any component,
+    whatever the path named when the sample table was read), or the shard's own spill file."""
+    if isinstance(source, fsafe.FileBeneath):
+        return source.open()
+    return os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
 class SplicedMp4:
     """One shard being assembled at ``path``: ``add`` episodes' sample ranges (or packets, for
     sources the box parser does not vouch for), then ``close(end)`` writes the file."""
@@ -94,8 +102,9 @@ class SplicedMp4:
         self._dts: list[np.ndarray] = []
         self._pts: list[np.ndarray] = []
         self._keys: list[np.ndarray] = []
-        # (source path, offset, length, samples) per run of adjacent samples, in decode order
-        self._runs: list[tuple[Path, int, int, int]] = []
+        # (source, offset, length, samples) per run of adjacent samples, in decode order; a
+        # dataset's file is opened beneath its root again when the shard is written
+        self._runs: list[tuple[fsafe.Readable, int, int, int]] = []
         self._last_duration = 1
         self._spill: Path = self.path.with_name(self.path.name + ".spill")
         self._spill_fd: int | None = None
@@ -106,7 +115,7 @@ class SplicedMp4:
 
     def add_samples(
         self,
-        source: Path,
+        source: fsafe.Readable,
         offsets: np.ndarray,
         sizes: np.ndarray,
         dts: np.ndarray,
@@ -133,7 +142,7 @@ class SplicedMp4:
         ends = np.cumsum(sizes)
         for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
             length = int(ends[b - 1] - (ends[a - 1] if a else 0))
-            self._runs.append((Path(source), int(offsets[a]), length, b - a))
+            self._runs.append((source, int(offsets[a]), length, b - a))
 
     def add_packet(self, data: bytes, dts: int, pts: int, keyframe: bool, duration: int) -> None:
         """One packet's bytes (a demuxed source): kept in a spill file beside the shard."""
@@ -248,18 +257,18 @@ class SplicedMp4:
         out.close()
         return True
 
-    def _run_sources(self) -> Iterator[tuple[int, Path, int, int]]:
-        """(open source file, its path, offset, length) of every run, in order; one open file
+    def _run_sources(self) -> Iterator[tuple[int, fsafe.Readable, int, int]]:
+        """(open source file, its name, offset, length) of every run, in order; one open file
         at a time, closed when the next run is in another file or the iteration ends."""
         src_fd = -1
-        src_path: Path | None = None
+        src_path: fsafe.Readable | None = None
         try:
             for path, offset, length, _ in self._runs:
                 if path != src_path:
                     if src_fd >= 0:
                         os.close(src_fd)
                         src_fd = -1
-                    src_fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    src_fd = _open_source(path)
                     src_path = path
                 yield src_fd, path, offset, length
         finally:

@@ -60,13 +60,14 @@ validator's ``decode=True``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 import av
 
-from eva.dataset import mp4box
+from eva.dataset import fsafe, mp4box
 from eva.formats._decode import VideoOpenError, open_video
 
 
@@ -123,19 +124,28 @@ def _stream_params(stream: av.video.stream.VideoStream, path: Path) -> StreamPar
     )
 
 
-def probe(path: Path) -> EpisodeVideoInfo:
-    """Read the stream parameters and the sample count of ``path`` without decoding."""
-    path = Path(path)
+def probe(source: fsafe.Readable) -> EpisodeVideoInfo:
+    """Read the stream parameters and the sample count of ``source`` without decoding."""
+    path = fsafe.name_of(source)
     try:
-        container, stream = open_video(path)
+        container, stream = open_video(source)
     except VideoOpenError as e:
         raise VideoConcatError(str(e)) from None
     with container:
         return EpisodeVideoInfo(
             params=_stream_params(stream, path),
             frames=int(stream.frames or 0),
-            size_bytes=path.stat().st_size,
+            size_bytes=_file_size(source),
         )
+
+
+def _file_size(source: fsafe.Readable) -> int:
+    """The size of ``source``, from a new open of it (a dataset's file: beneath its root)."""
+    fd = fsafe.open_readable(source)
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 class ParamsCache:
@@ -177,13 +187,16 @@ class EpisodeVideo:
     is None). Use as a context manager.
     """
 
-    def __init__(self, path: Path, params_cache: ParamsCache | None = None) -> None:
-        self.path = Path(path)
+    def __init__(self, source: fsafe.Readable, params_cache: ParamsCache | None = None) -> None:
+        # a dataset's file is a FileBeneath: every open of it (the box parser's, FFmpeg's, the
+        # packet copy's) is beneath the dataset root; ``path`` only names it
+        self.source = source if isinstance(source, fsafe.FileBeneath) else Path(source)
+        self.path = fsafe.name_of(source)
         self._container: av.container.InputContainer | None = None
         self._stream: av.video.stream.VideoStream | None = None
         self.samples: mp4box.VideoSamples | None
         try:
-            self.samples = mp4box.read_video_samples(self.path)
+            self.samples = mp4box.read_video_samples(self.source)
         except mp4box.Mp4Unsupported:
             self.samples = None
         except mp4box.Mp4Truncated as e:
@@ -210,14 +223,15 @@ class EpisodeVideo:
             if self.samples is not None
             else stream_frames(self.stream)
         )
-        return EpisodeVideoInfo(params=params, frames=frames, size_bytes=self.path.stat().st_size)
+        size = _file_size(self.source)
+        return EpisodeVideoInfo(params=params, frames=frames, size_bytes=size)
 
     @property
     def stream(self) -> av.video.stream.VideoStream:
         """The PyAV video stream (the file is opened, and probed, on first use)."""
         if self._stream is None:
             try:
-                self._container, self._stream = open_video(self.path)
+                self._container, self._stream = open_video(self.source)
             except VideoOpenError as e:
                 raise VideoConcatError(str(e)) from None
             # Only keyframes are ever decoded here, one at a time: decoder threads would cost

@@ -27,6 +27,7 @@ from foxglove_schemas_protobuf.RawImage_pb2 import RawImage
 
 from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
+from eva.dataset.fsafe import Readable
 from eva.dataset.mp4box import Mp4Error, VideoSamples, read_video_samples
 from eva.formats.base import EpisodeResult, EpisodeTask
 from eva.formats.mcap import foxglove, wire
@@ -54,9 +55,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class CarriedVideo:
-    """A camera written from its MP4's samples (``carry_problem`` found nothing against it)."""
+    """A camera written from its MP4's samples (``carry_problem`` found nothing against it);
+    ``path`` is opened again (beneath the dataset root, for a reader's file) when written."""
 
-    path: Path
+    path: Readable
     samples: VideoSamples
 
 
@@ -366,7 +368,7 @@ class FoxgloveEpisodeSession(McapEpisodeSession):
         cameras: dict[str, CameraInput] = {}
         decoded: list[tuple[str, str]] = []
         for key in task.video_keys:
-            path = reader.video_path(task.source_index, key)
+            path = reader.video_file(task.source_index, key)
             try:
                 samples = read_video_samples(path)
                 why = carry_problem(samples)

@@ -23,12 +23,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from eva._native import load
 from eva.dataset.errors import DatasetError
+from eva.dataset.fsafe import Readable, open_readable
 from eva.dataset.mp4box import VideoSamples
 from eva.formats.mcap.records import Bytes, SpareBuffers
 
@@ -211,7 +211,7 @@ class AccessUnitReader:
     sample). ``DatasetError`` (naming ``label``) for a file shorter than its sample table or a
     sample whose NAL lengths do not add up."""
 
-    def __init__(self, path: Path, samples: VideoSamples, label: str) -> None:
+    def __init__(self, path: Readable, samples: VideoSamples, label: str) -> None:
         self.path, self.samples, self.label = path, samples, label
         self.config = parse_avcc(samples.entry.config)
         sizes = samples.sizes
@@ -220,7 +220,7 @@ class AccessUnitReader:
         # (A spare window of the previous file may be larger: batches are then longer.)
         largest = int(sizes.max()) if len(sizes) else 0
         self.window = spare_windows.take(max(largest, min(WINDOW, int(sizes.sum()))), True)
-        self.fd = os.open(path, os.O_RDONLY)
+        self.fd = open_readable(path)  # a dataset's MP4: beneath its root, no link followed
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -296,7 +296,7 @@ class AccessUnitReader:
         return np.frombuffer(b"".join(units), np.uint8), unit_starts, sizes, has_sps
 
 
-def access_units(path: Path, samples: VideoSamples, label: str) -> Iterator[list[Bytes]]:
+def access_units(path: Readable, samples: VideoSamples, label: str) -> Iterator[list[Bytes]]:
     """Every sample of the track, in decode order, as the parts of one Annex B access unit
     (SPS/PPS first on a keyframe that lacks them): ``AccessUnitReader`` one frame at a time.
     The parts are valid until the next one is asked for."""
