@@ -136,3 +136,41 @@ def test_a_link_made_by_another_program_costs_one_export(tmp_path: Path) -> None
     assert before is not None and file_identity(video) != before
     assert _counts(export_dataset(source, "mcap", incremental=True)) == (4, 0, 1)
     assert _counts(export_dataset(source, "mcap", incremental=True)) == (5, 0, 0)
+
+
+def test_the_console_video_lookup_sees_info_rewritten_in_place(
+    synthetic_dataset,  # noqa: ANN001
+) -> None:
+    """The console remembers where an episode's MP4 is while info.json and episodes.jsonl keep
+    their identity: an info.json rewritten in place (size, mtime and inode put back) whose
+    template now names another file is read again, and that file is served."""
+    import shutil
+
+    from eva.config import config_from_dict
+    from eva.console.datasets import DatasetDirs
+    from eva.console.review import EpisodeReview
+
+    raw = synthetic_dataset(name="site/raw", episodes=1, frames=[8])
+    config = config_from_dict(
+        {"collection": {"log_dir": str(raw.parent.parent), "tasks": {"site": ["a"]}}}
+    )
+    review = EpisodeReview(DatasetDirs(config.collection), lambda: None)
+    key = DatasetReader(raw).video_keys[0]
+    original = DatasetReader(raw).video_path(0, key)
+
+    def served() -> int:
+        fd = review.video_fd("site", 0, key)
+        try:
+            return os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+
+    assert served() == os.stat(original).st_ino  # the place is remembered from here on
+    moved = raw / "vidzzz" / original.relative_to(raw / "videos")
+    moved.parent.mkdir(parents=True)
+    shutil.copyfile(original, moved)
+    info = raw / layout.INFO
+    text = info.read_bytes()
+    assert text.count(b'"videos/chunk-') == 1
+    _write_in_place(info, text.replace(b'"videos/chunk-', b'"vidzzz/chunk-'))
+    assert served() == os.stat(moved).st_ino

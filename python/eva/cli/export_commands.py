@@ -144,8 +144,9 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
     "--incremental",
     is_flag=True,
     help="Link every episode file (lerobot_v3: shard file) whose fingerprint (source files' "
-    "size, mtime, inode; the episodes' rows and verdicts; the options) matches the published "
-    "pair's, and write only the rest. The result is the same bytes as a full export.",
+    "size, mtime, ctime, inode and device; the episodes' rows and verdicts; the options) "
+    "matches the published pair's, and write only the rest. The result is the same bytes as a "
+    "full export.",
 )
 @click.option(
     "--json",

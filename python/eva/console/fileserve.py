@@ -21,6 +21,8 @@ import anyio.to_thread
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from eva.dataset.identity import stat_identity
+
 CHUNK = 256 * 1024
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
@@ -67,7 +69,9 @@ class OpenFileResponse(Response):
         base = {
             "accept-ranges": "bytes",
             "last-modified": formatdate(st.st_mtime, usegmt=True),
-            "etag": f'"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"',
+            # the file's whole identity (eva.dataset.identity): a rewrite in place that puts the
+            # size, mtime and inode back still changes the tag a client's cached copy is kept by
+            "etag": '"{}"'.format("-".join(f"{v:x}" for v in stat_identity(st))),
             **(headers or {}),
         }
         if wanted is False:

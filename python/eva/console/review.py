@@ -6,7 +6,6 @@ The same ``eva.quality.verdicts`` calls, locks and files as ``eva qc``; every da
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,6 +20,7 @@ from eva.console.jobs import export_states
 from eva.dataset import fsafe, layout
 from eva.dataset.atomic import NotJSONError
 from eva.dataset.errors import DatasetError, UnsafePathError
+from eva.dataset.identity import Identity, file_identity
 
 MAX_SERIES_POINTS = 2000
 
@@ -198,14 +198,17 @@ class EpisodeReview:
             raise conflict("unsafe_path", str(e)) from None
 
     @staticmethod
-    def _meta_signature(root: Path) -> tuple[tuple[int, int, int], ...] | None:
-        try:
-            stats = [
-                os.stat(root / rel, follow_symlinks=False) for rel in (layout.INFO, layout.EPISODES)
-            ]
-        except OSError:
-            return None
-        return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+    def _meta_signature(root: Path) -> tuple[Identity, ...] | None:
+        """The identities of info.json and episodes.jsonl (``eva.dataset.identity``: a rewrite
+        in place that puts the size, mtime and inode back still changes them), or None when
+        either cannot be stat'ed (nothing is then remembered)."""
+        identities: list[Identity] = []
+        for rel in (layout.INFO, layout.EPISODES):
+            identity = file_identity(root / rel)
+            if identity is None:
+                return None
+            identities.append(identity)
+        return tuple(identities)
 
     def _video_rel(self, root: Path, index: Any, key: str) -> str:
         """The MP4's path relative to ``root``, from info.json's template and the episode rows."""
