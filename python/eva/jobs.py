@@ -16,7 +16,6 @@ upload jobs add ``remote_path``.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -25,8 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
-from eva.dataset import fsafe
-from eva.dataset.atomic import atomic_write_json
+from eva.dataset.atomic import atomic_write_json, read_json_object
 from eva.progress import Progress
 from eva.timestamps import utc_now
 
@@ -124,21 +122,26 @@ def write_job(path: Path, job: Job, *, durable: bool = True) -> None:
 def read_job(path: Path) -> Job | None:
     """The job stored at ``path``, or None when there is none (or it is unreadable)."""
     try:
-        # Not through a link, and a FIFO there must not block (eva.dataset.fsafe).
-        data = json.loads(fsafe.read_bytes(path).decode("utf-8"))
-    except (OSError, ValueError):  # a directory, link or FIFO there; bad JSON or UTF-8
+        # Not through a link, and a FIFO there must not block (eva.dataset.fsafe); strict: the
+        # record is written back, and a NaN there would refuse that write.
+        data = read_json_object(path, strict=True)
+    except (OSError, ValueError):  # a directory, link or FIFO there; not JSON (any reason)
         return None
-    if not isinstance(data, dict) or data.get("state") not in STATES:
+    if data.get("state") not in STATES:
         return None
-    return Job.from_dict(data)
+    try:
+        return Job.from_dict(data)
+    except TypeError:  # a required field missing
+        return None
 
 
-def pid_alive(pid: int | None) -> bool:
-    if not pid or pid <= 0:
+def pid_alive(pid: object) -> bool:
+    """Whether process ``pid`` runs; False for what no process id is (a hand-edited record's)."""
+    if not isinstance(pid, int) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: past the kernel's pid_t
         return False
     except PermissionError:
         return True

@@ -251,6 +251,59 @@ def unparsable(error: BaseException) -> str:
     return "an integer of more than 4300 digits" if "digits" in str(error) else str(error)
 
 
+class UnreadableJSON(DatasetError):
+    """A metadata file that is not the JSON its reader needs: ``<path>: <reason>``, where
+    ``reason`` (a few words, kept for callers that word the error themselves) is
+    ``unreadable JSON (why)``, ``not a JSON object`` or ``field F: NaN is not a JSON number``."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[UnreadableJSON], tuple[str, str]]:
+        return type(self), (self.path, self.reason)  # a worker process's error pickles back
+
+
+def parse_json(data: bytes, path: Path | str, *, strict: bool = False) -> Any:
+    """The JSON value of ``data``, the bytes of the metadata file ``path``. ``UnreadableJSON``
+    for anything ``json.loads`` raises on hostile text, not only ``JSONDecodeError``: bytes
+    that are not UTF-8, an integer past Python's 4300-digit limit, nesting past the recursion
+    limit; with ``strict`` (a file eva writes back) a ``NaN``/``Infinity``/``1e999`` too."""
+    try:
+        value = json.loads(data.decode("utf-8"))
+        found = non_json_value(value) if strict else None
+    except json.JSONDecodeError as e:
+        why = f"{e.msg} at line {e.lineno} column {e.colno}"
+        raise UnreadableJSON(path, f"unreadable JSON ({why})") from None
+    except (ValueError, RecursionError) as e:
+        raise UnreadableJSON(path, f"unreadable JSON ({unparsable(e)})") from None
+    if found is not None:
+        raise UnreadableJSON(path, f"field {found[0]}: {found[1]}")
+    return value
+
+
+def read_json(path: Path | str, *, strict: bool = False) -> Any:
+    """The JSON value of the metadata file ``path``, read without following a link or blocking
+    on a FIFO (``fsafe.read_bytes``). ``FileNotFoundError`` when it is missing (each caller
+    words that itself); any other failure a one-line ``DatasetError`` naming the file."""
+    try:
+        data = fsafe.read_bytes(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # EACCES, EIO, EISDIR
+        raise fsafe.os_error(e, path) from None
+    return parse_json(data, path, strict=strict)
+
+
+def read_json_object(path: Path | str, *, strict: bool = False) -> dict[str, Any]:
+    """``read_json`` of a file whose top level must be an object (every eva metadata file)."""
+    value = read_json(path, strict=strict)
+    if not isinstance(value, dict):
+        raise UnreadableJSON(path, "not a JSON object")
+    return value
+
+
 def _unterminated_tail(fd: int) -> tuple[int, bytes]:
     """(offset, bytes) of what follows the file's last newline; reads only the tail."""
     size = os.fstat(fd).st_size

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import fsafe, layout
-from eva.dataset.atomic import read_jsonl
+from eva.dataset import layout
+from eva.dataset.atomic import read_json_object, read_jsonl
 
 
 def embedded_images_info(
@@ -42,11 +42,9 @@ def image_keys(info: Mapping[str, Any]) -> list[str]:
 
 
 def read_export_meta(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(info, episodes rows)`` of an export directory; OSError / ValueError when unreadable."""
-    info = json.loads(fsafe.read_text(Path(root) / layout.INFO))
-    if not isinstance(info, dict):
-        raise ValueError(f"{Path(root) / layout.INFO}: not a JSON object")
-    return info, read_jsonl(Path(root) / layout.EPISODES)
+    """``(info, episodes rows)`` of an export directory; OSError / ValueError (a
+    ``DatasetError`` naming the file, for any reason JSON text is unreadable) otherwise."""
+    return read_json_object(Path(root) / layout.INFO), read_jsonl(Path(root) / layout.EPISODES)
 
 
 def embedded_info_problems(info: Mapping[str, Any], episode_count: int) -> list[tuple[str, str]]:

@@ -14,7 +14,6 @@ skip that open.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import OrderedDict
@@ -131,12 +130,7 @@ class DatasetReader:
             if required:
                 raise DatasetError(f"{path}: missing")
             return None
-        try:
-            return json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DatasetError(f"{path}: unreadable JSON ({e})") from None
-        except (ValueError, RecursionError) as e:  # a 5000-digit integer, deep nesting
-            raise DatasetError(f"{path}: unreadable JSON ({atomic.unparsable(e)})") from None
+        return atomic.parse_json(data, path)  # any failure: "<path>: unreadable JSON (why)"
 
     def _jsonl(self, rel: str, *, required: bool) -> list[dict[str, Any]]:
         path = self.root / rel

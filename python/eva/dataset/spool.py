@@ -21,7 +21,6 @@ kill (a power loss needs ``fsync``, which the writer's ``durable`` mode applies 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -32,8 +31,7 @@ import av
 import numpy as np
 import pyarrow as pa
 
-from eva.dataset import atomic, fsafe
-from eva.dataset.errors import DatasetError
+from eva.dataset import atomic
 
 __all__ = [
     "COMMITTING",
@@ -103,14 +101,11 @@ def write_marker(work_dir: Path, name: str, content: Mapping[str, Any]) -> None:
 def read_marker(work_dir: Path, name: str) -> dict[str, Any] | None:
     path = work_dir / name
     try:
-        value = json.loads(fsafe.read_bytes(path))  # never through a link
+        # never through a link; not JSON for any reason (or a NaN eva would write into the
+        # recovered episode's row) is a DatasetError naming the file
+        return atomic.read_json_object(path, strict=True)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        raise DatasetError(f"{path}: unreadable spool file ({e})") from None
-    if not isinstance(value, dict):
-        raise DatasetError(f"{path}: not a JSON object")
-    return value
 
 
 def rows_schema(vectors: Sequence[tuple[str, int]]) -> pa.Schema:

@@ -8,13 +8,13 @@ does not read. Symlinks are neither followed nor counted.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
 from eva.dataset import fsafe, layout
+from eva.dataset.atomic import parse_json, read_json
 from eva.dataset.errors import DatasetError
 from eva.publish import COMPLETE_MARKER
 
@@ -25,24 +25,20 @@ BOOKKEEPING = ("timestamp", "frame_index", "episode_index", "index", "task_index
 
 def _json(path: Path) -> Any:
     try:
-        return json.loads(fsafe.read_text(path))
+        return read_json(path)  # a link, a FIFO, not JSON (any reason): a DatasetError naming it
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing") from None
-    except DatasetError:
-        raise  # a link or a FIFO, named by fsafe
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise DatasetError(f"{path}: unreadable JSON ({e})") from None
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     if not os.path.lexists(path):
         return []
     rows = []
-    for line in fsafe.read_bytes(path).decode("utf-8", errors="replace").splitlines():
+    for line in fsafe.read_bytes(path).split(b"\n"):
         try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a torn tail: eva validate reports it
+            row = parse_json(line, path)
+        except DatasetError:
+            continue  # a torn tail, a damaged line: eva validate reports it
         if isinstance(row, dict):
             rows.append(row)
     return rows

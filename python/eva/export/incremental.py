@@ -65,7 +65,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from eva import __version__
-from eva.dataset.atomic import atomic_write_json
+from eva.dataset.atomic import atomic_write_json, read_json_object
 from eva.dataset.errors import DatasetError
 from eva.dataset.identity import Identity, file_identity, matches, same_but_ctime
 from eva.dataset.reader import DatasetReader
@@ -556,8 +556,9 @@ def _settle_paths(
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """The record at ``path``, empty when there is none or it is not one eva wrote: a link or a
+    FIFO there, not JSON for any reason, a NaN (strict: ``_settle_records`` writes it back)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json_object(path, strict=True)
+    except (OSError, DatasetError):
         return {}
-    return data if isinstance(data, dict) else {}

@@ -24,7 +24,6 @@ step 2 writes nothing at all: the error is the caller's to report.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import shutil
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from eva import __version__
-from eva.dataset import fsafe, layout
+from eva.dataset import layout
 from eva.dataset.errors import DatasetError, error_line, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, write_staged_json
@@ -108,19 +107,16 @@ def _one_line(error: BaseException) -> str:
 def _carry_unfinished_upload(root: Path, staging: Path) -> None:
     """An interrupted upload's record names the remote staging directory it left behind, which
     only the next upload removes; the swap would delete the record with the old pair, so an
-    unfinished one moves into the new pair."""
-    from eva.dataset.atomic import atomic_write_json
+    unfinished one moves into the new pair. A record eva cannot read (a link, not JSON for any
+    reason, a NaN) is not carried: ``read_upload_record`` would not read it either."""
+    from eva.dataset.atomic import atomic_write_json, read_json_object
     from eva.jobs import UPLOAD_JOB
 
     try:
-        record = json.loads(fsafe.read_text(root / UPLOAD_JOB))
-    except (OSError, ValueError):
+        record = read_json_object(root / UPLOAD_JOB, strict=True)
+    except (OSError, DatasetError):
         return
-    if (
-        isinstance(record, dict)
-        and record.get("state") != "completed"
-        and record.get("staging_path")
-    ):
+    if record.get("state") != "completed" and record.get("staging_path"):
         atomic_write_json(staging / UPLOAD_JOB, record, durable=False)
 
 

@@ -13,7 +13,6 @@ This is the only place that decides staleness, so the gate, the CLI and the cons
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -21,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import fsafe, layout
+from eva.dataset import layout
+from eva.dataset.atomic import read_json_object
 from eva.dataset.errors import DatasetError
 from eva.jobs import EXPORT_JOB, read_job
 from eva.quality.split import SplitPlan, plan_split
@@ -78,10 +78,9 @@ def read_marker(directory: Path) -> dict[str, Any] | None:
     try:
         if not stat.S_ISDIR(os.lstat(directory).st_mode):
             return None
-        data = json.loads(fsafe.read_text(Path(directory) / layout.QUALITY_SPLIT))
-    except (OSError, ValueError):
+        return read_json_object(Path(directory) / layout.QUALITY_SPLIT)
+    except (OSError, DatasetError):  # missing, a link or FIFO, not JSON (any reason)
         return None
-    return data if isinstance(data, dict) else None
 
 
 def compare_markers(

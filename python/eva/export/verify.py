@@ -19,13 +19,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eva.dataset import fsafe, layout
+from eva.dataset.atomic import read_json, read_json_object, read_jsonl
 from eva.dataset.decode_check import verify_videos
 from eva.dataset.errors import DatasetError
 from eva.dataset.validate import Problem
@@ -89,11 +89,9 @@ def _check_marker_totals(export_dir: Path, marker: dict[str, Any], problem: Any)
             f"{len(indices)} source_episode_indices",
         )
     try:
-        info = json.loads(fsafe.read_text(export_dir / layout.INFO))
-    except (OSError, ValueError):
+        info = read_json_object(export_dir / layout.INFO)
+    except (OSError, DatasetError):
         return  # the format's own verify names a missing or unreadable info.json
-    if not isinstance(info, dict):
-        return
     for key in ("total_episodes", "total_frames"):
         if key in info and key in marker and info[key] != marker[key]:
             problem(
@@ -104,14 +102,9 @@ def _check_marker_totals(export_dir: Path, marker: dict[str, Any], problem: Any)
 
 def _read_marker(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(fsafe.read_text(path))
+        return read_json_object(path)  # any other failure: a DatasetError naming the file
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DatasetError(f"{path}: unreadable ({e})") from None
-    if not isinstance(data, dict):
-        raise DatasetError(f"{path}: not a JSON object")
-    return data
 
 
 def verify_export(
@@ -251,17 +244,16 @@ def _meta_shape_problems(export_dir: Path) -> list[Problem]:
     """An export's info.json fields as every reader relies on them (the raw dataset's rules:
     fps, chunks_size, totals, every feature an object with a dtype and a shape), and every row
     of its jsonl metadata a JSON object."""
-    from eva.dataset.atomic import read_jsonl
     from eva.dataset.reader import info_field_problems
 
     out: list[Problem] = []
     info_path = export_dir / layout.INFO
     try:
-        info = json.loads(fsafe.read_text(info_path))
+        info = read_json(info_path)
     except FileNotFoundError:
         return out  # the format's verify names a missing info.json
-    except (OSError, ValueError) as e:
-        return [Problem("unreadable_meta", f"{info_path}: unreadable ({e})", str(info_path), None)]
+    except DatasetError as e:  # names the file: a link, a FIFO, not JSON (any reason)
+        return [Problem("unreadable_meta", str(e), str(info_path), None)]
     if not isinstance(info, dict):
         return [Problem("invalid_info", f"{info_path}: not a JSON object", str(info_path), None)]
     for message in info_field_problems(info):

@@ -25,7 +25,6 @@ reported with its own reason code:
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from eva.dataset import fsafe
+from eva.dataset.atomic import UnreadableJSON, read_json_object
 from eva.dataset.errors import DatasetError
 from eva.dataset.layout import QUALITY_SPLIT, export_paths, export_root, normalize_format
 from eva.export.staleness import compare_markers, current_plan, read_marker
@@ -87,13 +87,9 @@ def _same_path(recorded: object, expected: Path) -> bool:
         return False
 
 
-def _read_json_object(path: Path) -> dict[str, Any]:
-    # No symlink, no FIFO (a blocking open): fsafe's DatasetError is a ValueError here.
-    with fsafe.open_binary(path) as f:
-        data = json.loads(f.read().decode("utf-8"))
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    return data
+def _unreadable(error: DatasetError) -> str:
+    """Why a record could not be read, without the path the refusal names already."""
+    return error.reason if isinstance(error, UnreadableJSON) else str(error)
 
 
 def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> UploadPermit:
@@ -118,15 +114,15 @@ def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> Upl
         raise UploadRefused("accepted_dir_mismatch", str(e)) from None
 
     try:
-        job = _read_json_object(job_file)
+        job = read_json_object(job_file)  # no link, no FIFO, JSON (any failure a DatasetError)
     except FileNotFoundError:
         raise UploadRefused(
             "never_exported",
             f"{source}: never exported as {fmt} (no {job_file}); run the export first",
         ) from None
-    except (OSError, ValueError) as e:
+    except DatasetError as e:
         raise UploadRefused(
-            "job_unreadable", f"{job_file}: unreadable export job record ({e})"
+            "job_unreadable", f"{job_file}: unreadable export job record ({_unreadable(e)})"
         ) from None
 
     kind = job.get("kind", "export")
@@ -172,10 +168,14 @@ def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> Upl
 
     marker_path = expected_accepted / QUALITY_SPLIT
     try:
-        marker = _read_json_object(marker_path)
-    except (OSError, ValueError) as e:
+        marker = read_json_object(marker_path)
+    except FileNotFoundError:
         raise UploadRefused(
-            "marker_unreadable", f"{marker_path}: unreadable quality marker ({e})"
+            "marker_unreadable", f"{marker_path}: unreadable quality marker (missing)"
+        ) from None
+    except DatasetError as e:
+        raise UploadRefused(
+            "marker_unreadable", f"{marker_path}: unreadable quality marker ({_unreadable(e)})"
         ) from None
     if marker.get("subset") != "accepted":
         raise UploadRefused(

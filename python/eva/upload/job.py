@@ -20,14 +20,13 @@ that was cut off mid-way continues from its end when the staged prefix hashes eq
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eva.dataset import fsafe
+from eva.dataset.atomic import read_json_object
 from eva.dataset.layout import UnsafeNameError, check_component
 from eva.jobs import STATES, UPLOAD_JOB, Job, JobRecorder, write_job
 from eva.progress import Progress
@@ -66,14 +65,11 @@ class UploadJobRecord(Job):
 def read_upload_record(export_root: Path) -> UploadJobRecord | None:
     """The previous upload job of this export, or None when there is none or it is unreadable."""
     try:
-        data = json.loads(fsafe.read_text(Path(export_root) / UPLOAD_JOB))
-    except (OSError, ValueError):
+        # strict: a record with a NaN could not be written back when this upload updates it
+        data = read_json_object(Path(export_root) / UPLOAD_JOB, strict=True)
+    except (OSError, ValueError):  # a link or FIFO there, not JSON for any reason
         return None
-    if (
-        not isinstance(data, dict)
-        or data.get("kind") != "upload"
-        or data.get("state") not in STATES
-    ):
+    if data.get("kind") != "upload" or data.get("state") not in STATES:
         return None
     try:
         return UploadJobRecord.from_dict(data)

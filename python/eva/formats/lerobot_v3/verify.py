@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eva.dataset import fsafe, layout
+from eva.dataset import layout
+from eva.dataset.atomic import read_json_object
 from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.validate import Problem
 from eva.formats._decode import frame_at
@@ -67,7 +67,7 @@ def verify(export_dir: Path) -> list[Problem]:
     problem = ProblemCollector()
     info_path = root / layout.INFO
     try:
-        info = json.loads(fsafe.read_text(info_path))
+        info = read_json_object(info_path)  # any failure a DatasetError naming it
         locators = read_episode_locators(root).to_pylist()
         tasks = pq.read_table(root / TASKS_PARQUET)
     except (OSError, ValueError, pa.ArrowException, DatasetError) as e:

@@ -5,7 +5,6 @@ every camera (CompressedVideo decoded with PyAV, RawImage as stored)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, cast
@@ -15,6 +14,8 @@ from mcap.reader import McapReader, make_reader
 from mcap.records import Channel, Schema
 
 from eva.dataset import embedded
+from eva.dataset.atomic import UnreadableJSON, parse_json
+from eva.dataset.errors import DatasetError, error_line
 from eva.formats._verify import VECTOR_FEATURES, ProblemCollector, check_frame, check_vectors
 from eva.formats.mcap import foxglove
 from eva.formats.mcap.layout import IMAGE_TOPIC_PREFIX
@@ -135,14 +136,23 @@ def _read_back(
     from mcap_protobuf.decoder import DecoderFactory
 
     first_values: dict[str, np.ndarray | None] = {}
+    unreadable: set[str] = set()
     for name in VECTOR_FEATURES:
         topic = foxglove.column_topic(name)
         if name not in features or topic not in channels:
             continue
         for _, _, message in reader.iter_messages(topics=[topic]):
-            first_values[name] = np.asarray(list(json.loads(message.data).values()), np.float32)
+            try:  # a hostile file's message: any JSON (or none), 5000 digits, deep nesting
+                values = parse_json(message.data, path).values()
+                first_values[name] = np.asarray(list(values), np.float32)
+            except (DatasetError, AttributeError, TypeError, ValueError, OverflowError) as e:
+                why = e.reason if isinstance(e, UnreadableJSON) else error_line(e)
+                message_problem = f"{topic}: first message is not an object of numbers ({why})"
+                add("bad_value", message_problem, path, ep)
+                unreadable.add(name)
             break
-    check_vectors(add, features, first_values, path, ep)
+    checked = {k: v for k, v in features.items() if k not in unreadable}
+    check_vectors(add, checked, first_values, path, ep)
     if not rows:
         return
     decoders = DecoderFactory()
