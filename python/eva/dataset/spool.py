@@ -212,4 +212,3 @@ class VideoSpool:
             self._container.close()
         except Exception:  # the spool is being discarded with its work dir
             return
-
