@@ -112,6 +112,17 @@ def _staleness(split: dict[str, Any], fmt: str) -> dict[str, Any] | None:
     return {"stale": state.stale, "detail": state.describe() if state.stale else "current"}
 
 
+def _duration(frames: object, fps: float | None) -> float | None:
+    """Seconds of ``frames`` at ``fps``; None when either is unusable (a hand-edited total of
+    thousands of digits does not fit a float)."""
+    if not isinstance(frames, int) or isinstance(frames, bool) or not fps:
+        return None
+    try:
+        return round(frames / fps, 3)
+    except OverflowError:
+        return None
+
+
 def _check_totals(
     root: Path, info: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]
 ) -> None:
@@ -124,7 +135,7 @@ def _check_totals(
         return
     summary["episodes"], summary["frames"] = len(rows), frames
     fps = summary["fps"]
-    summary["duration_s"] = round(frames / fps, 3) if fps else None
+    summary["duration_s"] = _duration(frames, fps)
     summary["metadata_behind"] = (
         f"{root / layout.INFO}: totals {recorded[0]} episodes, {recorded[1]} frames, but "
         f"episodes.jsonl commits {len(rows)} episodes, {frames} frames (a save interrupted, or "
@@ -170,7 +181,7 @@ def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str,
         "fps": fps,
         "episodes": info.get("total_episodes", len(rows)),
         "frames": frames,
-        "duration_s": round(frames / fps, 3) if isinstance(frames, int) and fps else None,
+        "duration_s": _duration(frames, fps),
         "embedded_images": bool(info.get("embedded_images")),
         "cameras": {
             k: f.get("shape")
