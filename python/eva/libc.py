@@ -1,12 +1,13 @@
 """The C library functions eva calls through ctypes, each behind one typed wrapper.
 
-Python's ``os`` module has no ``syncfs``, ``renameat2``, ``openat2`` or ``mallopt``; these are the
-only libc calls eva makes outside it, and this is the only module that loads libc (it also raises
+Python's ``os`` module has no ``syncfs``, ``renameat2``, ``openat2``, ``mallopt`` or ``fallocate``
+(its ``posix_fallocate`` writes into every block where a filesystem cannot allocate); these are
+the only libc calls eva makes outside it, and this is the only module that loads libc (it also raises
 the open-file limit, through ``resource``). It imports nothing of
 eva, so every layer (capture, export, publish) may use it.
 
 Each wrapper says what happens where the function is missing (a non-glibc libc, an old kernel):
-``syncfs`` and ``mallopt`` return False, ``rename_exchange`` and ``openat2`` raise
+``syncfs``, ``mallopt`` and ``fallocate`` return False, ``rename_exchange`` and ``openat2`` raise
 ``OSError(ENOSYS)``.
 """
 
@@ -69,6 +70,32 @@ def mallopt(param: int, value: int) -> bool:
     if function is None:
         return False
     return bool(function(ctypes.c_int(param), ctypes.c_int(value)))
+
+
+# fallocate mode: allocate the blocks, leave the file's size (linux/falloc.h)
+FALLOC_FL_KEEP_SIZE = 0x01
+
+
+def fallocate(fd: int, offset: int, length: int, *, keep_size: bool = False) -> bool:
+    """Allocate the blocks of bytes ``offset`` to ``offset + length`` of the open ``fd``, so that
+    writes there cannot run out of space. False where ``fallocate`` is unavailable or the
+    filesystem cannot allocate ahead (nothing was done); the call's ``OSError`` otherwise
+    (``ENOSPC``: the blocks are not there to allocate)."""
+    if length <= 0:
+        return True  # nothing to allocate (the call refuses a zero length)
+    function = _function("fallocate64") or _function("fallocate")
+    if function is None:
+        return False
+    mode = FALLOC_FL_KEEP_SIZE if keep_size else 0
+    rc = function(
+        ctypes.c_int(fd), ctypes.c_int(mode), ctypes.c_int64(offset), ctypes.c_int64(length)
+    )
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+        return False
+    raise OSError(err, os.strerror(err))
 
 
 class _OpenHow(ctypes.Structure):

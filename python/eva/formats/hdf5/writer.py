@@ -18,8 +18,9 @@ import av
 import h5py
 import numpy as np
 import pyarrow as pa
-from h5py import h5f, h5i
+from h5py import h5f, h5p
 
+from eva import libc
 from eva.dataset import embedded, layout
 from eva.dataset.columns import column_values as column_value  # the `columns` group's values
 from eva.dataset.errors import DatasetError, WriteError, naming_write_errors
@@ -67,30 +68,49 @@ class BatchBuffers:
         return buffers
 
 
-def abandon(h5: h5py.File, path: Path) -> None:
-    """Close the file at ``path`` that a failed write leaves (it is deleted next), so that no
-    HDF5 object of it is left to fail later. HDF5 flushes its metadata as the objects close,
-    which fails again on a full disk; h5py's ``close`` stops at the first failure, and the
-    objects left open fail once more when Python collects them (the traceback keeps them
-    alive), as "Exception ignored" lines on stderr after the error was reported. So the file's
-    blocks are freed first (truncated: its bytes are garbage now), which leaves room for that
-    last flush, and whatever still fails to close is released anyway."""
-    with contextlib.suppress(OSError):
-        os.truncate(path, 0)
+def create_file(path: Path, *, aligned: bool) -> h5py.File:
+    """A new HDF5 file at ``path`` (h5py's defaults otherwise) that keeps no raw data back: no
+    sieve buffer, no chunk cache. Every dataset write reaches the file in its own call, where a
+    full disk raises; HDF5 would otherwise write the kept bytes as the dataset closes, and a
+    dataset closed by Python's collector fails there unseen ("Exception ignored" on stderr) and
+    stays half closed, which later crashes the process (a segfault as its file closes).
+    ``aligned``: image chunks at multiples of ALIGN (``ChunkFile``)."""
+    fapl = h5p.create(h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5f.LIBVER_EARLIEST, h5f.LIBVER_LATEST)
+    if aligned:
+        fapl.set_alignment(ALIGNMENT_THRESHOLD, ALIGN)
+    fapl.set_sieve_buf_size(0)
+    metadata_entries, slots, _, w0 = fapl.get_cache()
+    fapl.set_cache(metadata_entries, slots, 0, w0)
+    fcpl = h5p.create(h5p.FILE_CREATE)
+    fcpl.set_obj_track_times(False)
+    return h5py.File(h5f.create(os.fsencode(path), h5f.ACC_TRUNC, fapl=fapl, fcpl=fcpl))
+
+
+def reserve_space(h5: h5py.File) -> None:
+    """Allocate the blocks of all the file's bytes before HDF5 closes it: its close writes the
+    metadata it kept back, and a close that fails half way leaves objects HDF5 can neither
+    close nor forget. A full disk fails here instead, while the file is still whole (``abandon``
+    then closes it). Nothing is reserved where the filesystem cannot allocate ahead."""
+    libc.fallocate(h5.id.get_vfd_handle(), 0, h5.id.get_filesize(), keep_size=True)
+
+
+def abandon(h5: h5py.File) -> None:
+    """Close a file a failed write leaves (it is deleted next) without writing to it: its
+    descriptor is pointed at an empty file in memory first, so the metadata HDF5 flushes as it
+    closes cannot fail on a full disk (a close that fails leaves objects that fail again, as
+    "Exception ignored" lines, when Python collects them). The file's bytes are garbage by
+    now; reads past what was flushed see zeros, as past the end of a truncated file."""
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None:
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            scratch = memfd_create("eva-abandoned-hdf5", os.MFD_CLOEXEC)
+            try:
+                os.dup2(scratch, h5.id.get_vfd_handle(), inheritable=False)
+            finally:
+                os.close(scratch)
     with contextlib.suppress(Exception):
         h5.close()
-    file_id = h5.id
-    for kinds in (h5f.OBJ_LOCAL | ~h5f.OBJ_FILE, h5f.OBJ_LOCAL | h5f.OBJ_FILE):
-        try:
-            objects = h5f.get_obj_ids(file_id, kinds) if file_id.valid else []
-        except Exception:
-            objects = []
-        for obj in objects:
-            for _ in range(64):  # a reference per handle; a failed close still drops one
-                if not obj.valid:
-                    break
-                with contextlib.suppress(Exception):
-                    h5i.dec_ref(obj)
 
 
 def pad_edge_chunk(batch: np.ndarray, count: int, frames_per_chunk: int) -> int:
@@ -202,15 +222,10 @@ class EpisodeWriter:
             "compression_level": opts.compression_level,
         }
         # Uncompressed: chunks aligned and allocated up front, then written by eva (ChunkFile).
-        layout_args = (
-            {"alignment_threshold": ALIGNMENT_THRESHOLD, "alignment_interval": ALIGN}
-            if opts.h5py_compression is None
-            else {}
-        )
         try:
             # h5py reports a full disk as "Can't close file (file write failed ...)": name it.
             with naming_write_errors(path):
-                h5 = h5py.File(tmp, "w", **layout_args)
+                h5 = create_file(tmp, aligned=opts.h5py_compression is None)
                 try:
                     write_mapping(h5.create_group("columns"), column_values, **compression)
                     images = h5.create_group("images")
@@ -220,10 +235,11 @@ class EpisodeWriter:
                         item.attrs["kind"] = "array"
                         self._write_camera(item, key, video, rows, label, tmp)
                     write_mapping(h5.create_group("metadata"), metadata)
-                    h5.close()  # HDF5's last metadata flush: it fails too on a full disk
+                    reserve_space(h5)
                 except BaseException:
-                    abandon(h5, tmp)
+                    abandon(h5)
                     raise
+                h5.close()  # HDF5's last metadata flush, into the blocks reserved for it
             os.replace(tmp, path)
         except RuntimeError as e:
             tmp.unlink(missing_ok=True)
