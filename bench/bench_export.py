@@ -8,22 +8,27 @@ publishes the pair. ``cp -r`` of the source directory is what a plain copy costs
 
 * export with hard-linked MP4s vs ``cp -r`` (ratio > 1: cheaper than a copy);
 * export with copied MP4s vs ``cp -r`` (the cross-filesystem case: close to 1 is the goal);
-* the default export (linked, one ``syncfs`` before publication) vs ``cp -r`` + ``syncfs``.
+* the default export (linked, one ``syncfs`` before publication) vs ``cp -r`` + ``syncfs``;
+* each format's export with every dataset file opened beneath the root (``fsafe.FileBeneath``:
+  FFmpeg reads ``/proc/self/fd/<fd>``, the box parser and packet copies ``pread`` the fd) vs the
+  same export given plain paths (``open_beneath_rows``; ratio ~1: the safe open costs nothing).
 
 ``ratio`` = baseline_time / value_time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from eva.capture.synthetic import write_synthetic_dataset
+from eva.dataset.reader import DatasetReader
 from eva.dataset.video import VideoOptions
 from eva.export.pipeline import export_dataset
 from eva.export.registry import ExportOptions
@@ -98,6 +103,7 @@ def report(quick: bool = False) -> list[dict]:
         copied = LeRobotV21Options(copy_videos=True)
         copied_s = _best_seconds(export(durable=False, format=copied), clear_export, repeats)
         durable_s = _best_seconds(export(), clear_export, repeats)
+        beneath = open_beneath_rows(source, repeats)
     size = f"{episodes} episodes x {frames} frames, 2 cameras {width}x{height}, {megabytes:.1f} MB"
     return [
         {
@@ -124,7 +130,59 @@ def report(quick: bool = False) -> list[dict]:
             "unit": "ms",
             "note": f"{size}; both flush to disk once (shared disk: noisy)",
         },
+        *beneath,
     ]
+
+
+FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
+
+
+class _PlainPath(type(Path())):  # type: ignore[misc]
+    """A path standing in for a ``FileBeneath`` (same ``path`` attribute), opened as a path."""
+
+    @property
+    def path(self) -> Path:
+        return Path(self)
+
+
+@contextlib.contextmanager
+def _paths_not_beneath() -> Iterator[None]:
+    """The baseline: the reader hands out plain paths, which FFmpeg, the box parser and the
+    exports open as paths (what they did before issue 27's open-beneath)."""
+    beneath = DatasetReader.file_beneath
+    DatasetReader.file_beneath = lambda self, path: _PlainPath(path)  # type: ignore[assignment,method-assign,return-value]
+    try:
+        yield
+    finally:
+        DatasetReader.file_beneath = beneath  # type: ignore[method-assign]
+
+
+def open_beneath_rows(source: Path, repeats: int, formats: Sequence[str] = FORMATS) -> list[dict]:
+    """Per format: the export (serial, in this process, no sync) with files opened beneath the
+    root vs with paths; the two run alternately, best of ``repeats`` each."""
+    rows = []
+    for fmt in formats:
+        export_root = source.parent / "export"
+        best = {"beneath": float("inf"), "path": float("inf")}
+        for _ in range(repeats):
+            for arm in ("path", "beneath"):
+                shutil.rmtree(export_root, ignore_errors=True)
+                with _paths_not_beneath() if arm == "path" else contextlib.nullcontext():
+                    start = time.perf_counter()
+                    export_dataset(source, fmt, options=ExportOptions(durable=False))
+                    best[arm] = min(best[arm], time.perf_counter() - start)
+        shutil.rmtree(export_root, ignore_errors=True)
+        rows.append(
+            {
+                "name": f"export {fmt}: files opened beneath the root vs by path",
+                "value": best["beneath"] * 1e3,
+                "baseline": best["path"] * 1e3,
+                "ratio": best["path"] / best["beneath"],
+                "unit": "ms",
+                "note": f"{source.parent.name}; FFmpeg on /proc/self/fd, pread on the fd",
+            }
+        )
+    return rows
 
 
 # --------------------------------------------------------------------------------------------------
