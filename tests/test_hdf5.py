@@ -361,7 +361,7 @@ def test_batch_length_is_whole_chunks_and_bounded() -> None:
     assert hdf5.Hdf5Options(batch_frames=30, frames_per_chunk=8).batch_length(vga) == 32
     assert hdf5.Hdf5Options(batch_frames=1000).batch_length(vga) * vga <= hdf5.MAX_BATCH_BYTES
     # A chunk larger than the cap is still one whole chunk.
-    assert hdf5.Hdf5Options(frames_per_chunk=300).batch_length(vga) == 300
+    assert hdf5.Hdf5Options(frames_per_chunk=200).batch_length(vga) == 200
 
 
 # ---- the native rgb kernel (eva.dataset.rgb) -------------------------------------------------------
