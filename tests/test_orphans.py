@@ -140,10 +140,11 @@ class Family:
 
 @pytest.fixture(scope="module")
 def long_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A dataset whose export on two workers takes a few seconds."""
+    """A dataset whose export on two workers takes several seconds (the kills come within
+    1.5 s of the workers' start; 8 episodes were exported before that in the native pass)."""
     return write_synthetic_dataset(
         tmp_path_factory.mktemp("orphans") / "raw",
-        episodes=8,
+        episodes=24,
         frames=90,
         cameras=2,
         seed=5,
@@ -167,7 +168,7 @@ def test_kill_9_of_a_process_pool_export_leaves_no_children(long_source: Path, m
         if moment != "workers-starting":
             family.wait_for(3)  # the tracker and both workers
             rng = random.Random(f"{SEED}-{moment}")
-            family.watch(rng.uniform(0.0, 2.0))
+            family.watch(rng.uniform(0.0, 1.5))
             assert family.process.poll() is None, "the export ended before the kill"
         family.kill_and_check()
     finally:
