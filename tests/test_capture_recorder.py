@@ -578,10 +578,11 @@ def test_streams_on_different_clocks_are_reported(tmp_path: Path, caplog) -> Non
 
 
 def _wait_for_episode_dir(root: Path) -> Path:
-    """The episode work dir the consumer creates under .eva-work once START is processed."""
+    """The episode work dir the consumer creates under .eva-work once START is processed, once
+    its crash spool has started (its manifest and row stream are the dir's first files)."""
     work = root / layout.WORK_DIR
     deadline = time.monotonic() + 30
-    while not (found := [p for p in work.iterdir() if p.name.startswith("ep-")]):
+    while not (found := [p for p in work.iterdir() if (p / "rows.arrows").exists()]):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     return found[0]
