@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
+from foxglove_schemas_protobuf.Log_pb2 import Log
 from foxglove_schemas_protobuf.RawImage_pb2 import RawImage
 from google.protobuf.timestamp_pb2 import Timestamp
 from mcap.reader import make_reader
@@ -240,6 +241,44 @@ def test_quality_verdict_and_issues_are_foxglove_logs(exported: ExportResult) ->
         value for _, value in _messages(_episode_file(exported.accepted_dir, 0), "episode/quality")
     ]
     assert [log.message for log in logs] == ["quality green, 0 issues"]
+
+
+def test_the_quality_log_level_is_the_split_decision_for_every_spelling(tmp_path: Path) -> None:
+    # Verdicts and flags as the split reads them (spaces, any case): a " pass " overrides red,
+    # a "Fail " rejects a green episode, a " Red " flag rejects. The log reports the split's
+    # decision (WARNING iff the episode is in rejected), never a decision of its own.
+    verdicts = [" pass ", "PASS", "\tPass", "Fail ", None, None]
+    raw = write_synthetic_dataset(
+        tmp_path / "raw",
+        episodes=6,
+        frames=4,
+        cameras=1,
+        quality=["red", "red", "red", "green", "green", "green"],
+        qc_verdicts=verdicts,
+        extra_rows=[None, None, None, None, {"quality": " Red "}, None],
+    )
+    result = export_dataset(raw, "mcap", options=FOXGLOVE)
+    split = {
+        subset: json.loads((subset_dir / layout.QUALITY_SPLIT).read_text())
+        for subset, subset_dir in (
+            ("accepted", result.accepted_dir),
+            ("rejected", result.rejected_dir),
+        )
+    }
+    assert split["accepted"]["source_episode_indices"] == [0, 1, 2, 5]
+    assert split["rejected"]["source_episode_indices"] == [3, 4]
+    for subset, subset_dir in (
+        ("accepted", result.accepted_dir),
+        ("rejected", result.rejected_dir),
+    ):
+        for index, source_index in enumerate(split[subset]["source_episode_indices"]):
+            logs = [
+                value for _, value in _messages(_episode_file(subset_dir, index), "episode/quality")
+            ]
+            expected = Log.WARNING if subset == "rejected" else Log.INFO
+            assert logs[0].level == expected, (source_index, verdicts[source_index])
+            if verdicts[source_index] is not None:  # the verdict as written
+                assert f"qc_verdict {verdicts[source_index]}" in logs[0].message
 
 
 def test_verify_passes_and_catches_damage(exported: ExportResult, tmp_path: Path) -> None:

@@ -273,7 +273,9 @@ def _write_one_by_one(path: Path, content: EpisodeContent, cameras: dict[str, Ca
             writer.register_channel(channel, topic, "json", schema_id)
             column_ids.append((channel, series.payloads.to_list()))
         writer.add_message(1, 0, start, start, foxglove.json_payload(info))
-        for i, log in enumerate(foxglove.quality_logs(content.metadata, start)):
+        for i, log in enumerate(
+            foxglove.quality_logs(content.metadata, start, rejected=content.rejected)
+        ):
             writer.add_message(2, i, start, start, log)
         units = {k: h264.access_units(v.path, v.samples, "test") for k, v in cameras.items()}
         for i, t in enumerate(times):

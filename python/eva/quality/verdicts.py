@@ -33,8 +33,7 @@ from eva.dataset.layout import META_LOCK as META_LOCK  # re-exported: the lock q
 from eva.dataset.layout import WRITER_LOCK
 from eva.dataset.locks import is_flocked, meta_lock
 
-ACCEPTED = "accepted"
-REJECTED = "rejected"
+ACCEPTED, REJECTED = layout.SUBSETS  # the subsets' names are their directories' names
 VERDICTS = layout.QC_VERDICTS
 RULE = (
     "qc_verdict pass -> accepted; qc_verdict fail -> rejected; otherwise quality red -> rejected; "

@@ -266,16 +266,14 @@ def raw_image_parts(time_ns: int, frame_id: str, frame: np.ndarray) -> list[Byte
 # --- the quality log ---------------------------------------------------------------------------
 
 
-def quality_logs(row: Mapping[str, Any], time_ns: int) -> list[bytes]:
+def quality_logs(row: Mapping[str, Any], time_ns: int, *, rejected: bool) -> list[bytes]:
     """``foxglove.Log`` payloads: the verdict (the recorder's quality and the operator's
-    review), then one per quality issue; WARNING when the episode goes to rejected."""
+    review), then one per quality issue; WARNING when the episode is ``rejected`` (its subset,
+    which the export's split decided: this module applies no accept/reject rule of its own)."""
     quality = str(row.get("quality", "green"))
     verdict = row.get("qc_verdict")
     note = row.get("qc_note")
     issues = [i for i in row.get("quality_issues") or [] if isinstance(i, Mapping)]
-    rejected = str(verdict).lower() == "fail" or (
-        str(verdict).lower() != "pass" and quality.lower() == "red"
-    )
     text = f"quality {quality}, {len(issues)} issue{'s' if len(issues) != 1 else ''}"
     if verdict is not None:
         text += f"; qc_verdict {verdict}"

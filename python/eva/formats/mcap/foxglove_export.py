@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,7 @@ from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
 from foxglove_schemas_protobuf.Log_pb2 import Log
 from foxglove_schemas_protobuf.RawImage_pb2 import RawImage
 
+from eva.dataset import layout
 from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.fsafe import Readable
@@ -49,8 +50,8 @@ from eva.formats.mcap.writer import (
     episode_file,
 )
 
-if TYPE_CHECKING:
-    pass
+# The subset an episode the split rejects goes to (eva.quality's split names it).
+_, REJECTED_SUBSET = layout.SUBSETS
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ class EpisodeContent:
     features: Mapping[str, Any]  # info.json's features (the series names)
     image_features: Sequence[str] = ()  # inline image columns (not carried)
     label: str = ""  # names the episode in errors and warnings
+    # The episode's subset is "rejected": the export's split (eva.quality) decided it, and the
+    # quality log only reports it (WARNING), so the file and the split never disagree.
+    rejected: bool = False
 
 
 class _Channels:
@@ -214,7 +218,9 @@ def write_foxglove_episode(
             for topic, series in columns.items()
         }
         writer.add_message(metadata_id, 0, start_ns, start_ns, foxglove.json_payload(info))
-        for i, log in enumerate(foxglove.quality_logs(metadata, start_ns)):
+        for i, log in enumerate(
+            foxglove.quality_logs(metadata, start_ns, rejected=content.rejected)
+        ):
             writer.add_message(quality_id, i, start_ns, start_ns, log)
         _FrameWriter(writer, times, label).write(cameras, camera_ids, column_payloads)
     return os.stat(path).st_size
@@ -393,6 +399,7 @@ class FoxgloveEpisodeSession(McapEpisodeSession):
             reader.features,
             self.image_features,
             task.label,
+            rejected=task.subset == REJECTED_SUBSET,
         )
         warnings: list[str] = []
         size = write_foxglove_episode(
