@@ -36,6 +36,7 @@ __all__ = [
     "episode_table",
     "finite_row_stats",
     "huggingface_schema_metadata",
+    "specs_from_features",
 ]
 
 # Per-row bookkeeping columns every v2.1 table has (LeRobot's DEFAULT_FEATURES), in table order.
@@ -161,6 +162,30 @@ def check_features(
                 f"{path}: feature {name} is {feat.get('dtype')}{feat.get('shape')}, "
                 f"requested float32[{vec.dim}]"
             )
+
+
+def specs_from_features(
+    features: dict[str, Any],
+) -> tuple[list[CameraSpec], list[VectorSpec], str]:
+    """The cameras, vectors and encoder an info.json's features declare (KeyError, IndexError,
+    TypeError or ValueError when they are malformed)."""
+    cameras: list[CameraSpec] = []
+    vectors: list[VectorSpec] = []
+    codec = "libx264"
+    skip = set(INDEX_FEATURES) | {CAPTURE_TIME}
+    for name, feature in features.items():
+        if not isinstance(feature, dict) or name in skip:
+            continue
+        shape = list(feature.get("shape") or [])
+        if feature.get("dtype") == "video":
+            cameras.append(CameraSpec(name, int(shape[0]), int(shape[1])))
+            info_codec = (feature.get("info") or {}).get("video.codec")
+            codec = {"av1": "libsvtav1"}.get(str(info_codec), codec)
+        else:
+            names = feature.get("names")
+            names = names if isinstance(names, list) and len(names) == shape[0] else None
+            vectors.append(VectorSpec(name, int(shape[0]), names))
+    return cameras, vectors, codec
 
 
 def huggingface_schema_metadata(features: Mapping[str, Mapping[str, Any]]) -> bytes:

@@ -37,16 +37,14 @@ commits from several threads of that writer are serialised.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
+import pyarrow as pa
 
-from eva.dataset import atomic, fsafe, layout, spool
+from eva.dataset import atomic, fsafe, layout
 from eva.dataset.encoder_pool import BufferPool
 from eva.dataset.episode_writer import EpisodeWriter, RecordedEpisode
 from eva.dataset.errors import DatasetError
@@ -61,10 +59,12 @@ from eva.dataset.features import (
     episode_columns,
     episode_stats,
     episode_table,
+    specs_from_features,
 )
 from eva.dataset.layout import WRITER_LOCK, saving_marker_name
 from eva.dataset.limits import MAX_FPS
 from eva.dataset.locks import flocked, meta_lock, release_flock, try_flock
+from eva.dataset.publication import Publication
 from eva.dataset.recover import Recovery, recover_spools
 from eva.dataset.repair import (
     MetadataNotUpdated,
@@ -88,13 +88,6 @@ __all__ = [
     "default_feature_names",
     "remove_stale_temporaries",
 ]
-
-
-def _size_mark(path: Path) -> tuple[Path, int]:
-    try:
-        return path, path.stat().st_size
-    except FileNotFoundError:
-        return path, 0
 
 
 class DatasetWriter:
@@ -141,9 +134,15 @@ class DatasetWriter:
         self.buffer_pool = BufferPool()
         self.recovered = []
         self._init(
-            Path(root), int(fps), list(cameras), list(vectors), robot_type,
-            video or VideoOptions(), int(chunks_size), durable,
-        )  # fmt: skip
+            Path(root),
+            int(fps),
+            list(cameras),
+            list(vectors),
+            robot_type,
+            video or VideoOptions(),
+            int(chunks_size),
+            durable,
+        )
         if recover:
             try:
                 self.recovered = recover_spools(self)
@@ -161,28 +160,17 @@ class DatasetWriter:
         features = info.get("features") if isinstance(info, dict) else None
         if not isinstance(info, dict) or not isinstance(features, dict):
             raise DatasetError(f"{root / layout.INFO}: not a dataset's info.json (no features)")
-        cameras: list[CameraSpec] = []
-        vectors: list[VectorSpec] = []
-        codec = "libx264"
-        skip = set(INDEX_FEATURES) | {CAPTURE_TIME}
         try:
-            for name, feature in features.items():
-                if not isinstance(feature, dict) or name in skip:
-                    continue
-                shape = list(feature.get("shape") or [])
-                if feature.get("dtype") == "video":
-                    cameras.append(CameraSpec(name, int(shape[0]), int(shape[1])))
-                    info_codec = (feature.get("info") or {}).get("video.codec")
-                    codec = {"av1": "libsvtav1"}.get(str(info_codec), codec)
-                else:
-                    names = feature.get("names")
-                    names = names if isinstance(names, list) and len(names) == shape[0] else None
-                    vectors.append(VectorSpec(name, int(shape[0]), names))
+            cameras, vectors, codec = specs_from_features(features)
             return cls.create_or_open(
-                root, fps=int(info["fps"]), cameras=cameras, vectors=vectors,
+                root,
+                fps=int(info["fps"]),
+                cameras=cameras,
+                vectors=vectors,
                 robot_type=str(info.get("robot_type") or "unknown"),
-                video=VideoOptions(codec=codec), durable=durable,
-            )  # fmt: skip
+                video=VideoOptions(codec=codec),
+                durable=durable,
+            )
         except (KeyError, IndexError, TypeError, ValueError) as e:
             if isinstance(e, DatasetError):
                 raise
@@ -335,9 +323,13 @@ class DatasetWriter:
             max(layout.episode_chunk(e, self.chunks_size) for e in lengths) if lengths else -1
         )
         self._stats = repair_after_crash(
-            self.root, self.info, self._episode_indices, self._total_frames, self._info_totals(),
+            self.root,
+            self.info,
+            self._episode_indices,
+            self._total_frames,
+            self._info_totals(),
             durable=self.durable,
-        )  # fmt: skip
+        )
 
     def _info_totals(self) -> dict[str, Any]:
         n = len(self._episode_indices)
@@ -410,13 +402,6 @@ class DatasetWriter:
             raise DatasetError(f"{path}: {template_key} leads outside the dataset {self.root}")
         return path
 
-    def _real_parent(self, path: Path) -> None:
-        """Make ``path``'s parent directories, each a real directory inside the dataset."""
-        rel = path.parent.relative_to(self.root)
-        fsafe.contained(self.root, rel, "dir")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fsafe.contained(self.root, rel, "dir")
-
     def _data_path(self, episode_index: int) -> Path:
         chunk = layout.episode_chunk(episode_index, self.chunks_size)
         return self._path_from_template(
@@ -426,134 +411,113 @@ class DatasetWriter:
     def _video_path(self, episode_index: int, key: str) -> Path:
         chunk = layout.episode_chunk(episode_index, self.chunks_size)
         return self._path_from_template(
-            "video_path", layout.VIDEO_PATH,
-            episode_chunk=chunk, episode_index=episode_index, video_key=key,
-        )  # fmt: skip
+            "video_path",
+            layout.VIDEO_PATH,
+            episode_chunk=chunk,
+            episode_index=episode_index,
+            video_key=key,
+        )
 
     def commit_episode(self, episode: RecordedEpisode, extra: dict[str, Any]) -> int:
         """Publish a recorded episode (``EpisodeWriter.commit`` calls this); returns its index."""
-        n = episode.length
-        vectors = episode.vectors
-        capture_time = episode.capture_time
-
         with self._lock:
             if self._closed:
                 raise DatasetError(f"{self.root}: writer is closed")
             ep = self._next_episode
-            task = episode.task
-            new_task = task not in self._tasks
-            task_index = len(self._tasks) if new_task else self._tasks[task]
-            if new_task and task_index in self._tasks.values():
-                task_index = max(self._tasks.values()) + 1
-
+            task_index, new_task = self._task_index(episode.task)
             columns = episode_columns(
-                self.vectors, vectors, capture_time,
-                with_capture_time=self._has_capture_time, fps=self.fps, episode_index=ep,
-                first_index=self._total_frames, task_index=task_index,
-            )  # fmt: skip
-            table = episode_table(columns, self.features)
-            histograms = episode.histograms
-            ep_stats = episode_stats(
-                columns, self.vectors, vectors, episode.image_stats, self.features
+                self.vectors,
+                episode.vectors,
+                episode.capture_time,
+                with_capture_time=self._has_capture_time,
+                fps=self.fps,
+                episode_index=ep,
+                first_index=self._total_frames,
+                task_index=task_index,
             )
-
-            row: dict[str, Any] = {"episode_index": ep, "tasks": [task], "length": n}
+            table = episode_table(columns, self.features)
+            ep_stats = episode_stats(
+                columns, self.vectors, episode.vectors, episode.image_stats, self.features
+            )
+            row: dict[str, Any] = {
+                "episode_index": ep,
+                "tasks": [episode.task],
+                "length": episode.length,
+            }
             if self.cameras:
                 row["video_keys"] = [c.key for c in self.cameras]
             row.update(extra)
-
-            data_path = self._data_path(ep)
-            tmp = data_path.with_name(atomic.TMP_PREFIX + data_path.name)
-            moved: list[Path] = []
-            videos_moved: list[tuple[Path, Path]] = []  # (published, where it came from)
-            rollback: list[tuple[Path, int]] = []
-            if episode.spool_dir is not None:
-                # Before any file moves: a recovery after a kill learns which index to look for.
-                spool.write_marker(
-                    episode.spool_dir, spool.COMMITTING, {"episode_index": ep, "length": n}
-                )
-
-            def append_row(rel: str, row: dict[str, Any]) -> None:
-                """Append one jsonl row, remembering the old size to take it back on failure."""
-                path = self.root / rel
-                rollback.append(_size_mark(path))
-                atomic.append_jsonl_inplace(path, [row], durable=self.durable)
-
-            # `eva qc` refuses a verdict for episode ep while this marker is locked.
-            with flocked(self.work_root / saving_marker_name(ep), unlink=True):
-                try:
-                    self._real_parent(data_path)
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)  # a planted link there would be written through
-                    pq.write_table(table, tmp)
-                    # Committed raw evidence is read-only (0444 under the usual umask): an
-                    # export may then share it by hard link without exposing it to writes.
-                    fsafe.make_read_only(tmp)
-                    if self.durable:
-                        fd = fsafe.open_regular(tmp)
-                        try:
-                            os.fsync(fd)
-                        finally:
-                            os.close(fd)
-                    os.replace(tmp, data_path)
-                    moved.append(data_path)
-                    for cam in self.cameras:
-                        dest = self._video_path(ep, cam.key)
-                        self._real_parent(dest)
-                        fsafe.make_read_only(episode.video_files[cam.key])
-                        os.replace(episode.video_files[cam.key], dest)
-                        videos_moved.append((dest, episode.video_files[cam.key]))
-                    if self.durable:
-                        for d in {p.parent for p in moved + [v for v, _ in videos_moved]}:
-                            atomic.fsync_dir(d)
-                    if new_task:
-                        append_row(layout.TASKS, {"task_index": task_index, "task": task})
-                    if histograms:
-                        append_row(
-                            layout.IMAGE_HISTOGRAMS, {"episode_index": ep, "histograms": histograms}
-                        )
-                    append_row(layout.EPISODES_STATS, {"episode_index": ep, "stats": ep_stats})
-                    # Commit point: from here on the episode exists. The meta lock keeps a
-                    # concurrent `eva qc` rewrite of episodes.jsonl from losing this row.
-                    with meta_lock(self.root):
-                        atomic.append_jsonl_inplace(
-                            self.root / layout.EPISODES, [row], durable=self.durable
-                        )
-                except BaseException:
-                    for p in moved:
-                        with contextlib.suppress(OSError):
-                            p.unlink()
-                    # The videos go back where they came from: a retry (or eva recover) needs them.
-                    for published, origin in videos_moved:
-                        with contextlib.suppress(OSError):
-                            os.replace(published, origin)
-                    with contextlib.suppress(OSError):
-                        tmp.unlink()
-                    if episode.spool_dir is not None:
-                        with contextlib.suppress(OSError):
-                            os.unlink(episode.spool_dir / spool.COMMITTING)
-                    # Take back the rows appended before the commit point (nobody else writes
-                    # these two files); a torn episodes.jsonl fragment is healed by the next append.
-                    for path, size in reversed(rollback):
-                        with contextlib.suppress(OSError):
-                            os.truncate(path, size)
-                    raise
-
-            if new_task:
-                self._tasks[task] = task_index
-            self._episode_indices.add(ep)
-            self._next_episode = ep + 1
-            self._total_frames += n
-            self._max_chunk = max(self._max_chunk, layout.episode_chunk(ep, self.chunks_size))
-            self._stats.add(ep_stats)
-            try:
-                atomic.atomic_write_json(
-                    self.root / layout.STATS, self._stats.result(), durable=self.durable
-                )
-                self.info.update(self._info_totals())
-                atomic.atomic_write_json(self.root / layout.INFO, self.info, durable=self.durable)
-            except Exception as e:
-                # Past the commit point the episode exists: only metadata derived from the rows
-                # is stale, which `eva cleanup` (or the next open) repairs. Not a failed save.
-                raise MetadataNotUpdated(self.root, ep, e) from e
+            task_row = {"task_index": task_index, "task": episode.task} if new_task else None
+            self._publish(episode, ep, table, ep_stats, row, task_row)
+            self._count_committed(ep, episode, task_index, ep_stats)
             return ep
+
+    def _task_index(self, task: str) -> tuple[int, bool]:
+        """The index of ``task``, and whether it is new to the dataset."""
+        if task not in self._tasks:
+            task_index = len(self._tasks)
+            if task_index in self._tasks.values():
+                task_index = max(self._tasks.values()) + 1
+            return task_index, True
+        return self._tasks[task], False
+
+    def _publish(
+        self,
+        episode: RecordedEpisode,
+        ep: int,
+        table: pa.Table,
+        ep_stats: dict[str, Any],
+        row: dict[str, Any],
+        task_row: dict[str, Any] | None,
+    ) -> None:
+        """Move the episode's files in and append its rows, up to and including the commit point
+        (its episodes row); a failure before the commit point takes every step back."""
+        data_path = self._data_path(ep)
+        publication = Publication(self.root, durable=self.durable, spool_dir=episode.spool_dir)
+        publication.claim(ep, episode.length)
+        # `eva qc` refuses a verdict for episode ep while this marker is locked.
+        with flocked(self.work_root / saving_marker_name(ep), unlink=True):
+            try:
+                publication.publish_table(table, data_path)
+                for cam in self.cameras:
+                    dest = self._video_path(ep, cam.key)
+                    publication.publish_video(episode.video_files[cam.key], dest)
+                publication.sync_directories()
+                if task_row is not None:
+                    publication.append_row(layout.TASKS, task_row)
+                if episode.histograms:
+                    histograms = {"episode_index": ep, "histograms": episode.histograms}
+                    publication.append_row(layout.IMAGE_HISTOGRAMS, histograms)
+                publication.append_row(
+                    layout.EPISODES_STATS, {"episode_index": ep, "stats": ep_stats}
+                )
+                # Commit point: from here on the episode exists. The meta lock keeps a
+                # concurrent `eva qc` rewrite of episodes.jsonl from losing this row.
+                with meta_lock(self.root):
+                    atomic.append_jsonl_inplace(
+                        self.root / layout.EPISODES, [row], durable=self.durable
+                    )
+            except BaseException:
+                publication.undo()
+                raise
+
+    def _count_committed(
+        self, ep: int, episode: RecordedEpisode, task_index: int, ep_stats: dict[str, Any]
+    ) -> None:
+        """Add a committed episode to the running state and rewrite stats.json and info.json."""
+        self._tasks.setdefault(episode.task, task_index)
+        self._episode_indices.add(ep)
+        self._next_episode = ep + 1
+        self._total_frames += episode.length
+        self._max_chunk = max(self._max_chunk, layout.episode_chunk(ep, self.chunks_size))
+        self._stats.add(ep_stats)
+        try:
+            atomic.atomic_write_json(
+                self.root / layout.STATS, self._stats.result(), durable=self.durable
+            )
+            self.info.update(self._info_totals())
+            atomic.atomic_write_json(self.root / layout.INFO, self.info, durable=self.durable)
+        except Exception as e:
+            # Past the commit point the episode exists: only metadata derived from the rows
+            # is stale, which `eva cleanup` (or the next open) repairs. Not a failed save.
+            raise MetadataNotUpdated(self.root, ep, e) from e
