@@ -129,9 +129,14 @@ class CameraEncoder:
     def _encode(self, frames: np.ndarray) -> None:
         if self.encoder is None:
             self.encoder = VideoEncoder(
-                self.path, self.cam.width, self.cam.height, self.fps, self.options,
-                thread_count=self.codec_threads, spool_path=self.spool_path,
-            )  # fmt: skip
+                self.path,
+                self.cam.width,
+                self.cam.height,
+                self.fps,
+                self.options,
+                thread_count=self.codec_threads,
+                spool_path=self.spool_path,
+            )
         self.encoder.write(frames)
         self.stats.update(frames)
 
@@ -251,9 +256,14 @@ class EpisodeEncoders:
         for cam in self._specs:
             buffers = self._pool.take(cam) if self._pool is not None else None
             self.cameras[cam.key] = CameraEncoder(
-                cam, self._video_files[cam.key], self._fps, self._options, buffers, codec_threads,
+                cam,
+                self._video_files[cam.key],
+                self._fps,
+                self._options,
+                buffers,
+                codec_threads,
                 self._spool_files.get(cam.key),
-            )  # fmt: skip
+            )
         # An episode dropped without commit/abort must not leave its encoder threads waiting
         # forever: when it is collected they discard their files and end (the work dir is
         # removed by the next writer that opens the dataset).

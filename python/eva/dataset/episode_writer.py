@@ -118,9 +118,13 @@ class EpisodeWriter:
             }
             self._rows = self._start_spool(started_at or utc_now(), spool_files)
         self._encoders = EpisodeEncoders(  # started on the first frames
-            writer.cameras, self._video_files, writer.fps, writer.video,
-            writer.buffer_pool if writer.parallel_encode else None, spool_files,
-        )  # fmt: skip
+            writer.cameras,
+            self._video_files,
+            writer.fps,
+            writer.video,
+            writer.buffer_pool if writer.parallel_encode else None,
+            spool_files,
+        )
         self._vector_parts: dict[str, list[np.ndarray]] = {v.name: [] for v in writer.vectors}
         self._capture_parts: list[np.ndarray] = []
         self._done = False
@@ -130,14 +134,21 @@ class EpisodeWriter:
     def _start_spool(self, started_at: str, video_files: dict[str, Path]) -> spool.RowSpool:
         w = self.writer
         spool.write_manifest(
-            self.work_dir, task=self.task, fps=w.fps, started_at=started_at,
+            self.work_dir,
+            task=self.task,
+            fps=w.fps,
+            started_at=started_at,
             cameras=[
-                {"key": c.key, "height": c.height, "width": c.width,
-                 "spool": video_files[c.key].name}
+                {
+                    "key": c.key,
+                    "height": c.height,
+                    "width": c.width,
+                    "spool": video_files[c.key].name,
+                }
                 for c in w.cameras
             ],
             vectors=[{"name": v.name, "dim": v.dim} for v in w.vectors],
-        )  # fmt: skip
+        )
         return spool.RowSpool(self.work_dir / spool.ROWS, [(v.name, v.dim) for v in w.vectors])
 
     def _check_open(self) -> None:

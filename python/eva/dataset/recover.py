@@ -326,6 +326,9 @@ def recover_spool(writer: DatasetWriter, work_dir: Path) -> Recovery:
         index = e.episode_index
     shutil.rmtree(work_dir, ignore_errors=True)
     return Recovery(
-        work_dir, index, frames, rows.num_rows,
+        work_dir,
+        index,
+        frames,
+        rows.num_rows,
         note=f"recovered as episode {index} ({frames} frames, red: {RECOVERED_CODE})",
-    )  # fmt: skip
+    )

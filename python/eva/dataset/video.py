@@ -46,9 +46,17 @@ def use_decode_threads(stream: av.video.stream.VideoStream) -> None:
 
 SUPPORTED_CODECS = ("libx264", "libsvtav1")
 X264_PRESETS = (
-    "ultrafast", "superfast", "veryfast", "faster", "fast",
-    "medium", "slow", "slower", "veryslow", "placebo",
-)  # fmt: skip
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+)
 # Codec name as LeRobot records it in info.json `video.codec`.
 CODEC_INFO_NAME = {"libx264": "h264", "libsvtav1": "av1"}
 

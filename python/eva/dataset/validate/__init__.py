@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -198,36 +199,45 @@ def start_validation(
     assert episodes is not None
     video_keys = safe_video_keys(reader, out)
     videos = VideoInspections(reader, episodes, video_keys, not decode, known_videos)
+    checks = _EpisodeChecks(
+        reader, tasks, episodes_stats, video_keys, decode, out, on_table, videos
+    )
     try:
-        _check_episodes(
-            reader, root, info_path, episodes_path, episodes, tasks, episodes_stats, video_keys,
-            decode, out, on_episode, on_table, videos,
-        )  # fmt: skip
+        _check_episodes(checks, root, info_path, episodes_path, episodes, on_episode)
     except BaseException:
         videos.__exit__(None, None, None)
         raise
     return Validation(out, videos)
 
 
+@dataclass(frozen=True)
+class _EpisodeChecks:
+    """What the checks of every episode share: the dataset's reader and metadata, how videos are
+    checked, and where problems (and the index columns read) go."""
+
+    reader: DatasetReader
+    tasks: dict[int, str] | None
+    episodes_stats: dict[int, Any]
+    video_keys: list[str]
+    decode: bool
+    out: ProblemCollector
+    on_table: Callable[[int, pa.Table], None] | None
+    videos: VideoInspections
+
+
 def _check_episodes(
-    reader: DatasetReader,
+    checks: _EpisodeChecks,
     root: Path,
     info_path: Path,
     episodes_path: Path,
     episodes: list[dict[str, Any]],
-    tasks: dict[int, str] | None,
-    episodes_stats: dict[int, Any],
-    video_keys: list[str],
-    decode: bool,
-    out: ProblemCollector,
     on_episode: Callable[[int, int], None] | None,
-    on_table: Callable[[int, pa.Table], None] | None,
-    videos: VideoInspections,
 ) -> None:
+    out = checks.out
     seen: set[int] = set()
     total_frames = 0
     numbering: list[tuple[int, int | None, int | None]] = []
-    check_text(reader, episodes, tasks, out)
+    check_text(checks.reader, episodes, checks.tasks, out)
     for done, row in enumerate(episodes, 1):
         ep = row["episode_index"]
         if ep in seen:
@@ -240,70 +250,65 @@ def _check_episodes(
             continue
         seen.add(ep)
         check_review_fields(root, row, ep, out)
-        length = row.get("length")
-        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
-            out.add(
-                "invalid_episode_row",
-                f"{episodes_path}: episode {ep}: field length {length!r} is not an int >= 0",
-                episodes_path,
-                ep,
-            )
-            length = None
-        else:
-            total_frames += length
-            if length == 0:
-                out.add(
-                    "empty_episode",
-                    f"{episodes_path}: episode {ep} has length 0",
-                    episodes_path,
-                    ep,
-                )
-        rows, first_index = _check_episode(
-            reader,
-            ep,
-            length,
-            tasks,
-            episodes_stats.get(ep),
-            video_keys,
-            decode,
-            out,
-            on_table,
-            videos,
-        )
+        length = _row_length(row.get("length"), episodes_path, ep, out)
+        total_frames += length or 0
+        rows, first_index = _check_episode(checks, ep, length)
         numbering.append((ep, rows, first_index))
         if on_episode is not None:
             on_episode(done, len(episodes))
 
-    check_global_index(reader, numbering, out)
-    check_image_histograms(reader, out)
-    check_totals(reader, root, info_path, len(seen), total_frames, out)
+    check_global_index(checks.reader, numbering, out)
+    check_image_histograms(checks.reader, out)
+    check_totals(checks.reader, root, info_path, len(seen), total_frames, out)
+
+
+def _row_length(length: Any, episodes_path: Path, ep: int, out: ProblemCollector) -> int | None:
+    """An episodes row's length, or None (reported) when it is not an int >= 0."""
+    if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+        out.add(
+            "invalid_episode_row",
+            f"{episodes_path}: episode {ep}: field length {length!r} is not an int >= 0",
+            episodes_path,
+            ep,
+        )
+        return None
+    if length == 0:
+        out.add(
+            "empty_episode",
+            f"{episodes_path}: episode {ep} has length 0",
+            episodes_path,
+            ep,
+        )
+    return length
 
 
 def _check_episode(
-    reader: DatasetReader,
-    ep: int,
-    length: int | None,
-    tasks: dict[int, str] | None,
-    stats: dict[str, Any] | None,
-    video_keys: list[str],
-    decode: bool,
-    out: ProblemCollector,
-    on_table: Callable[[int, pa.Table], None] | None = None,
-    videos: VideoInspections | None = None,
+    checks: _EpisodeChecks, ep: int, length: int | None
 ) -> tuple[int | None, int | None]:
     """Checks of one episode; returns (parquet rows, first global index) where known."""
     try:
-        data_path = reader.data_path(ep)
+        data_path = checks.reader.data_path(ep)
     except DatasetError as e:
-        out.add("unsafe_path", str(e), None, ep)
+        checks.out.add("unsafe_path", str(e), None, ep)
         return None, None
+    rows, first_index, columns = _check_parquet(checks, ep, length, data_path)
+    _check_videos(checks, ep, rows)
+    _check_stats_present(checks, ep, rows, columns)
+    return rows, first_index
+
+
+def _check_parquet(
+    checks: _EpisodeChecks, ep: int, length: int | None, data_path: Path
+) -> tuple[int | None, int | None, set[str]]:
+    """One episode's table: (rows, first global index, column names), each where known."""
+    out = checks.out
     rows: int | None = None
     first_index: int | None = None
     columns: set[str] = set()
     parquet: pq.ParquetFile | None = None
     source: BinaryIO | None = None
     try:  # opened now beneath the root (no link on its way), read from that open file
-        source = reader.open_file(data_path)
+        source = checks.reader.open_file(data_path)
     except FileNotFoundError:
         out.add("missing_parquet", f"{data_path}: episode {ep} parquet missing", data_path, ep)
     except UnsafePathError as e:
@@ -322,7 +327,15 @@ def _check_episode(
         if rows is not None:
             assert parquet is not None
             first_index = check_table(
-                reader, parquet, data_path, ep, rows, columns, tasks, out, on_table
+                checks.reader,
+                parquet,
+                data_path,
+                ep,
+                rows,
+                columns,
+                checks.tasks,
+                out,
+                checks.on_table,
             )
     finally:
         if source is not None:
@@ -337,10 +350,15 @@ def _check_episode(
             )
         if rows == 0 and length != 0:
             out.add("empty_episode", f"{data_path}: episode {ep} has no rows", data_path, ep)
+    return rows, first_index, columns
 
-    for key in video_keys:
+
+def _check_videos(checks: _EpisodeChecks, ep: int, rows: int | None) -> None:
+    """Each camera's MP4 of episode ``ep``: present, and (with the rows known) as many frames."""
+    out = checks.out
+    for key in checks.video_keys:
         try:
-            video_path = reader.video_path(ep, key)
+            video_path = checks.reader.video_path(ep, key)
         except DatasetError as e:
             out.add("unsafe_path", str(e), None, ep)
             continue
@@ -354,15 +372,20 @@ def _check_episode(
             continue
         if rows is None:
             continue
-        mp4 = reader.file_beneath(video_path)
-        check = functools.partial(_check_frames, mp4, ep, key, rows, decode, videos)
-        if decode or videos is None:
+        mp4 = checks.reader.file_beneath(video_path)
+        check = functools.partial(_check_frames, mp4, ep, key, rows, checks.decode, checks.videos)
+        if checks.decode:
             check(out)
         else:  # the inspection may still be running: its problems keep their place
             out.later(check)
 
-    # Every feature needs stats: from the per-episode stats, or computable from the table.
-    stats = stats or {}
+
+def _check_stats_present(
+    checks: _EpisodeChecks, ep: int, rows: int | None, columns: set[str]
+) -> None:
+    """Every feature needs stats: from the per-episode stats, or computable from the table."""
+    reader = checks.reader
+    stats = checks.episodes_stats.get(ep) or {}
     for feature, spec in reader.features.items():
         if feature in stats or not isinstance(spec, dict):
             continue
@@ -371,13 +394,12 @@ def _check_episode(
         if rows is None and spec.get("dtype") != "video":
             continue  # the table problem is already reported
         where = reader.root / layout.EPISODES_STATS
-        out.add(
+        checks.out.add(
             "missing_stats",
             f"{where}: episode {ep}: no stats for feature {feature} and no such column in the table",
             where,
             ep,
         )
-    return rows, first_index
 
 
 def _check_frames(
