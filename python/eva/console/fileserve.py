@@ -91,9 +91,12 @@ class OpenFileResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await send(
-                {"type": "http.response.start", "status": self.status_code,
-                 "headers": self.raw_headers}
-            )  # fmt: skip
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
             if scope.get("method") == "HEAD" or self.length == 0:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return

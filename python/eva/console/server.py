@@ -25,7 +25,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -40,7 +40,7 @@ from starlette.responses import (
     Response,
     StreamingResponse,
 )
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -213,52 +213,56 @@ async def _body(request: Request) -> Any:
     return parse_json_body(raw)
 
 
-def create_app(
-    session: ConsoleSession, token: str, origins: set[str], *, same_host: bool = False
-) -> Starlette:
-    """The console's ASGI app (routes listed in docs/console.md); ``same_host`` also accepts
-    changes from the origin that matches the request's Host (for a non-loopback bind)."""
+def _call(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+    """Run blocking session work in the thread pool, off the event loop."""
+    return run_in_threadpool(fn, *args)
 
-    def call(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-        return run_in_threadpool(fn, *args)
 
-    async def index(request: Request) -> Response:
+class _Endpoints:
+    """The console's request handlers over one session (their routes: ``_routes``)."""
+
+    def __init__(self, session: ConsoleSession) -> None:
+        self.session = session
+
+    async def index(self, request: Request) -> Response:
         return FileResponse(
             STATIC_DIR / "index.html",
             headers={"cache-control": "no-store", "content-security-policy": PAGE_POLICY},
         )
 
-    async def status(request: Request) -> Response:
-        return JSONResponse(await call(session.status))
+    async def status(self, request: Request) -> Response:
+        return JSONResponse(await _call(self.session.status))
 
-    async def datasets(request: Request) -> Response:
-        return JSONResponse({"datasets": await call(session.datasets)})
+    async def datasets(self, request: Request) -> Response:
+        return JSONResponse({"datasets": await _call(self.session.datasets)})
 
-    async def formats(request: Request) -> Response:
-        return JSONResponse({"formats": session.format_options()})
+    async def formats(self, request: Request) -> Response:
+        return JSONResponse({"formats": self.session.format_options()})
 
-    async def collect_start(request: Request) -> Response:
+    async def collect_start(self, request: Request) -> Response:
         body = await _body(request)
         if not isinstance(body, dict):
             raise ConsoleError("bad_request", "bad_body", "the body must be a JSON object")
         unknown = sorted(set(body) - {"dataset", "task"})
         if unknown:
             raise ConsoleError(
-                "bad_request", "bad_field", f"{unknown[0]}: not a field (use dataset, task)",
+                "bad_request",
+                "bad_field",
+                f"{unknown[0]}: not a field (use dataset, task)",
                 unknown[0],
-            )  # fmt: skip
-        return JSONResponse(await call(session.start, body.get("dataset"), body.get("task")))
+            )
+        return JSONResponse(await _call(self.session.start, body.get("dataset"), body.get("task")))
 
-    async def collect_stop(request: Request) -> Response:
-        return JSONResponse(await call(session.stop))
+    async def collect_stop(self, request: Request) -> Response:
+        return JSONResponse(await _call(self.session.stop))
 
-    async def collect_cancel(request: Request) -> Response:
-        return JSONResponse(await call(session.cancel))
+    async def collect_cancel(self, request: Request) -> Response:
+        return JSONResponse(await _call(self.session.cancel))
 
-    async def preview(request: Request) -> Response:
+    async def preview(self, request: Request) -> Response:
         key = request.path_params["camera"]
         after = request.query_params.get("after")
-        result = await call(session.preview_jpeg, key)
+        result = await _call(self.session.preview_jpeg, key)
         if result is None:
             return Response(status_code=204)
         seq, t, data = result
@@ -275,119 +279,136 @@ def create_app(
             },
         )
 
-    async def episodes(request: Request) -> Response:
-        return JSONResponse(await call(session.episodes, request.path_params["name"]))
+    async def episodes(self, request: Request) -> Response:
+        return JSONResponse(await _call(self.session.episodes, request.path_params["name"]))
 
-    async def review(request: Request) -> Response:
+    async def review(self, request: Request) -> Response:
         body = await _body(request)
         p = request.path_params
-        return JSONResponse(await call(session.set_review, p["name"], p["index"], body))
+        return JSONResponse(await _call(self.session.set_review, p["name"], p["index"], body))
 
-    async def video(request: Request) -> Response:
+    async def video(self, request: Request) -> Response:
         p = request.path_params
-        fd = await call(session.video_fd, p["name"], p["index"], p["video_key"])
+        fd = await _call(self.session.video_fd, p["name"], p["index"], p["video_key"])
         try:
             return OpenFileResponse(
-                fd, request.headers.get("range"), media_type="video/mp4",
+                fd,
+                request.headers.get("range"),
+                media_type="video/mp4",
                 headers={"cache-control": "no-cache"},
-            )  # fmt: skip
+            )
         except BaseException:
             os.close(fd)
             raise
 
-    async def series(request: Request) -> Response:
+    async def series(self, request: Request) -> Response:
         p = request.path_params
         return JSONResponse(
-            await call(
-                session.series, p["name"], p["index"], request.query_params.get("max_points")
+            await _call(
+                self.session.series, p["name"], p["index"], request.query_params.get("max_points")
             )
         )
 
-    async def exports(request: Request) -> Response:
-        return JSONResponse(await call(session.exports, request.path_params["name"]))
+    async def exports(self, request: Request) -> Response:
+        return JSONResponse(await _call(self.session.exports, request.path_params["name"]))
 
-    async def export(request: Request) -> Response:
+    async def export(self, request: Request) -> Response:
         body = await _body(request)
-        job = await call(session.start_export, request.path_params["name"], body)
+        job = await _call(self.session.start_export, request.path_params["name"], body)
         return JSONResponse(
             job, status_code=202, headers={"location": f"/api/jobs/{job['job_id']}"}
         )
 
-    async def upload(request: Request) -> Response:
+    async def upload(self, request: Request) -> Response:
         body = await _body(request)
-        job = await call(session.start_upload, request.path_params["name"], body)
+        job = await _call(self.session.start_upload, request.path_params["name"], body)
         return JSONResponse(
             job, status_code=202, headers={"location": f"/api/jobs/{job['job_id']}"}
         )
 
-    async def jobs(request: Request) -> Response:
-        return JSONResponse({"jobs": session.jobs()})
+    async def jobs(self, request: Request) -> Response:
+        return JSONResponse({"jobs": self.session.jobs()})
 
-    async def job(request: Request) -> Response:
-        return JSONResponse(session.job(request.path_params["id"]))
+    async def job(self, request: Request) -> Response:
+        return JSONResponse(self.session.job(request.path_params["id"]))
 
-    async def events(request: Request) -> Response:
-        async def stream() -> Any:
-            yield "retry: 2000\n\n"
-            sent_version = -1
-            sent_state: str | None = None
-            sent_job: str | None = None
-            quiet = 0.0
-            while True:
-                if await request.is_disconnected():
-                    return
-                status = await call(session.status)
-                live = status["state"] != "idle" or (
-                    status["active_job"] is not None
-                    and status["active_job"]["state"] in ("queued", "running")
-                )
-                changed = status["version"] != sent_version or status["state"] != sent_state
-                if live or changed or quiet >= EVENT_HEARTBEAT_S:
-                    yield f"event: status\ndata: {json.dumps(status)}\n\n"
-                    sent_version = status["version"]
-                    sent_state = status["state"]
-                    quiet = 0.0
-                    job_text = json.dumps(status["active_job"]) if status["active_job"] else None
-                    if job_text is not None and job_text != sent_job:
-                        yield f"event: job\ndata: {job_text}\n\n"
-                        sent_job = job_text
-                else:
-                    quiet += EVENT_TICK_S
-                await asyncio.sleep(EVENT_TICK_S)
-
+    async def events(self, request: Request) -> Response:
         return StreamingResponse(
-            stream(),
+            _status_events(request, self.session),
             media_type="text/event-stream",
             headers={"cache-control": "no-store", "x-accel-buffering": "no"},
         )
 
-    async def not_found(request: Request) -> Response:
+    async def not_found(self, request: Request) -> Response:
         return _error(404, "not_found", f"no such endpoint: {request.method} {request.url.path}")
 
+
+async def _status_events(request: Request, session: ConsoleSession) -> AsyncIterator[str]:
+    """The event stream: the status at each change (every tick while recording or while a job
+    runs, else a heartbeat), and the active job whenever it changed."""
+    yield "retry: 2000\n\n"
+    sent_version = -1
+    sent_state: str | None = None
+    sent_job: str | None = None
+    quiet = 0.0
+    while True:
+        if await request.is_disconnected():
+            return
+        status = await _call(session.status)
+        live = status["state"] != "idle" or (
+            status["active_job"] is not None
+            and status["active_job"]["state"] in ("queued", "running")
+        )
+        changed = status["version"] != sent_version or status["state"] != sent_state
+        if live or changed or quiet >= EVENT_HEARTBEAT_S:
+            yield f"event: status\ndata: {json.dumps(status)}\n\n"
+            sent_version = status["version"]
+            sent_state = status["state"]
+            quiet = 0.0
+            job_text = json.dumps(status["active_job"]) if status["active_job"] else None
+            if job_text is not None and job_text != sent_job:
+                yield f"event: job\ndata: {job_text}\n\n"
+                sent_job = job_text
+        else:
+            quiet += EVENT_TICK_S
+        await asyncio.sleep(EVENT_TICK_S)
+
+
+def _routes(endpoints: _Endpoints) -> list[BaseRoute]:
     h = _handler
-    routes = [
-        Route("/", h(index), methods=["GET"]),
-        Route("/api/status", h(status), methods=["GET"]),
-        Route("/api/datasets", h(datasets), methods=["GET"]),
-        Route("/api/formats", h(formats), methods=["GET"]),
-        Route("/api/collect/start", h(collect_start), methods=["POST"]),
-        Route("/api/collect/stop", h(collect_stop), methods=["POST"]),
-        Route("/api/collect/cancel", h(collect_cancel), methods=["POST"]),
-        Route("/api/preview/{camera}", h(preview), methods=["GET"]),
-        Route("/api/datasets/{name}/episodes", h(episodes), methods=["GET"]),
-        Route("/api/datasets/{name}/episodes/{index}/qc", h(review), methods=["PUT"]),
-        Route("/api/datasets/{name}/episodes/{index}/video/{video_key}", h(video), methods=["GET"]),
-        Route("/api/datasets/{name}/episodes/{index}/series", h(series), methods=["GET"]),
-        Route("/api/datasets/{name}/exports", h(exports), methods=["GET"]),
-        Route("/api/datasets/{name}/export", h(export), methods=["POST"]),
-        Route("/api/datasets/{name}/upload", h(upload), methods=["POST"]),
-        Route("/api/jobs", h(jobs), methods=["GET"]),
-        Route("/api/jobs/{id}", h(job), methods=["GET"]),
-        Route("/api/events", h(events), methods=["GET"]),
+    e = endpoints
+    return [
+        Route("/", h(e.index), methods=["GET"]),
+        Route("/api/status", h(e.status), methods=["GET"]),
+        Route("/api/datasets", h(e.datasets), methods=["GET"]),
+        Route("/api/formats", h(e.formats), methods=["GET"]),
+        Route("/api/collect/start", h(e.collect_start), methods=["POST"]),
+        Route("/api/collect/stop", h(e.collect_stop), methods=["POST"]),
+        Route("/api/collect/cancel", h(e.collect_cancel), methods=["POST"]),
+        Route("/api/preview/{camera}", h(e.preview), methods=["GET"]),
+        Route("/api/datasets/{name}/episodes", h(e.episodes), methods=["GET"]),
+        Route("/api/datasets/{name}/episodes/{index}/qc", h(e.review), methods=["PUT"]),
+        Route(
+            "/api/datasets/{name}/episodes/{index}/video/{video_key}", h(e.video), methods=["GET"]
+        ),
+        Route("/api/datasets/{name}/episodes/{index}/series", h(e.series), methods=["GET"]),
+        Route("/api/datasets/{name}/exports", h(e.exports), methods=["GET"]),
+        Route("/api/datasets/{name}/export", h(e.export), methods=["POST"]),
+        Route("/api/datasets/{name}/upload", h(e.upload), methods=["POST"]),
+        Route("/api/jobs", h(e.jobs), methods=["GET"]),
+        Route("/api/jobs/{id}", h(e.job), methods=["GET"]),
+        Route("/api/events", h(e.events), methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
-        Route("/api/{rest:path}", not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+        Route("/api/{rest:path}", e.not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
-    app = Starlette(routes=routes)
+
+
+def create_app(
+    session: ConsoleSession, token: str, origins: set[str], *, same_host: bool = False
+) -> Starlette:
+    """The console's ASGI app (routes listed in docs/console.md); ``same_host`` also accepts
+    changes from the origin that matches the request's Host (for a non-loopback bind)."""
+    app = Starlette(routes=_routes(_Endpoints(session)))
     app.add_middleware(TokenGuard, token=token, origins=origins, same_host=same_host)
     return app
 

@@ -15,8 +15,8 @@ none of them by itself (no header timeout, no connection cap, a request body rea
 - ``eva.libc.raise_open_file_limit`` lifts the soft descriptor limit at start, so the caps sit
   far below it.
 
-The guard is a subclass of uvicorn's httptools protocol (a dependency of the console extra),
-hooked where the parser reports a request's first byte and its complete headers. Those are
+The guard (``eva.console.guard``) is a subclass of uvicorn's httptools protocol (a dependency of
+the console extra), hooked where the parser reports a request's first byte and its complete headers. Those are
 uvicorn internals, not its API: ``missing_uvicorn_internals`` lists what the guard relies on that
 the installed uvicorn lacks, the canary tests in tests/test_console_hostile.py check it and the
 guard's behaviour against a real uvicorn server, and pyproject.toml bounds uvicorn to releases
@@ -29,7 +29,6 @@ import asyncio
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 from starlette.requests import Request
@@ -45,7 +44,7 @@ MAX_BODY = 64 * 1024
 BODY_TIMEOUT_S = 30.0
 # the ASGI scope extension through which the token check marks its connection trusted
 TRUST_EXTENSION = "eva.connection"
-_TOO_LARGE = (
+HEADERS_TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
     b"content-length: 0\r\nconnection: close\r\n\r\n"
 )
@@ -130,85 +129,11 @@ def guarded_protocol(
 ) -> type[asyncio.Protocol]:
     """A uvicorn HTTP protocol class (``uvicorn.Config(http=...)``) enforcing ``limits``; its
     ``counts`` attribute is the live ``ConnectionCounts`` of every connection it served."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    # uvicorn is the console extra's: imported when a server is built, not with this module
+    from eva.console.guard import GuardedProtocol
 
-    lim = limits or ConnectionLimits()
-    live = counts or ConnectionCounts()
-
-    class GuardedProtocol(HttpToolsProtocol):
-        counts = live
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._admitted = False
-            self._trusted = False
-            self._deadline: asyncio.TimerHandle | None = None
-            self._header_bytes = 0
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            if live.open >= lim.max_connections or live.untrusted >= lim.max_untrusted:
-                live.refused += 1
-                transport.abort()
-                return
-            self._admitted = True
-            live.open += 1
-            live.untrusted += 1
-            super().connection_made(transport)
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if not self._admitted:
-                return
-            self._admitted = False
-            live.open -= 1
-            if not self._trusted:
-                live.untrusted -= 1
-            self._disarm()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            if not self._admitted:
-                return
-            super().data_received(data)
-            # bytes of a chunk after which the headers are still incomplete: a header that
-            # never ends is held by the parser, so its size is bounded here
-            if self._deadline is not None and self._admitted:
-                self._header_bytes += len(data)
-                if self._header_bytes > lim.max_header_bytes and not self.transport.is_closing():
-                    self.transport.write(_TOO_LARGE)
-                    self.transport.close()
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._header_bytes = 0
-            if self._deadline is None:
-                self._arm()
-
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            self.scope.setdefault("extensions", {})[TRUST_EXTENSION] = {"trust": self._trust}
-            super().on_headers_complete()
-
-        def _trust(self) -> None:
-            if self._admitted and not self._trusted:
-                self._trusted = True
-                live.untrusted -= 1
-
-        def _arm(self) -> None:
-            self._deadline = self.loop.call_later(lim.header_timeout_s, self._headers_too_slow)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _headers_too_slow(self) -> None:
-            self._deadline = None
-            if not self.transport.is_closing():
-                live.timed_out += 1
-                self.transport.close()
-
-    return GuardedProtocol
+    attributes = {"limits": limits or ConnectionLimits(), "counts": counts or ConnectionCounts()}
+    return type("GuardedProtocol", (GuardedProtocol,), attributes)
 
 
 async def read_body(
