@@ -184,7 +184,7 @@ def test_pyav_demuxes_mpegts_from_it_with_packet_arrivals() -> None:
     ],
 )
 def test_v4l2_inputs_are_recognised(url: str, fmt: str | None, device: bool) -> None:
-    from eva.capture.source_worker import is_v4l2_input
+    from eva.capture.ffmpeg_source import is_v4l2_input
 
     assert is_v4l2_input(url, fmt) is device
 
@@ -192,7 +192,7 @@ def test_v4l2_inputs_are_recognised(url: str, fmt: str | None, device: bool) -> 
 def test_a_v4l2_packets_pts_is_its_capture_time_when_on_the_wall_clock() -> None:
     """FFmpeg's V4L2 demuxer (``timestamps=mono2abs``) puts the driver's buffer timestamp,
     converted to the wall clock, into each packet's pts in microseconds."""
-    from eva.capture.source_worker import device_time
+    from eva.capture.ffmpeg_source import device_time
 
     now = time.time()
     packet = av.Packet(b"\x00" * 16)

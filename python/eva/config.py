@@ -16,8 +16,9 @@ closest known key (``collection.encodr: unknown key (did you mean 'encoder'?)``)
 - ``fps`` (default 30), ``robot_type`` (default "unknown").
 - ``cameras``: array of ``{key, width, height, source}``; ``key`` is the video feature name
   (``observation.images.front``). Default: the simulated rig's three 640x480 cameras.
-  ``source`` (cameras and vectors): ``{kind = "ffmpeg" | "zmq" | "python" | "sim", ...}``, see
-  :class:`SourceConfig` and docs/config.md ("Sources"); absent: the simulator.
+  ``source`` (cameras and vectors): ``{kind = "ffmpeg" | "zmq" | "python" | "sim", ...}`` or a
+  registered kind (``eva.source_kinds``), see :class:`SourceConfig` and docs/config.md
+  ("Sources"); absent: the simulator.
 - ``vectors``: array of ``{name, dim, discrete = [dims], names = [...]}``; ``discrete`` dims
   (grippers) are held, not interpolated. Default: ``observation.state`` and ``action``, 14 dims,
   grippers 6 and 13.
@@ -38,7 +39,6 @@ closest known key (``collection.encodr: unknown key (did you mean 'encoder'?)``)
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import tomllib
@@ -60,11 +60,10 @@ from eva.dataset.limits import (
 from eva.dataset.video import VideoOptions
 
 # re-exported: a stream's source is part of the config
-from eva.source_config import SOURCE_KINDS as SOURCE_KINDS
 from eva.source_config import SOURCE_PRIORITIES as SOURCE_PRIORITIES
 from eva.source_config import ZMQ_BATCH_S as ZMQ_BATCH_S
 from eva.source_config import SourceConfig as SourceConfig
-from eva.source_config import parse_source
+from eva.source_kinds import parse_source
 
 DEFAULT_CAMERAS: tuple[tuple[str, int, int], ...] = (
     ("observation.images.cam_high", 640, 480),
@@ -352,7 +351,7 @@ def _parse_cameras(r: TableReader) -> tuple[CameraConfig, ...]:
         problem = image_size_problem(width, height)
         if problem is not None:
             raise c.fail("width", problem)
-        source = parse_source(c, item, "camera")
+        source = parse_source(c, item, "camera", key)
         cameras.append(CameraConfig(key, width, height, source))
     return tuple(cameras)
 
@@ -388,9 +387,7 @@ def _parse_vectors(r: TableReader) -> tuple[VectorConfig, ...]:
         names = v.get("names", list, None)
         if names is not None and (len(names) != dim or not all(isinstance(n, str) for n in names)):
             raise v.fail("names", f"expected {dim} strings")
-        source = parse_source(v, item, "vector")
-        if source is not None and source.kind == "zmq" and source.topic is None:
-            source = dataclasses.replace(source, topic=name)
+        source = parse_source(v, item, "vector", name)
         vectors.append(
             VectorConfig(
                 name, dim, tuple(sorted(set(discrete))), tuple(names) if names else None, source

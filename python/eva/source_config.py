@@ -1,18 +1,16 @@
 """Where a camera or vector stream of the rig comes from: the ``source`` table of its config entry.
 
-Parsed here (``parse_source``) for ``eva.config``, which re-exports these names; read by the
-capture stage, which starts a source process per group of streams (``SourceConfig.group_key``).
+Its kind's entry in the registry (``eva.source_kinds``) parses the table (``parse_source``, for
+``eva.config``, which re-exports these names); the capture stage starts a source process per
+group of streams (``SourceConfig.group_key``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from eva.config_table import MAX_DURATION_S, TableReader
-
-SOURCE_KINDS = ("ffmpeg", "zmq", "python", "sim")
 # normal: as started; high: nice -10; realtime: SCHED_FIFO (each falls back to the one before it,
 # with a warning, where the host does not permit it)
 SOURCE_PRIORITIES = ("normal", "high", "realtime")
@@ -35,6 +33,7 @@ class SourceConfig:
     - ``python``: ``object = "package.module:Factory"`` called with ``args`` gives a source
       object with ``samples()``; streams naming the same object and args share one instance.
     - ``sim``: the simulated rig.
+    - a kind registered outside eva (``eva.source_kinds``) keeps its own keys in ``settings``.
     ``stall_timeout_s``: a stream that delivers nothing for this long while recording is reported
     (a warning and a red ``source_stalled`` flag); ``open_timeout_s``: how long the pre-check
     waits for the first sample. ``priority``: the source process's CPU scheduling (one of
@@ -58,108 +57,16 @@ class SourceConfig:
     open_timeout_s: float = 10.0
     priority: str = "high"
 
+    settings: dict[str, Any] = field(default_factory=dict)
+
     def describe(self) -> str:
         """One line for status screens: the kind and what it reads."""
-        if self.kind == "ffmpeg":
-            fmt = f" ({self.format})" if self.format else ""
-            return f"ffmpeg {self.url}{fmt}"
-        if self.kind == "zmq":
-            return (
-                f"zmq {self.endpoint} topic {self.topic!r}"
-                if self.topic
-                else f"zmq {self.endpoint}"
-            )
-        if self.kind == "python":
-            return f"python {self.object}"
-        return "sim (simulated rig)"
+        from eva.source_kinds import source_kind  # the registry imports this module
 
-    def group_key(self) -> tuple[Any, ...]:
+        return source_kind(self.kind).describe(self)
+
+    def group_key(self) -> tuple[Hashable, ...]:
         """Streams with the same key share one source process (one plugin object, one rig)."""
-        if self.kind == "python":
-            return ("python", self.object, repr(sorted(self.args.items())))
-        if self.kind == "sim":
-            return ("sim",)
-        if self.kind == "zmq":
-            # one subscriber process for every ZeroMQ stream with the same settings, whatever
-            # its endpoint: one wake-up then serves them all (a wake-up, not a message, is
-            # what costs CPU)
-            return ("zmq", self.priority, self.batch_s, self.stall_timeout_s, self.open_timeout_s)
-        return ("ffmpeg", self.url, self.format, repr(sorted(self.options.items())))
+        from eva.source_kinds import source_kind
 
-
-_SOURCE_KEYS = {
-    "ffmpeg": {"url", "format", "options", "realtime", "latency_s", "kernel_timestamps"},
-    "zmq": {"endpoint", "topic", "batch_s"},
-    "python": {"object", "args"},
-    "sim": set(),
-}
-_COMMON_SOURCE_KEYS = {"kind", "stall_timeout_s", "open_timeout_s", "priority"}
-
-
-def parse_source(r: TableReader, item: Mapping[str, Any], stream: str) -> SourceConfig | None:
-    """The stream's ``source`` table, checked per kind (unknown keys refused, errors name them)."""
-    if "source" not in item:
-        return None
-    s = r.sub("source")
-    kind = s.get("kind", str, None)
-    if kind is None:
-        raise s.fail("kind", f"missing: one of {', '.join(SOURCE_KINDS)}")
-    if kind not in SOURCE_KINDS:
-        raise s.fail("kind", f"unknown source kind {kind!r}: use {', '.join(SOURCE_KINDS)}")
-    if kind == "ffmpeg" and stream != "camera":
-        raise s.fail("kind", "ffmpeg sources deliver images: use them for cameras")
-    if kind == "zmq" and stream != "vector":
-        raise s.fail("kind", "zmq sources deliver vectors: use them for vector streams")
-    s.refuse_unknown(_COMMON_SOURCE_KEYS | _SOURCE_KEYS[kind], f"key of a {kind} source")
-    common = {
-        "stall_timeout_s": s.number("stall_timeout_s", 2.0, minimum=0.05, maximum=MAX_DURATION_S),
-        "open_timeout_s": s.number("open_timeout_s", 10.0, minimum=0.1, maximum=MAX_DURATION_S),
-        "priority": s.get("priority", str, SourceConfig.priority),
-    }
-    if common["priority"] not in SOURCE_PRIORITIES:
-        raise s.fail("priority", f"expected one of {', '.join(SOURCE_PRIORITIES)}")
-    if kind == "ffmpeg":
-        url = s.get("url", str, None)
-        if not url:
-            raise s.fail("url", "missing: a device, URL or file FFmpeg can open")
-        options = s.get("options", dict, {})
-        bad = [
-            k
-            for k, v in options.items()
-            if not isinstance(v, str | int | float) or isinstance(v, bool)
-        ]
-        if bad:
-            raise s.fail(f"options.{bad[0]}", "expected a string or number (FFmpeg option value)")
-        return SourceConfig(
-            kind,
-            url=url,
-            format=s.get("format", str, None),
-            options={k: str(v) for k, v in options.items()},
-            realtime=s.get("realtime", bool, False),
-            latency_s=s.number("latency_s", 0.0, minimum=0.0, maximum=MAX_DURATION_S),
-            kernel_timestamps=s.get("kernel_timestamps", bool, True),
-            **common,
-        )
-    if kind == "zmq":
-        endpoint = s.get("endpoint", str, None)
-        if not endpoint or "://" not in endpoint:
-            raise s.fail(
-                "endpoint", "missing or not a ZeroMQ endpoint (tcp://host:port, ipc://path)"
-            )
-        batch_s = s.number("batch_s", ZMQ_BATCH_S, minimum=0.0, maximum=MAX_DURATION_S)
-        if batch_s > common["stall_timeout_s"] / 2:
-            raise s.fail("batch_s", "must be at most half of stall_timeout_s")
-        return SourceConfig(
-            kind, endpoint=endpoint, topic=s.get("topic", str, None), batch_s=batch_s, **common
-        )
-    if kind == "python":
-        target = s.get("object", str, None)
-        module, _, attr = (target or "").partition(":")
-        if (
-            not module
-            or not attr
-            or not all(p.isidentifier() for p in module.split(".") + attr.split("."))
-        ):
-            raise s.fail("object", "expected 'package.module:Factory'")
-        return SourceConfig(kind, object=target, args=dict(s.get("args", dict, {})), **common)
-    return SourceConfig(kind, **common)
+        return source_kind(self.kind).group_key(self)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from eva.config import CollectionConfig, SourceConfig
+from eva.source_kinds import source_kind
 
 if TYPE_CHECKING:
     from eva.capture.shm_ring import ShmRing
@@ -68,7 +69,7 @@ class _Group:
     def describe(self) -> str:
         endpoints = sorted({s["endpoint"] for s in self.streams if s.get("endpoint")})
         if len(endpoints) > 1:  # a subscriber process of several endpoints
-            return f"zmq {', '.join(endpoints)}"
+            return f"{self.source.kind} {', '.join(endpoints)}"
         return self.source.describe()
 
 
@@ -147,16 +148,15 @@ class SourceRig:
                         "kind": kind,
                         "shape": list(shape),
                         "ring": str(path),
-                        "topic": source.topic if source.kind == "zmq" else None,
-                        "endpoint": source.endpoint if source.kind == "zmq" else None,
+                        "topic": source.topic,  # a ZeroMQ stream's own (None for others)
+                        "endpoint": source.endpoint,
                     }
                 )
             for group in self._groups.values():
-                if group.source.kind == "ffmpeg" and len(group.streams) > 1:
-                    raise ValueError(
-                        f"cameras {', '.join(group.names)} name the same FFmpeg input "
-                        f"{group.source.url}: give each camera its own"
-                    )
+                check = source_kind(group.source.kind).group_problem
+                problem = check(group.source, group.names) if check is not None else None
+                if problem is not None:
+                    raise ValueError(problem)
         except BaseException:
             self._release_rings()
             raise
@@ -180,6 +180,7 @@ class SourceRig:
     def _spawn(self, group: _Group) -> None:
         spec = {
             "source": asdict(group.source),
+            "worker": source_kind(group.source.kind).worker,
             "fps": self.config.fps,
             "streams": group.streams,
             "parent": os.getpid(),  # the worker watches for its death
@@ -315,8 +316,9 @@ class SourceRig:
                         recorder.note_stall(name, f"{group.describe()}: {detail}")
 
     def check(self, timeout: float | None = None) -> list[str]:
-        """Each stream must deliver a sample within its ``open_timeout_s`` (or ``timeout``); one
-        line per stream that did not, naming it and its source."""
+        """Each stream must pass its kind's probe (``SourceKind.check``) and deliver a sample
+        within its ``open_timeout_s`` (or ``timeout``); one line per stream that did not,
+        naming it and its source."""
         start = time.monotonic()
         first = {name: ring.pushed for name, ring in self.rings.items()}
         pending = {
@@ -325,6 +327,14 @@ class SourceRig:
             for name in group.names
         }
         problems = []
+        for group in self._groups.values():
+            probe = source_kind(group.source.kind).check
+            problem = probe(group.source) if probe is not None else None
+            if problem is None:
+                continue
+            for name in group.names:
+                problems.append(f"{self._what(name)} {name}: {group.describe()}: {problem}")
+                del pending[name]
         while pending:
             now = time.monotonic()
             for name, (group, limit) in list(pending.items()):
@@ -335,15 +345,17 @@ class SourceRig:
                 dead = not self.alive(group)
                 if not dead and now - start < limit:
                     continue
-                what = "camera" if ring.dtype == np.uint8 else "stream"
                 if dead:
                     why = group.last_error or "the source process ended"
                 else:
                     why = f"no sample within {limit:g} s"
-                problems.append(f"{what} {name}: {group.describe()}: {why}")
+                problems.append(f"{self._what(name)} {name}: {group.describe()}: {why}")
                 del pending[name]
             time.sleep(0.02)
         return problems
+
+    def _what(self, name: str) -> str:
+        return "camera" if self.rings[name].dtype == np.uint8 else "stream"
 
     # ---- shutdown ----------------------------------------------------------------------
 
