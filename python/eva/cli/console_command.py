@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,26 +13,47 @@ from eva.cli.collect import MAX_SEED
 from eva.cli.collect_screen import CaptureLogHandler, LogLimiter
 from eva.cli.output import EXIT_USAGE, fail, first_line, say, verbosity_options
 
+if TYPE_CHECKING:
+    from eva.console.session import ConsoleSession
+
 
 @click.command("console")
 @verbosity_options()
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; anything but loopback must be given explicitly.")  # fmt: skip
-@click.option("--port", type=click.IntRange(0, 65535), default=8750, show_default=True,
-              help="TCP port (0: any free port; the printed URL names it).")  # fmt: skip
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where to write the access token, mode 0600 (default: <log_dir>.console-token "
-              "beside the log directory).")  # fmt: skip
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind; anything but loopback must be given explicitly.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8750,
+    show_default=True,
+    help="TCP port (0: any free port; the printed URL names it).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the access token, mode 0600 (default: <log_dir>.console-token "
+    "beside the log directory).",
+)
 @click.option(
     "--source",
     default=None,
     help="Override the config's sources: sim | replay:PATH (a v2.1 dataset).",
 )
-@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0,
-              help="Seed of the simulated rig.")  # fmt: skip
-@click.option("--known-hosts", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="known_hosts for uploads (default: storage.sftp.known_hosts).")  # fmt: skip
+@click.option(
+    "--seed", type=click.IntRange(0, MAX_SEED), default=0, help="Seed of the simulated rig."
+)
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="known_hosts for uploads (default: storage.sftp.known_hosts).",
+)
 def console_command(
     config: Path,
     host: str,
@@ -52,43 +74,14 @@ def console_command(
     Example:
       eva console demo-data/collect.toml
     """
-    import os
-
-    from eva.capture.recorder import pin_mmap_threshold, shorten_switch_interval
-    from eva.capture.sources import SourceSpecError
-    from eva.libc import raise_open_file_limit
-
     try:
-        from eva.console.errors import ConsoleError
         from eva.console.server import default_token_file, new_token, serve, write_token_file
-        from eva.console.session import ConsoleSession
     except NativeCoreError as e:
         fail(str(e))
     except ImportError as e:
         fail(f"eva console needs the console extra (pip install 'eva[console]'): {e}", EXIT_USAGE)
-    if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
-        pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
-    shorten_switch_interval()  # capture threads keep up beside busy Python threads
-    raise_open_file_limit()  # saving an episode never runs out of descriptors
-    import logging
-
-    # Capture warnings (backlog, recovered leftovers, a stalled source) reach the page through
-    # the session and the server's stderr through this handler, one line each.
-    capture_log = logging.getLogger("eva.capture")
-    capture_log.addHandler(CaptureLogHandler(LogLimiter(), logging.WARNING))
-    capture_log.setLevel(logging.INFO)
-    try:
-        session = ConsoleSession(config, source=source, seed=seed, sftp_known_hosts=known_hosts)
-    except (ConsoleError, SourceSpecError) as e:
-        fail(str(e), EXIT_USAGE)
-    except Exception as e:  # noqa: BLE001 - a recorder that cannot start: one line
-        fail(f"console: {first_line(str(e)) or type(e).__name__}")
-    problems = session.source.check()  # every configured source delivers a first sample
-    if problems:
-        session.close()
-        for line in problems:
-            say(f"eva: error: {line}", err=True)
-        sys.exit(EXIT_USAGE)
+    _prepare_process()
+    session = _open_session(config, source, seed, known_hosts)
     token = new_token()
     path = token_file or default_token_file(session.config.log_dir)
     try:
@@ -114,3 +107,46 @@ def console_command(
         fail(f"console: cannot listen on {host}:{port}: {e.strerror or e}")
     finally:
         session.close()
+
+
+def _prepare_process() -> None:
+    """What recording in this process needs, and capture warnings on stderr."""
+    import logging
+    import os
+
+    from eva.capture.recorder import pin_mmap_threshold, shorten_switch_interval
+    from eva.libc import raise_open_file_limit
+
+    if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
+        pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
+    shorten_switch_interval()  # capture threads keep up beside busy Python threads
+    raise_open_file_limit()  # saving an episode never runs out of descriptors
+    # Capture warnings (backlog, recovered leftovers, a stalled source) reach the page through
+    # the session and the server's stderr through this handler, one line each.
+    capture_log = logging.getLogger("eva.capture")
+    capture_log.addHandler(CaptureLogHandler(LogLimiter(), logging.WARNING))
+    capture_log.setLevel(logging.INFO)
+
+
+def _open_session(
+    config: Path, source: str | None, seed: int, known_hosts: Path | None
+) -> ConsoleSession:
+    """The console's session over ``config``, once every source delivered a first sample
+    (exits with a one-line error otherwise)."""
+    from eva.capture.sources import SourceSpecError
+    from eva.console.errors import ConsoleError
+    from eva.console.session import ConsoleSession
+
+    try:
+        session = ConsoleSession(config, source=source, seed=seed, sftp_known_hosts=known_hosts)
+    except (ConsoleError, SourceSpecError) as e:
+        fail(str(e), EXIT_USAGE)
+    except Exception as e:  # noqa: BLE001 - a recorder that cannot start: one line
+        fail(f"console: {first_line(str(e)) or type(e).__name__}")
+    problems = session.source.check()  # every configured source delivers a first sample
+    if problems:
+        session.close()
+        for line in problems:
+            say(f"eva: error: {line}", err=True)
+        sys.exit(EXIT_USAGE)
+    return session

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,6 +23,9 @@ from eva.cli.output import (
     verbosity_options,
 )
 from eva.textsafe import printable
+
+if TYPE_CHECKING:
+    from eva.quality.verdicts import ReviewUpdate
 
 
 def _shape_text(shape: Any) -> str:
@@ -289,7 +292,7 @@ def qc_command(
       eva qc demo-data/logs/pick_cube/raw --list
     """
     from eva.dataset.errors import DatasetError
-    from eva.quality.verdicts import read_episode_rows, review_episodes, review_table
+    from eva.quality.verdicts import review_episodes
 
     if pass_ + fail_ + clear_ > 1:
         fail("qc: --pass, --fail and --clear exclude each other", EXIT_USAGE)
@@ -298,15 +301,7 @@ def qc_command(
         if list_:
             if episodes is not None or verdict or clear_ or note is not None:
                 fail("qc --list takes no episode, verdict or note", EXIT_USAGE)
-            table = review_table(read_episode_rows(dataset))
-            if as_json:
-                for entry in table:
-                    emit_json(entry)
-                return
-            for text in _qc_table_lines(table):
-                say(text)
-            accepted = sum(1 for e in table if e["subset"] == "accepted")
-            click.echo(f"accepted {accepted}, rejected {len(table) - accepted}")
+            _show_review(dataset, as_json)
             return
         if episodes is None:
             fail("qc needs EPISODES (an index, a range or a list: 3, 3-7,9) or --list", EXIT_USAGE)
@@ -321,6 +316,26 @@ def qc_command(
         )
     except DatasetError as e:
         fail(str(e))
+    _show_updates(dataset, updates, as_json)
+
+
+def _show_review(dataset: Path, as_json: bool) -> None:
+    """``qc --list``: every episode's review and subset, then the split's counts."""
+    from eva.quality.verdicts import read_episode_rows, review_table
+
+    table = review_table(read_episode_rows(dataset))
+    if as_json:
+        for entry in table:
+            emit_json(entry)
+        return
+    for text in _qc_table_lines(table):
+        say(text)
+    accepted = sum(1 for e in table if e["subset"] == "accepted")
+    click.echo(f"accepted {accepted}, rejected {len(table) - accepted}")
+
+
+def _show_updates(dataset: Path, updates: list[ReviewUpdate], as_json: bool) -> None:
+    """Each updated episode's review and subset, and the exports the change made stale."""
     from eva.quality.verdicts import subset_of
 
     changed = any(u.changed for u in updates)

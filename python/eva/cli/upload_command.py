@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -21,6 +22,9 @@ from eva.cli.output import (
 )
 from eva.cli.progress import ProgressBar
 from eva.textsafe import printable
+
+if TYPE_CHECKING:
+    from eva.upload.job import UploadJob
 
 
 def _upload_source_dir(dataset: str, collection: dict[str, Any], config_path: str) -> Any:
@@ -99,7 +103,6 @@ def upload_command(
       eva upload demo-data/logs/pick_cube/raw --format v3 --config demo-data/collect.toml
     """
     import dataclasses
-    import time
 
     from eva.dataset.errors import DatasetError
     from eva.upload.config import UploadConfigError, load_upload_config
@@ -107,15 +110,10 @@ def upload_command(
     from eva.upload.job import start_upload
     from eva.upload.sftp import UploadError, UploadOptions
 
-    def refuse(message: str) -> NoReturn:
-        if as_json:
-            emit_json({"event": "error", "error": message})
-        fail(message)
-
     try:
         collection, sftp_config = load_upload_config(Path(config_path))
     except UploadConfigError as e:
-        refuse(str(e))
+        _refuse(str(e), as_json)
     if sftp_config is not None and known_hosts:
         sftp_config = dataclasses.replace(sftp_config, known_hosts=Path(known_hosts).resolve())
     source = _upload_source_dir(dataset, collection, config_path)
@@ -128,12 +126,27 @@ def upload_command(
             resume=resume,
         )
     except UploadRefused as e:
-        refuse(f"upload refused ({e.reason}): {e}")
+        _refuse(f"upload refused ({e.reason}): {e}", as_json)
     except (UploadError, DatasetError, ValueError) as e:
-        refuse(str(e))
+        _refuse(str(e), as_json)
 
     quiet = as_json or verbosity() < 0
     bar = ProgressBar(f"upload {fmt}", unit="bytes", enabled=False if quiet else None)
+    interrupted = _follow(job, bar, as_json)
+    _show_upload(bar, job.record.progress)
+    bar.close()
+    _report(job, as_json, sftp_config.host if sftp_config else "", interrupted)
+
+
+def _refuse(message: str, as_json: bool) -> NoReturn:
+    """Exit 1 with ``message`` (also as a JSON error event with ``--json``)."""
+    if as_json:
+        emit_json({"event": "error", "error": message})
+    fail(message)
+
+
+def _follow(job: UploadJob, bar: ProgressBar, as_json: bool) -> bool:
+    """Show the upload's progress until it ends; True when Ctrl-C cancelled it."""
     last_emit = 0.0
     try:
         while not job.wait(0.2):
@@ -146,12 +159,12 @@ def upload_command(
     except KeyboardInterrupt:
         job.cancel()
         job.wait()
-        interrupted = True
-    else:
-        interrupted = False
-    _show_upload(bar, job.record.progress)
-    bar.close()
+        return True
+    return False
 
+
+def _report(job: UploadJob, as_json: bool, host: str, interrupted: bool) -> None:
+    """The ended upload's outcome: its result, or an exit without one (EXIT_INTERRUPTED after Ctrl-C)."""
     record = job.snapshot()
     if interrupted and job.result is None:
         kept = "; rerun with --resume to continue" if record.get("resumable") else ""
@@ -161,7 +174,7 @@ def upload_command(
         message = f"upload failed: {job.error}"
         if record.get("resumable") and "--resume" not in message:
             message += " (rerun with --resume to continue)"
-        refuse(message)
+        _refuse(message, as_json)
     result = job.result.as_dict()
     if as_json:
         emit_json({"event": "result", "state": job.state, "job_id": record["job_id"], **result})
@@ -172,5 +185,5 @@ def upload_command(
     )
     say(
         f"uploaded {job.result.files} files ({human_bytes(job.result.bytes)}) to "
-        f"{sftp_config.host if sftp_config else ''}:{job.result.remote_path}{note}{skipped}"
+        f"{host}:{job.result.remote_path}{note}{skipped}"
     )
