@@ -8,11 +8,12 @@ How an upload goes:
 2. Create ``<remote_dir>`` if missing, then a hidden staging directory beside the target:
    ``<remote_dir>/.<name>.eva-staging-<random>``. Its path is reported through ``on_staging``
    before any file is written, so the caller can record it for ``--resume``.
-3. Send every file into staging. Each worker owns one SFTP channel (``sessions_per_connection``
-   per connection) and keeps up to ``max_inflight`` WRITE requests of ``request_size`` bytes in
-   flight, checking the server's status reply of every one (paramiko's own pipelined mode drops
-   the replies of failed writes; ``upload/paramiko_compat.py`` holds the paramiko internals this
-   needs). Largest files go first so the workers finish together.
+3. Send every file into staging (``upload/transfer.py``). Each worker owns one SFTP channel
+   (``sessions_per_connection`` per connection) and keeps up to ``max_inflight`` WRITE requests
+   of ``request_size`` bytes in flight, checking the server's status reply of every one
+   (paramiko's own pipelined mode drops the replies of failed writes;
+   ``upload/paramiko_compat.py`` holds the paramiko internals this needs). Largest files go
+   first so the workers finish together.
 4. Publish with ONE plain SFTP rename (SSH_FXP_RENAME). OpenSSH's server refuses it when the new
    name exists (a file or a directory, even an empty one); ``posix-rename@openssh.com`` would
    replace an empty directory, so it is never used here. If the target exists the upload is
@@ -29,10 +30,8 @@ How an upload goes:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import posixpath
-import queue
 import secrets
 import stat
 import threading
@@ -40,29 +39,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
 
 import paramiko
 
 from eva.dataset.layout import check_component
 from eva.progress import ProgressSink, null_progress
-from eva.upload import paramiko_compat
 from eva.upload.config import SftpConfig
 from eva.upload.connect import Connector
 from eva.upload.errors import UploadError as UploadError  # re-exported: eva.cli catches it here
 from eva.upload.errors import UploadInterrupted
+from eva.upload.transfer import LocalFile as LocalFile  # re-exported: part of a LocalTree
+from eva.upload.transfer import Pipeline, describe_failure, remote_lstat, send_files
 
 STAGING_MARK = ".eva-staging-"
 # OpenSSH's sftp-server accepts messages up to 256 KiB; 255 KiB of data leaves room for headers.
 DEFAULT_REQUEST_SIZE = 255 * 1024
 MAX_COPY_ATTEMPTS = 99
-
-
-@dataclass(frozen=True)
-class LocalFile:
-    rel: str  # POSIX relative path inside the tree
-    path: Path
-    size: int
 
 
 @dataclass(frozen=True)
@@ -166,13 +158,6 @@ class UploadResult:
 # ---- remote helpers ---------------------------------------------------------------------------
 
 
-def remote_lstat(sftp: paramiko.SFTPClient, path: str) -> paramiko.SFTPAttributes | None:
-    try:
-        return sftp.lstat(path)
-    except FileNotFoundError:
-        return None
-
-
 def ensure_remote_dir(sftp: paramiko.SFTPClient, remote_dir: str) -> None:
     """``mkdir -p`` over SFTP; every existing component must be a directory."""
     current = ""
@@ -250,160 +235,6 @@ def publish_staging(sftp: paramiko.SFTPClient, staging: str, target: str, now: d
     raise UploadError(f"{target}: all {MAX_COPY_ATTEMPTS} copy names are taken")
 
 
-def sha256_remote(sftp: paramiko.SFTPClient, path: str, size: int) -> str:
-    digest = hashlib.sha256()
-    with sftp.open(path, "rb") as f:
-        f.prefetch(size)
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-# ---- the uploader -----------------------------------------------------------------------------
-
-
-class _Shared:
-    """State shared by the worker threads (all mutation under ``lock``)."""
-
-    def __init__(self, progress: ProgressSink, cancel: threading.Event) -> None:
-        self.lock = threading.Lock()
-        self.progress = progress
-        self.cancel = cancel
-        self.failed = threading.Event()
-        self.error: BaseException | None = None
-        self.skipped_files = 0
-        self.skipped_bytes = 0
-
-    def report(self, *, files: int = 0, nbytes: int = 0, current: str | None = None) -> None:
-        with self.lock:
-            self.progress(files=files, bytes=nbytes, current=current)
-
-    def fail(self, error: BaseException) -> None:
-        with self.lock:
-            if self.error is None:
-                self.error = error
-        self.failed.set()
-
-    def stopping(self) -> bool:
-        return self.failed.is_set() or self.cancel.is_set()
-
-
-def _send_file(
-    sftp: paramiko.SFTPClient,
-    local: LocalFile,
-    remote: str,
-    shared: _Shared,
-    options: UploadOptions,
-    start: int = 0,
-) -> None:
-    """Send ``local`` to ``remote`` from byte ``start`` on (0: create/truncate; >0: continue a
-    verified prefix already on the server)."""
-    buffer = bytearray(options.request_size)
-    view = memoryview(buffer)
-    acks = paramiko_compat.WriteAcks()
-    sent = start
-    try:
-        local_file = open(local.path, "rb")  # noqa: SIM115 - closed below
-        local_file.seek(start)
-    except OSError as e:
-        raise UploadError(f"{local.path}: cannot read ({e.strerror})") from None
-    # "r+b" keeps the verified prefix (no O_TRUNC); "wb" creates or truncates.
-    with local_file, sftp.open(remote, "r+b" if start else "wb") as remote_file:
-        # SFTPFile.handle is the server's handle string; paramiko's stubs type it as SFTPHandle
-        # (the server-side class).
-        handle = cast(bytes, remote_file.handle)
-        while True:
-            if shared.stopping():
-                return
-            try:
-                n = local_file.readinto(buffer)
-            except OSError as e:
-                raise UploadError(f"{local.path}: read failed ({e.strerror})") from None
-            if not n:
-                break
-            # send_write copies the view into the packet, so the buffer is reusable at once.
-            paramiko_compat.send_write(sftp, acks, handle, sent, view[:n])
-            sent += n
-            shared.report(nbytes=n)
-            while acks.pending >= options.max_inflight:
-                paramiko_compat.read_response(sftp)
-            if acks.error:
-                break
-        while acks.pending > 0:
-            paramiko_compat.read_response(sftp)
-    if acks.error:
-        raise UploadError(f"{remote}: remote write failed ({acks.error})")
-    if sent != local.size:
-        raise UploadError(f"{local.path}: changed during upload ({local.size} -> {sent} bytes)")
-    remote_size = sftp.stat(remote).st_size
-    if remote_size != local.size:
-        raise UploadError(f"{remote}: remote size {remote_size} != local size {local.size}")
-    shared.report(files=1)
-
-
-def sha256_local_prefix(path: Path, length: int, buffer_size: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        remaining = length
-        while remaining > 0 and (chunk := f.read(min(buffer_size, remaining))):
-            digest.update(chunk)
-            remaining -= len(chunk)
-    return digest.hexdigest()
-
-
-def staged_prefix(sftp: paramiko.SFTPClient, local: LocalFile, remote: str) -> int:
-    """How many leading bytes of ``local`` the staged ``remote`` file already holds, verified by
-    reading them back and comparing SHA-256: ``local.size`` (complete), a partial length, or 0."""
-    attrs = remote_lstat(sftp, remote)
-    if attrs is None or not stat.S_ISREG(attrs.st_mode or 0):
-        return 0
-    size = attrs.st_size or 0
-    if size <= 0 or size > local.size:
-        return 0
-    if sha256_remote(sftp, remote, size) != sha256_local_prefix(local.path, size):
-        return 0
-    return size
-
-
-def _worker(
-    sftp: paramiko.SFTPClient,
-    jobs: queue.SimpleQueue[LocalFile | None],
-    staging: str,
-    shared: _Shared,
-    options: UploadOptions,
-    resume: bool,
-) -> None:
-    remote = staging
-    try:
-        while not shared.stopping():
-            local = jobs.get()
-            if local is None:
-                return
-            remote = posixpath.join(staging, local.rel)
-            shared.report(current=local.rel)
-            start = staged_prefix(sftp, local, remote) if resume else 0
-            if start:
-                with shared.lock:
-                    shared.skipped_bytes += start
-                    if start == local.size:
-                        shared.skipped_files += 1
-                shared.report(nbytes=start)
-            if start == local.size and local.size > 0:
-                shared.report(files=1)
-                continue
-            _send_file(sftp, local, remote, shared, options, start)
-    except UploadError as e:
-        shared.fail(e)
-    except (OSError, paramiko.SSHException, EOFError) as e:
-        shared.fail(UploadError(f"{remote}: transfer failed ({_describe_failure(e)})"))
-    except BaseException as e:  # surface anything else in the calling thread
-        shared.fail(e)
-
-
-def _describe_failure(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-
-
 def upload_tree(
     config: SftpConfig,
     tree: LocalTree,
@@ -443,75 +274,17 @@ def upload_tree(
             raise UploadError(f"{config.describe()}: the server refused the SFTP subsystem")
         clients.append(control)
         ensure_remote_dir(control, config.remote_dir)
-
-        resumed = False
-        prefix = f".{dataset_name}{STAGING_MARK}"
-
-        def ours(path: str) -> bool:
-            return posixpath.dirname(path) == config.remote_dir and posixpath.basename(
-                path
-            ).startswith(prefix)
-
-        if discard_staging and discard_staging != resume_staging and ours(discard_staging):
-            with contextlib.suppress(OSError):
-                if remote_lstat(control, discard_staging) is not None:
-                    remove_remote_tree(control, discard_staging)
-        if resume_staging is not None:
-            if not ours(resume_staging):
-                raise UploadError(f"resume: {resume_staging} is not a staging dir of {target}")
-            attrs = remote_lstat(control, resume_staging)
-            if attrs is not None and stat.S_ISDIR(attrs.st_mode or 0):
-                staging, resumed = resume_staging, True
-        if staging is None:
-            staging = staging_path_for(config.remote_dir, dataset_name, secrets.token_hex(8))
-            try:
-                control.mkdir(staging)  # server umask: the published dir keeps it
-            except OSError as e:
-                raise UploadError(f"cannot create staging directory {staging}: {e}") from None
+        staging, resumed = _open_staging(
+            control, config, dataset_name, resume_staging, discard_staging
+        )
         if on_staging is not None:
             on_staging(staging)
-
-        if resumed:
-            # Only what the local tree holds may be published: drop anything else staged.
-            _prune_staging(control, staging, "", set(tree.dirs), {f.rel for f in tree.files})
-        for rel in tree.dirs:
-            path = posixpath.join(staging, rel)
-            if resumed and remote_lstat(control, path) is not None:
-                continue  # pruning left only directories at directory paths
-            control.mkdir(path)
-
-        shared = _Shared(progress, cancel)
-        workers_wanted = max(1, options.connections) * max(1, options.sessions_per_connection)
-        workers_wanted = min(workers_wanted, max(1, len(tree.files)))
-        connections_wanted = min(max(1, options.connections), workers_wanted)
-        while len(transports) < connections_wanted:
-            transports.append(connector.open_transport())
-        while len(clients) < workers_wanted:
-            client = paramiko.SFTPClient.from_transport(transports[len(clients) % len(transports)])
-            if client is None:
-                raise UploadError(f"{config.describe()}: the server refused an SFTP session")
-            clients.append(client)
-
-        jobs: queue.SimpleQueue[LocalFile | None] = queue.SimpleQueue()
-        for local in sorted(tree.files, key=lambda f: (-f.size, f.rel)):
-            jobs.put(local)
-        for _ in clients:
-            jobs.put(None)
-        threads = [
-            threading.Thread(
-                target=_worker,
-                args=(client, jobs, staging, shared, options, resumed),
-                name=f"eva-upload-{i}",
-                daemon=True,
-            )
-            for i, client in enumerate(clients)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if shared.error is not None:
-            raise shared.error
+        _make_staged_dirs(control, staging, tree, resumed)
+        _open_channels(connector, transports, clients, options, len(tree.files))
+        pipeline = Pipeline(options.request_size, options.max_inflight)
+        skipped_files, skipped_bytes = send_files(
+            clients, tree.files, staging, pipeline, resume=resumed, progress=progress, cancel=cancel
+        )
         if cancel.is_set():
             raise UploadInterrupted(
                 f"upload cancelled; staged files kept in {staging} for --resume"
@@ -527,8 +300,8 @@ def upload_tree(
             staging_path=staging,
             files=len(tree.files),
             bytes=tree.total_bytes,
-            skipped_files=shared.skipped_files,
-            skipped_bytes=shared.skipped_bytes,
+            skipped_files=skipped_files,
+            skipped_bytes=skipped_bytes,
             resumed=resumed,
             host_key_recorded=connector.host_key_recorded,
         )
@@ -541,7 +314,7 @@ def upload_tree(
                 raise UploadError(f"{e}; also failed to remove staging: {cleanup_error}") from None
         if isinstance(e, (OSError, paramiko.SSHException, EOFError)):
             raise UploadError(
-                f"upload to {config.describe()} failed: {_describe_failure(e)}"
+                f"upload to {config.describe()} failed: {describe_failure(e)}"
             ) from None
         raise
     finally:
@@ -551,6 +324,77 @@ def upload_tree(
         for transport in transports:
             with contextlib.suppress(Exception):
                 transport.close()
+
+
+def _open_staging(
+    control: paramiko.SFTPClient,
+    config: SftpConfig,
+    dataset_name: str,
+    resume_staging: str | None,
+    discard_staging: str | None,
+) -> tuple[str, bool]:
+    """The staging dir to send into, and whether it is ``resume_staging`` resumed (else a new
+    one); ``discard_staging`` is removed first (best effort). Only staging dirs of this dataset
+    beside its target are touched."""
+    prefix = f".{dataset_name}{STAGING_MARK}"
+
+    def ours(path: str) -> bool:
+        return posixpath.dirname(path) == config.remote_dir and posixpath.basename(path).startswith(
+            prefix
+        )
+
+    if discard_staging and discard_staging != resume_staging and ours(discard_staging):
+        with contextlib.suppress(OSError):
+            if remote_lstat(control, discard_staging) is not None:
+                remove_remote_tree(control, discard_staging)
+    if resume_staging is not None:
+        if not ours(resume_staging):
+            target = config.target_path(dataset_name)
+            raise UploadError(f"resume: {resume_staging} is not a staging dir of {target}")
+        attrs = remote_lstat(control, resume_staging)
+        if attrs is not None and stat.S_ISDIR(attrs.st_mode or 0):
+            return resume_staging, True
+    staging = staging_path_for(config.remote_dir, dataset_name, secrets.token_hex(8))
+    try:
+        control.mkdir(staging)  # server umask: the published dir keeps it
+    except OSError as e:
+        raise UploadError(f"cannot create staging directory {staging}: {e}") from None
+    return staging, False
+
+
+def _make_staged_dirs(
+    control: paramiko.SFTPClient, staging: str, tree: LocalTree, resumed: bool
+) -> None:
+    """The tree's directories in ``staging``; a resumed staging dir first loses whatever the
+    local tree does not hold (only that may be published)."""
+    if resumed:
+        _prune_staging(control, staging, "", set(tree.dirs), {f.rel for f in tree.files})
+    for rel in tree.dirs:
+        path = posixpath.join(staging, rel)
+        if resumed and remote_lstat(control, path) is not None:
+            continue  # pruning left only directories at directory paths
+        control.mkdir(path)
+
+
+def _open_channels(
+    connector: Connector,
+    transports: list[paramiko.Transport],
+    clients: list[paramiko.SFTPClient],
+    options: UploadOptions,
+    files: int,
+) -> None:
+    """Add connections and SFTP channels (one per worker) up to what ``options`` ask for, and
+    no more channels than files."""
+    workers_wanted = max(1, options.connections) * max(1, options.sessions_per_connection)
+    workers_wanted = min(workers_wanted, max(1, files))
+    connections_wanted = min(max(1, options.connections), workers_wanted)
+    while len(transports) < connections_wanted:
+        transports.append(connector.open_transport())
+    while len(clients) < workers_wanted:
+        client = paramiko.SFTPClient.from_transport(transports[len(clients) % len(transports)])
+        if client is None:
+            raise UploadError(f"{connector.config.describe()}: the server refused an SFTP session")
+        clients.append(client)
 
 
 def _remove_staging(
@@ -576,5 +420,5 @@ def _remove_staging(
             finally:
                 sftp.close()
         except Exception as e:
-            error = _describe_failure(e)
+            error = describe_failure(e)
     return error
