@@ -359,10 +359,11 @@ def test_console_serves_dataset_text_as_json_and_the_page_never_parses_it(
         assert page.status_code == 200
         policy = page.headers["content-security-policy"]
         assert "script-src 'self'" in policy and "unsafe-inline" not in policy.split("style-src")[0]
-    # The page's script builds every node with createElement and sets text with textContent.
-    script = (STATIC / "app.js").read_text()
-    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
-        assert sink not in script, sink
+    # The page's scripts build every node with createElement and set text with textContent.
+    for path in sorted(STATIC.rglob("*.js")):
+        script = path.read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+            assert sink not in script, f"{path.relative_to(STATIC)}: {sink}"
 
 
 # ---- E22: a moved, renamed or symlinked export verifies on its own -------------------------

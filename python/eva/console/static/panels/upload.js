@@ -1,0 +1,109 @@
+// UPLOAD ACCEPTED: why an upload is not possible yet (the gate, the backend, the format rule),
+// UPLOAD ACCEPTED, the running upload's progress, and the last upload of this export.
+import { api, enc } from "../lib/api.js";
+import { clearBar, setBar } from "../lib/bars.js";
+import { refreshDataset } from "../lib/datasets.js";
+import { $, toast } from "../lib/dom.js";
+import { jobActive, ui } from "../lib/state.js";
+
+function uploadBlockers() {
+  const fmt = ui.format;
+  const reasons = [];
+  const entry = ui.exports && ui.exports.formats ? ui.exports.formats[fmt] : null;
+  const gate = entry ? entry.upload : null;
+  if (gate && !gate.allowed) reasons.push(`${gate.reason}: ${gate.message}`);
+  if (!gate && ui.status && !ui.status.upload_backend) {
+    reasons.push("no_backend: no upload backend configured: add a [collection.storage.sftp] " +
+      "table to the config");
+  }
+  const seen = ui.exportSeen;
+  if (!seen || seen.dataset !== ui.dataset || seen.format !== fmt) {
+    reasons.unshift(`export required for ${fmt}`);
+  }
+  if (!gate && !reasons.length) reasons.push("no export information yet");
+  return reasons;
+}
+
+function renderProgress(job) {
+  const p = (job && job.progress) || {};
+  if (job && job.state === "completed") {
+    const totals = job.totals || {};
+    setBar("upload-progress-files", "upload-files-text", totals.files ?? p.files,
+      totals.files ?? p.total_files);
+    setBar("upload-progress-bytes", "upload-bytes-text", totals.bytes ?? p.bytes,
+      totals.bytes ?? p.total_bytes, true);
+  } else if (job) {
+    setBar("upload-progress-files", "upload-files-text", p.files, p.total_files);
+    setBar("upload-progress-bytes", "upload-bytes-text", p.bytes, p.total_bytes, true);
+  } else {
+    for (const name of ["files", "bytes"]) {
+      clearBar(`upload-progress-${name}`, `upload-${name}-text`);
+    }
+  }
+}
+
+function renderUpload() {
+  $("upload-dataset").textContent = ui.dataset || "–";
+  $("upload-format").textContent = ui.format || "–";
+  $("upload-backend").textContent = (ui.status && ui.status.upload_backend) || "no backend";
+  const job = ui.uploadJob;
+  const running = jobActive(job) || jobActive(ui.status && ui.status.active_job);
+  const reasons = uploadBlockers();
+  const button = $("upload-button");
+  button.disabled = running || reasons.length > 0;
+  const reason = $("upload-reason");
+  reason.textContent = reasons.length ? reasons.join(" · ") : "ready: the accepted export passed the gate";
+  reason.className = reasons.length ? "error-text" : "ok";
+  reason.dataset.reason = reasons.length ? reasons[0].split(":")[0] : "";
+  const state = $("upload-state");
+  state.textContent = job ? job.state : "–";
+  state.dataset.state = job ? job.state : "";
+  state.className = `pill ${job ? job.state : ""}`;
+  $("upload-current").textContent = job && job.progress && job.progress.current ?
+    job.progress.current : "";
+  renderProgress(job);
+  $("remote-path").textContent = (job && job.remote_path) || "–";
+  $("upload-error").textContent = job && job.error ? `upload failed: ${job.error}` : "";
+  const entry = ui.exports && ui.exports.formats ? ui.exports.formats[ui.format] : null;
+  const last = entry ? entry.last_upload : null;
+  $("last-upload").textContent = last ?
+    `${last.state} ${last.remote_path || last.error || ""} ${last.finished_at || ""}` : "none";
+}
+
+async function startUpload() {
+  if ($("upload-button").disabled) return;
+  const name = ui.dataset;
+  try {
+    const job = await api("POST", `/api/datasets/${enc(name)}/upload`, { format: ui.format });
+    ui.uploadJob = job;
+    toast(`upload of the accepted ${job.format} export started`);
+  } catch (e) {
+    $("upload-error").textContent = `upload refused: ${e.code ? `${e.code}: ` : ""}${e.message}`;
+    toast(e.message, "error");
+    await refreshDataset();
+  }
+  renderUpload();
+}
+
+// Every job of the page's dataset and format redraws this panel (an export changes the gate).
+function onJob(job) {
+  if (job.kind === "upload") {
+    const previous = ui.uploadJob && ui.uploadJob.job_id === job.job_id ? ui.uploadJob.state : null;
+    ui.uploadJob = job;
+    if ((job.state === "completed" || job.state === "failed") && previous !== job.state) {
+      if (job.state === "failed") toast(`upload failed: ${job.error}`, "error");
+      else toast(`uploaded to ${job.remote_path}`);
+      refreshDataset();
+    }
+  }
+  renderUpload();
+}
+
+export const uploadPanel = {
+  name: "upload",
+  setup() {
+    $("upload-button").addEventListener("click", startUpload);
+  },
+  onJob,
+  onExportState: renderUpload,
+};
