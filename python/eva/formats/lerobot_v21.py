@@ -184,6 +184,85 @@ def _count_frames(path: Path) -> int:
     return int(count_frames(path))
 
 
+def _check_table(
+    problem: ProblemCollector,
+    root: Path,
+    data: Path,
+    ep: int,
+    row: dict[str, Any],
+    tasks: set[int],
+    features: dict[str, Any],
+    first_index: int,
+) -> int | None:
+    """Episode ``ep``'s table, whose global index starts at ``first_index``: its row count, or
+    None when it cannot be read or has no rows (the videos are then not checked)."""
+    if not data.is_file():
+        problem("missing_parquet", "episode table missing", data, ep)
+        return None
+    if not layout.is_within(data, root):
+        problem("unsafe_path", "a link leading outside the export (not read)", data, ep)
+        return None
+    try:
+        with pq.ParquetFile(data) as parquet:
+            table = parquet.read()
+    except (OSError, pa.ArrowException) as e:
+        problem("unreadable_parquet", f"cannot read: {e}", data, ep)
+        return None
+    n = int(table.num_rows)
+    if n != row.get("length"):
+        problem(
+            "length_mismatch", f"{n} rows but episodes.jsonl length {row.get('length')}", data, ep
+        )
+    if n == 0:
+        problem("empty_episode", "no rows", data, ep)
+        return None
+    col = table.column("episode_index").to_numpy()
+    if not (col == ep).all():
+        problem("episode_index_column", f"episode_index values differ from {ep}", data, ep)
+    index = table.column("index").to_numpy()
+    if not np.array_equal(index, np.arange(first_index, first_index + n)):
+        problem("index_column", f"index is not contiguous from {first_index}", data, ep)
+    unknown = set(np.unique(table.column("task_index").to_numpy()).tolist()) - tasks
+    if unknown:
+        problem("task_index_column", f"task_index {sorted(unknown)} not in tasks.jsonl", data, ep)
+    # Real read: one state and one action value.
+    first_values = {
+        name: np.asarray(table.column(name)[0].as_py(), dtype=np.float32)
+        for name in VECTOR_FEATURES
+        if name in table.column_names
+    }
+    check_vectors(problem, features, first_values, data, ep)
+    return n
+
+
+def _check_video(
+    problem: ProblemCollector,
+    root: Path,
+    video: Path,
+    key: str,
+    ep: int,
+    rows: int,
+    features: dict[str, Any],
+) -> None:
+    """Camera ``key``'s MP4 of episode ``ep``: inside the export, ``rows`` frames, and a first
+    frame of the declared shape."""
+    if not video.is_file():
+        problem("missing_video", f"camera {key!r}: video missing", video, ep)
+        return
+    if not layout.is_within(video, root):
+        problem("unsafe_path", f"camera {key!r}: a link leading outside the export", video, ep)
+        return
+    try:
+        frames = _count_frames(video)
+        frame = first_frame(video)
+    except Exception as e:  # noqa: BLE001 - any decoder failure is a verification problem
+        problem("unreadable_video", f"camera {key!r}: cannot decode: {e}", video, ep)
+        return
+    if frames != rows:
+        problem("frame_count", f"camera {key!r}: {frames} frames but {rows} rows", video, ep)
+    check_frame(problem, key, frame, tuple(features[key].get("shape", ())), video, ep)
+
+
 def verify(export_dir: Path) -> list[Problem]:
     """Totals against physical files, then a real read of one state, action and image frame
     per episode (pyarrow for the tables, PyAV for the MP4s)."""
@@ -217,68 +296,14 @@ def verify(export_dir: Path) -> list[Problem]:
     for ep in range(len(episodes)):
         chunk = layout.episode_chunk(ep, chunks_size)
         data = root / layout.DATA_PATH.format(episode_chunk=chunk, episode_index=ep)
-        if not data.is_file():
-            problem("missing_parquet", "episode table missing", data, ep)
+        n = _check_table(problem, root, data, ep, episodes[ep], tasks, features, total_rows)
+        if n is None:
             continue
-        if not layout.is_within(data, root):
-            problem("unsafe_path", "a link leading outside the export (not read)", data, ep)
-            continue
-        try:
-            with pq.ParquetFile(data) as parquet:
-                table = parquet.read()
-        except (OSError, pa.ArrowException) as e:
-            problem("unreadable_parquet", f"cannot read: {e}", data, ep)
-            continue
-        n = table.num_rows
-        if n != episodes[ep].get("length"):
-            problem(
-                "length_mismatch",
-                f"{n} rows but episodes.jsonl length {episodes[ep].get('length')}",
-                data,
-                ep,
-            )
-        if n == 0:
-            problem("empty_episode", "no rows", data, ep)
-            continue
-        col = table.column("episode_index").to_numpy()
-        if not (col == ep).all():
-            problem("episode_index_column", f"episode_index values differ from {ep}", data, ep)
-        index = table.column("index").to_numpy()
-        if not np.array_equal(index, np.arange(total_rows, total_rows + n)):
-            problem("index_column", f"index is not contiguous from {total_rows}", data, ep)
-        unknown = set(np.unique(table.column("task_index").to_numpy()).tolist()) - tasks
-        if unknown:
-            problem(
-                "task_index_column", f"task_index {sorted(unknown)} not in tasks.jsonl", data, ep
-            )
         total_rows += n
-        # Real read: one state and one action value.
-        first_values = {
-            name: np.asarray(table.column(name)[0].as_py(), dtype=np.float32)
-            for name in VECTOR_FEATURES
-            if name in table.column_names
-        }
-        check_vectors(problem, features, first_values, data, ep)
         for key in video_keys:
             video = root / layout.VIDEO_PATH.format(
                 episode_chunk=chunk, video_key=key, episode_index=ep
             )
-            if not video.is_file():
-                problem("missing_video", f"camera {key!r}: video missing", video, ep)
-                continue
-            if not layout.is_within(video, root):
-                problem(
-                    "unsafe_path", f"camera {key!r}: a link leading outside the export", video, ep
-                )
-                continue
-            try:
-                frames = _count_frames(video)
-                frame = first_frame(video)
-            except Exception as e:  # noqa: BLE001 - any decoder failure is a verification problem
-                problem("unreadable_video", f"camera {key!r}: cannot decode: {e}", video, ep)
-                continue
-            if frames != n:
-                problem("frame_count", f"camera {key!r}: {frames} frames but {n} rows", video, ep)
-            check_frame(problem, key, frame, tuple(features[key].get("shape", ())), video, ep)
+            _check_video(problem, root, video, key, ep, n, features)
     check_total(problem, info, "total_frames", total_rows, f"{total_rows} rows", info_path)
     return problem.problems
