@@ -17,10 +17,10 @@ $(PY):
 	$(PIP) install -q --upgrade pip
 
 # Dependencies are installed once; the native core is rebuilt (incrementally) when sources change.
-# uvicorn and httptools carry pyproject.toml's bounds (the console's guard hooks uvicorn's
-# internals: see the comment there).
+# uvicorn, httptools, pyarrow, av, h5py, mcap and paramiko carry pyproject.toml's bounds (eva
+# relies on their internals or exact output: see the comments there).
 $(VENV)/.eva-deps: pyproject.toml | $(PY)
-	$(PIP) install -q numpy pyarrow av h5py mcap zstandard lz4 msgpack paramiko click rich starlette "uvicorn>=0.30,<0.56" "httptools>=0.6,<1" uvloop pyzmq \
+	$(PIP) install -q numpy "pyarrow>=15,<27" "av>=14,<19" "h5py>=3.10,<4" "mcap>=1.2,<2" zstandard lz4 msgpack "paramiko>=3.4,<6" click rich starlette "uvicorn>=0.30,<0.56" "httptools>=0.6,<1" uvloop pyzmq \
 	    foxglove-schemas-protobuf mcap-protobuf-support ray \
 	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff mypy types-paramiko httpx selenium
 	touch $@

@@ -16,9 +16,11 @@ import contextlib
 import errno
 import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from eva.dataset.errors import DatasetError
+from eva.dataset.errors import DatasetError, WriteError, write_error_line
 from eva.dataset.fsafe import (
     FileBeneath,
     Readable,
@@ -31,11 +33,20 @@ from eva.dataset.fsafe import (
     real_directory,
 )
 
-__all__ = ["FICLONE", "reflink", "share_file"]
+__all__ = ["FICLONE", "copy_file", "copy_range", "reflink", "share_file"]
 
 # linux/fs.h: _IOW(0x94, 9, int)
 FICLONE = 0x40049409
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# copy_file_range fails with these where the kernel or filesystem cannot copy between the two
+# files (across filesystem types, some FUSE and network filesystems): copy through a buffer.
+_NO_KERNEL_COPY = frozenset(
+    {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM}
+)
+_KERNEL_STEP = 1 << 30  # bytes per copy_file_range call (nothing passes through this process)
+_BUFFER = 8 << 20  # bytes per read where the kernel cannot copy
+
+T = TypeVar("T")
 
 
 def reflink(src_fd: int, dest_fd: int) -> bool:
@@ -59,6 +70,52 @@ def reflink(src_fd: int, dest_fd: int) -> bool:
         raise
 
 
+def copy_range(src_fd: int, dest_fd: int, offset: int, length: int) -> int:
+    """Write ``length`` bytes of ``src_fd`` from ``offset`` at ``dest_fd``'s position (which
+    advances): in the kernel (``copy_file_range``) where it can, else through a buffer. Returns
+    the bytes copied, fewer than ``length`` only when ``src_fd`` ends first. ``OSError`` as
+    raised (the callers name the file)."""
+    done = 0
+    while done < length:  # in the kernel
+        try:
+            n = os.copy_file_range(src_fd, dest_fd, min(length - done, _KERNEL_STEP), offset + done)
+        except OSError as e:
+            if e.errno not in _NO_KERNEL_COPY:
+                raise
+            break
+        if n == 0:
+            return done
+        done += n
+    while done < length:  # through this process
+        data = os.pread(src_fd, min(length - done, _BUFFER), offset + done)
+        if not data:
+            return done
+        view = memoryview(data)
+        while view:
+            view = view[os.write(dest_fd, view) :]
+        done += len(data)
+    return done
+
+
+def copy_file(src: Readable, dest: Path | str) -> int:
+    """A new file ``dest`` (in a real directory; a new inode, never a hard link, so writing it
+    cannot reach ``src``) with the bytes of the regular file ``src``: a reflink where the
+    filesystem has them (shared blocks are copied on write), else a copy. Returns the bytes
+    ``dest`` got (fewer than ``src``'s size only when it shrank meanwhile); a write error is a
+    ``WriteError`` naming ``dest``."""
+    dest = Path(dest)
+    src_fd = _open_source(src)
+    try:
+        size = os.fstat(src_fd).st_size
+
+        def fill(dest_fd: int) -> int:
+            return size if reflink(src_fd, dest_fd) else copy_range(src_fd, dest_fd, 0, size)
+
+        return _new_file(dest, fill, lambda e: WriteError(write_error_line(dest, e)))
+    finally:
+        os.close(src_fd)
+
+
 def share_file(src: Readable, dest: Path | str, *, link: bool = True) -> str:
     """Give ``dest`` (new, in a real directory) the content of the regular file ``src``.
 
@@ -72,37 +129,62 @@ def share_file(src: Readable, dest: Path | str, *, link: bool = True) -> str:
     """
     dest = Path(dest)
     name = name_of(src)
-    try:
-        src_fd = src.open() if isinstance(src, FileBeneath) else open_regular(src)
-    except FileNotFoundError as e:
-        raise os_error(e, name) from None
+    src_fd = _open_source(src)
     try:
         st = os.fstat(src_fd)
-        dest_fd = _create_new(dest)
-        try:
-            if link and reflink(src_fd, dest_fd):
-                return "reflink"
-            if link and is_read_only(st):
-                os.close(dest_fd)
-                dest_fd = -1
-                os.unlink(dest)
-                if _hard_link(src_fd, name, dest, st):
-                    return "link"
-                dest_fd = _create_new(dest)
-            _copy_fd(src_fd, dest_fd, st.st_size, dest)
-            return "copy"
-        except BaseException:
-            if dest_fd >= 0:
-                os.close(dest_fd)
-                dest_fd = -1
-            with contextlib.suppress(OSError):
-                os.unlink(dest)
-            raise
-        finally:
-            if dest_fd >= 0:
-                os.close(dest_fd)
+
+        def error(e: OSError) -> DatasetError:
+            return os_error(e, dest)
+
+        # a reflink attempt's empty file is removed when the filesystem has none
+        if link and _new_file(dest, lambda fd: reflink(src_fd, fd), error, keep=bool):
+            return "reflink"
+        if link and is_read_only(st) and _hard_link(src_fd, name, dest, st):
+            return "link"
+        _new_file(dest, lambda fd: copy_range(src_fd, fd, 0, st.st_size), error)
+        return "copy"
     finally:
         os.close(src_fd)
+
+
+def _always(_: object) -> bool:
+    return True
+
+
+def _open_source(src: Readable) -> int:
+    try:
+        return src.open() if isinstance(src, FileBeneath) else open_regular(src)
+    except FileNotFoundError as e:
+        raise os_error(e, name_of(src)) from None
+
+
+def _new_file(
+    dest: Path,
+    fill: Callable[[int], T],
+    error: Callable[[OSError], DatasetError],
+    keep: Callable[[T], bool] = _always,
+) -> T:
+    """``fill``'s result on the new file ``dest`` (created exclusively in a real directory,
+    never through a link), which is removed when ``fill`` raises or ``keep`` of its result is
+    false; an ``OSError`` on the way raises ``error`` of it."""
+    real_directory(dest.parent)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(dest, flags, 0o666)
+    except OSError as e:
+        raise error(e) from None
+    kept = False
+    try:
+        result = fill(fd)
+        kept = keep(result)
+        return result
+    except OSError as e:
+        raise error(e) from None
+    finally:
+        os.close(fd)
+        if not kept:
+            with contextlib.suppress(OSError):
+                os.unlink(dest)
 
 
 def _hard_link(src_fd: int, name: Path, dest: Path, st: os.stat_result) -> bool:
@@ -133,45 +215,3 @@ def _hard_link(src_fd: int, name: Path, dest: Path, st: os.stat_result) -> bool:
         os.unlink(dest)
         raise DatasetError(f"{name}: changed while being linked; not exporting it")
     return True
-
-
-def _create_new(path: Path) -> int:
-    real_directory(path.parent)
-    try:
-        return os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666
-        )
-    except OSError as e:
-        raise os_error(e, path) from None
-
-
-def _copy_fd(src_fd: int, dest_fd: int, size: int, dest: Path) -> None:
-    offset = 0
-    try:
-        while offset < size:
-            try:
-                n = os.copy_file_range(src_fd, dest_fd, size - offset, offset, offset)
-            except OSError as e:
-                if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                    raise
-                n = _copy_blocks(src_fd, dest_fd, offset)
-                offset += n
-                break
-            if n == 0:
-                break
-            offset += n
-    except OSError as e:
-        raise os_error(e, dest) from None
-
-
-def _copy_blocks(src_fd: int, dest_fd: int, offset: int) -> int:
-    copied = 0
-    while True:
-        block = os.pread(src_fd, 1 << 20, offset + copied)
-        if not block:
-            return copied
-        view = memoryview(block)
-        while view:
-            written = os.pwrite(dest_fd, view, offset + copied)
-            view = view[written:]
-            copied += written

@@ -53,7 +53,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -69,6 +68,7 @@ from eva.dataset.atomic import atomic_write_json, read_json_object
 from eva.dataset.errors import DatasetError
 from eva.dataset.identity import Identity, file_identity, matches, same_but_ctime
 from eva.dataset.reader import DatasetReader
+from eva.dataset.share import copy_file
 from eva.formats.base import EpisodeResult, EpisodeTask, ExportOptions, ExportTask, task_files
 
 FINGERPRINTS = "fingerprints.json"  # in the export root, beside job.json
@@ -78,7 +78,6 @@ VIDEO_CHECKS = "video_checks.json"  # beside it: the source MP4s validation foun
 VIDEO_CHECKS_VERSION = 1  # [frames, size, mtime_ns, ctime_ns, inode, device] by path
 # info.json fields that change when episodes are added: no episode file depends on them.
 INFO_TOTALS = ("total_episodes", "total_frames", "total_videos", "total_chunks", "splits")
-FICLONE = 0x40049409  # ioctl: share the source file's extents (btrfs, xfs)
 RENUMBER_THREADS = 2  # renumbered files copied and patched at a time
 
 
@@ -368,13 +367,7 @@ def link_file(published: Path, staged: Path) -> None:
     except OSError as e:
         if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
             raise DatasetError(f"{staged}: cannot link {published} ({e.strerror})") from None
-    with open(published, "rb") as src, open(staged, "wb") as dst:
-        try:
-            fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
-            return
-        except OSError:
-            pass
-        shutil.copyfileobj(src, dst, 1 << 20)
+    copy_file(published, staged)  # a reflink where the filesystem has them, else a copy
     with contextlib.suppress(OSError):
         shutil.copystat(published, staged)
 

@@ -25,10 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eva.dataset.errors import naming_write_errors
-from eva.dataset.share import reflink
-
-# Bytes per copy_file_range call (the kernel copies; nothing passes through this process).
-COPY_STEP = 1 << 30
+from eva.dataset.share import copy_file
 
 
 @dataclass(frozen=True)
@@ -42,50 +39,6 @@ class Patch:
     def __post_init__(self) -> None:
         if len(self.old) != len(self.new):
             raise ValueError(f"patch at {self.offset}: {len(self.old)} bytes -> {len(self.new)}")
-
-
-def copy_published(published: Path, staged: Path) -> int:
-    """Copy ``published`` to the new file ``staged`` (a reflink, else ``os.copy_file_range``,
-    else a plain copy); return the bytes copied. ``staged`` must not exist."""
-    staged.parent.mkdir(parents=True, exist_ok=True)
-    copied = 0
-    with naming_write_errors(staged):
-        source = os.open(published, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            size = os.fstat(source).st_size
-            target = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-            try:
-                # a clone where the filesystem has one (btrfs, xfs): the patches below then
-                # copy only the blocks they touch, the published file keeps its own
-                copied = size if reflink(source, target) else _copy(source, target, size)
-            except BaseException:
-                os.close(target)
-                staged.unlink(missing_ok=True)
-                raise
-            os.close(target)
-        finally:
-            os.close(source)
-    return copied
-
-
-def _copy(source: int, target: int, size: int) -> int:
-    copied = 0
-    try:
-        while copied < size:
-            step = os.copy_file_range(source, target, min(COPY_STEP, size - copied))
-            if step == 0:
-                break  # the file shrank meanwhile: the caller's size check sees it
-            copied += step
-        return copied
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-    while True:  # no copy_file_range here: through this process, 1 MiB at a time
-        data = os.pread(source, 1 << 20, copied)
-        if not data:
-            return copied
-        os.pwrite(target, data, copied)
-        copied += len(data)
 
 
 def apply_patches(staged: Path, patches: Sequence[Patch]) -> bool:
@@ -109,7 +62,10 @@ def copy_and_patch(published: Path, staged: Path, patches: Sequence[Patch]) -> i
     None (``staged`` removed) when the copy is not the published file's size or a site does not
     hold its old bytes."""
     expected = os.stat(published).st_size
-    size = copy_published(published, staged)
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    # a reflink where the filesystem has them (btrfs, xfs): the patches then copy only the
+    # blocks they touch, and the published file keeps its own
+    size = copy_file(published, staged)
     if (
         size != expected
         or os.stat(staged).st_size != expected

@@ -281,15 +281,9 @@ def upload_tree(
             on_staging(staging)
         _make_staged_dirs(control, staging, tree, resumed)
         _open_channels(connector, transports, clients, options, len(tree.files))
-        pipeline = Pipeline(options.request_size, options.max_inflight)
-        skipped_files, skipped_bytes = send_files(
-            clients, tree.files, staging, pipeline, resume=resumed, progress=progress, cancel=cancel
+        skipped_files, skipped_bytes = _stage_files(
+            clients, tree, staging, resumed, options, progress, cancel
         )
-        if cancel.is_set():
-            raise UploadInterrupted(
-                f"upload cancelled; staged files kept in {staging} for --resume"
-            )
-
         if before_publish is not None:
             before_publish()
         remote_path = publish_staging(control, staging, target, options.clock())
@@ -318,12 +312,16 @@ def upload_tree(
             ) from None
         raise
     finally:
-        for client in clients:
-            with contextlib.suppress(Exception):
-                client.close()
-        for transport in transports:
-            with contextlib.suppress(Exception):
-                transport.close()
+        _close_all(clients, transports)
+
+
+def _close_all(clients: list[paramiko.SFTPClient], transports: list[paramiko.Transport]) -> None:
+    for client in clients:
+        with contextlib.suppress(Exception):
+            client.close()
+    for transport in transports:
+        with contextlib.suppress(Exception):
+            transport.close()
 
 
 def _open_staging(
@@ -374,6 +372,26 @@ def _make_staged_dirs(
         if resumed and remote_lstat(control, path) is not None:
             continue  # pruning left only directories at directory paths
         control.mkdir(path)
+
+
+def _stage_files(
+    clients: list[paramiko.SFTPClient],
+    tree: LocalTree,
+    staging: str,
+    resumed: bool,
+    options: UploadOptions,
+    progress: ProgressSink,
+    cancel: threading.Event,
+) -> tuple[int, int]:
+    """Send the tree's files into ``staging``, one worker per client; returns the (files, bytes)
+    a resume found staged already. A cancel keeps what is staged (``UploadInterrupted``)."""
+    pipeline = Pipeline(options.request_size, options.max_inflight)
+    skipped = send_files(
+        clients, tree.files, staging, pipeline, resume=resumed, progress=progress, cancel=cancel
+    )
+    if cancel.is_set():
+        raise UploadInterrupted(f"upload cancelled; staged files kept in {staging} for --resume")
+    return skipped
 
 
 def _open_channels(

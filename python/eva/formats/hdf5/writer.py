@@ -266,7 +266,6 @@ class EpisodeWriter:
         written by eva at their file offsets (``file``), past the page cache where it can.
         """
         opts = self.options
-        fpc = opts.frames_per_chunk
         converter = self.converter
         assert converter is not None
         where = f"{label}: camera {key}"
@@ -284,40 +283,10 @@ class EpisodeWriter:
         try:
             use_decode_threads(stream)
             frames = container.decode(stream)
-            try:
-                first = next(frames, None)
-            except av.FFmpegError as e:
-                raise DatasetError(f"{where}: cannot decode {video}: {e}") from None
-            if first is None:
-                raise DatasetError(
-                    f"{where}: {video.name} has no frames, the table has {rows} rows"
-                )
+            first = _first_frame(frames, where, video, rows)
             shape = (first.height, first.width)
-            chunk_bytes = fpc * first.height * first.width * 3
-            if chunk_bytes > HDF5_MAX_CHUNK_BYTES:
-                raise DatasetError(
-                    f"{where}: options.hdf5_frames_per_chunk: {fpc} frames of "
-                    f"{first.width}x{first.height} make a {chunk_bytes}-byte chunk, over HDF5's "
-                    f"{HDF5_MAX_CHUNK_BYTES} (use at most "
-                    f"{HDF5_MAX_CHUNK_BYTES // (first.height * first.width * 3)})"
-                )
-            preallocated = opts.h5py_compression is None
-            dcpl = None
-            if preallocated:
-                dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-                dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-                dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # every byte is written below
-            dataset = item.create_dataset(
-                "value",
-                shape=(rows, *shape, 3),
-                maxshape=(None, *shape, 3),
-                chunks=(fpc, *shape, 3),
-                dtype=np.uint8,
-                compression=opts.h5py_compression,
-                compression_opts=opts.compression_level,
-                dcpl=dcpl,
-            )
-            if preallocated:
+            dataset = self._create_value(item, shape, rows, where)
+            if opts.h5py_compression is None:
                 chunk_file = ChunkFile(file, dataset)
             buffers = self.buffers.get(opts.batch_length(shape[0] * shape[1] * 3), *shape)
             converter.start_video(first, buffers[0], 0)
@@ -363,6 +332,39 @@ class EpisodeWriter:
         self.stats.bytes += written * shape[0] * shape[1] * 3
         self.stats.native_frames = converter.native_frames
         self.stats.pyav_frames = converter.pyav_frames
+
+    def _create_value(
+        self, item: h5py.Group, shape: tuple[int, int], rows: int, where: str
+    ) -> h5py.Dataset:
+        """The camera's ``value`` dataset, (rows, H, W, 3) uint8 in chunks of
+        ``frames_per_chunk`` frames; uncompressed, its chunks are allocated now and never
+        filled (eva writes every byte)."""
+        opts = self.options
+        fpc = opts.frames_per_chunk
+        height, width = shape
+        chunk_bytes = fpc * height * width * 3
+        if chunk_bytes > HDF5_MAX_CHUNK_BYTES:
+            raise DatasetError(
+                f"{where}: options.hdf5_frames_per_chunk: {fpc} frames of "
+                f"{width}x{height} make a {chunk_bytes}-byte chunk, over HDF5's "
+                f"{HDF5_MAX_CHUNK_BYTES} (use at most "
+                f"{HDF5_MAX_CHUNK_BYTES // (height * width * 3)})"
+            )
+        dcpl = None
+        if opts.h5py_compression is None:
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+            dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # every byte is written below
+        return item.create_dataset(
+            "value",
+            shape=(rows, *shape, 3),
+            maxshape=(None, *shape, 3),
+            chunks=(fpc, *shape, 3),
+            dtype=np.uint8,
+            compression=opts.h5py_compression,
+            compression_opts=opts.compression_level,
+            dcpl=dcpl,
+        )
 
     @staticmethod
     def _decode_frames(
@@ -503,6 +505,19 @@ def episode_metadata(reader: DatasetReader, task: EpisodeTask) -> dict[str, Any]
     """The file's ``metadata`` group: the episode's row and the fps."""
     fps = task.fps if task.fps is not None else getattr(reader, "fps", None)
     return {**task.row, "fps": fps}
+
+
+def _first_frame(
+    frames: Iterator[av.VideoFrame], where: str, video: Path, rows: int
+) -> av.VideoFrame:
+    """The first decoded frame of a camera's video (one that has none is refused)."""
+    try:
+        first = next(frames, None)
+    except av.FFmpegError as e:
+        raise DatasetError(f"{where}: cannot decode {video}: {e}") from None
+    if first is None:
+        raise DatasetError(f"{where}: {video.name} has no frames, the table has {rows} rows")
+    return first
 
 
 def subset_info(meta: SubsetMeta, options: ExportOptions) -> dict[str, Any]:

@@ -5,7 +5,7 @@ timestamps shifted. Muxing that packet by packet through FFmpeg costs ~10 us of 
 work per frame; here the shard's sample tables are written from the ones ``eva.dataset.mp4box``
 parsed, and the sample bytes go from file to file in one read per run of adjacent samples
 (typically one per episode), written past the page cache where the filesystem allows it, else
-with ``os.copy_file_range``.
+with ``eva.dataset.share.copy_range`` (``copy_file_range``).
 
 The layout is what FFmpeg's MP4 muxer writes with ``movflags=faststart``: ``ftyp``, ``moov``
 (``mvhd``; one ``trak`` with ``tkhd``, one edit, ``mdhd``, ``hdlr`` "vide", ``vmhd``, a
@@ -19,7 +19,6 @@ and frame by frame). The movie timescale is the media's, so the edit is exact.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import struct
 from collections.abc import Iterator
@@ -28,15 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from eva.dataset import fsafe, mp4box
+from eva.dataset.share import copy_range
 from eva.formats._direct_io import SequentialWriter
 
 __all__ = ["SpliceError", "SplicedMp4"]
 
 _U32_MAX = (1 << 32) - 1
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
-# copy_file_range fails with these where the kernel or filesystem cannot copy between the two
-# files (across filesystems on older kernels, some FUSE and network filesystems): fall back.
-_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM}
 _IDENTITY_MATRIX = struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000)
 _BRANDS = {b"avc1": b"avc1", b"avc3": b"avc1", b"av01": b"av01"}
 
@@ -276,28 +273,9 @@ class SplicedMp4:
                 os.close(src_fd)
 
     def _copy_runs(self, out: int) -> None:
-        kernel_copy = True
         for src_fd, path, offset, length in self._run_sources():
-            done = 0
-            while done < length:
-                count = min(length - done, 1 << 30)
-                n = 0
-                if kernel_copy:
-                    try:
-                        n = os.copy_file_range(src_fd, out, count, offset + done)
-                    except OSError as e:
-                        if e.errno not in _NO_KERNEL_COPY:
-                            raise
-                        kernel_copy = False
-                if not kernel_copy:
-                    data = os.pread(src_fd, min(count, 8 << 20), offset + done)
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(out, view) :]
-                    n = len(data)
-                if n == 0:
-                    raise SpliceError(f"{path}: file shrank while being copied")
-                done += n
+            if copy_range(src_fd, out, offset, length) < length:
+                raise SpliceError(f"{path}: file shrank while being copied")
 
     # ---- boxes ---------------------------------------------------------------------------
 

@@ -1,12 +1,11 @@
-"""Where the ``mcap`` package's records are serialized: a chunk buffer and a stream sink.
+"""Where eva's MCAP records go: a chunk buffer and a stream sink.
 
-Every record of an eva MCAP file is a record type of ``mcap.records`` written by its own
-``write(builder)``; the two builders here only decide where its bytes go, so that no payload is
-copied more often than the file needs:
+The records' bytes are ``eva.formats.mcap.spec``'s; the two sinks here only decide where they
+go, so that no payload is copied more often than the file needs:
 
-- ``ChunkBuffer`` serializes into a reused bytearray (the chunk being filled). A payload that is
+- ``ChunkBuffer`` frames messages into a reused bytearray (the chunk being filled). A payload
   already at its place in that buffer (a frame encoded there by the native kernel) is not copied
-  again: ``payload_view`` hands out the view, and ``write`` of that same view only advances.
+  again: ``add_in_place`` writes only the record's head before it.
 - ``StreamRecords`` collects records for a stream and keeps large payloads (a chunk's data) by
   reference, so a chunk reaches the file without passing through a ``BytesIO``.
 
@@ -21,29 +20,21 @@ CPU has it (about twice zlib's speed on a chunk; bench/README.md, ``bench_foxglo
 
 from __future__ import annotations
 
-import struct
 import threading
 import zlib
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
-from mcap.data_stream import RecordBuilder
-from mcap.opcode import Opcode
-from mcap.records import McapRecord, Message
 
 from eva._native import load
+from eva.formats.mcap.spec import MESSAGE_HEADER, MESSAGE_OVERHEAD, Opcode, pack_message_head
 from eva.formats.mcap.wire import Ragged, spans
 
 _native = load("mcap_chunk")
 # On a CPU without the folding instructions the kernel's table walk is slower than zlib's.
 _native_crc = _native is not None and _native.crc32_folds()
 
-# Record framing of the spec: opcode u8, then the record's length u64.
-_PREFIX = struct.Struct("<BQ")
-_LENGTH = struct.Struct("<Q")
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
 # Payloads from this size on are kept by reference by StreamRecords (below it a copy is cheaper
 # than one more write call).
 LARGE_PAYLOAD = 64 * 1024
@@ -57,43 +48,6 @@ def crc32(data: Bytes, value: int = 0) -> int:
         assert _native is not None
         return int(_native.crc32(data, value))
     return zlib.crc32(data, value)
-
-
-def serialized(record: McapRecord) -> bytes:
-    """The bytes of one record, as the library writes them."""
-    builder = RecordBuilder()
-    record.write(builder)
-    return bytes(builder.end())  # type: ignore[no-untyped-call]  # mcap's builder is untyped
-
-
-# Bytes before a message's payload: the record prefix and the channel/sequence/time fields.
-MESSAGE_OVERHEAD = len(
-    serialized(Message(channel_id=0, log_time=0, data=b"", publish_time=0, sequence=0))
-)
-# Those bytes as a numpy record (packed, little-endian, in the order Message.write writes them),
-# for framing many messages at once.
-MESSAGE_HEADER = np.dtype(
-    [
-        ("opcode", "u1"),
-        ("length", "<u8"),
-        ("channel", "<u2"),
-        ("sequence", "<u4"),
-        ("log_time", "<u8"),
-        ("publish_time", "<u8"),
-    ]
-)
-assert MESSAGE_HEADER.itemsize == MESSAGE_OVERHEAD
-_MESSAGE_INDEX_HEAD = struct.Struct("<BQHI")
-
-
-def message_index_bytes(channel_id: int, pairs: np.ndarray) -> bytes:
-    """The ``MessageIndex`` record of ``channel_id`` over (log_time, offset) ``pairs`` (an
-    (n, 2) array): the bytes ``MessageIndex.write`` makes, packed by numpy."""
-    entries = np.ascontiguousarray(pairs, "<u8").tobytes()
-    head = _MESSAGE_INDEX_HEAD.pack(
-        Opcode.MESSAGE_INDEX, 6 + len(entries), channel_id, len(entries)
-    )
-    return head + entries
 
 
 class BinaryOutput(Protocol):
@@ -193,24 +147,17 @@ def _scatter(
         buf[spans(at, lengths)] = rows.flat[begin:end]
 
 
-class ChunkBuffer(RecordBuilder):
-    """A ``RecordBuilder`` over a preallocated bytearray; ``count`` is the bytes used so far.
+class ChunkBuffer:
+    """Message records framed into a preallocated bytearray; ``used`` is the bytes used so far.
 
     The buffer never grows: the caller checks ``room`` first and swaps in a larger buffer (``reset``)
     for a record that does not fit.
     """
 
     def __init__(self, buffer: bytearray | memoryview) -> None:
-        # No super().__init__(): the library's builder would make a BytesIO this one never uses.
         # A memoryview: a part of a larger buffer (the MCAP writer places chunks so).
         self.buffer = buffer
         self.used = 0
-        self._record_start = 0
-        self._in_place: memoryview | None = None
-
-    @property
-    def count(self) -> int:
-        return self.used
 
     @property
     def room(self) -> int:
@@ -222,86 +169,42 @@ class ChunkBuffer(RecordBuilder):
             self.buffer = buffer
         self.used = 0
 
-    def start_record(self, opcode: Opcode) -> None:
-        self._record_start = self.used
-        _PREFIX.pack_into(self.buffer, self.used, opcode, 0)
-        self.used += _PREFIX.size
-
-    def finish_record(self) -> None:
-        length = self.used - self._record_start - _PREFIX.size
-        _LENGTH.pack_into(self.buffer, self._record_start + 1, length)
-
-    def write(self, data: Bytes) -> None:
-        if data is self._in_place:
-            self._in_place = None
-            self.used += len(data)
-            return
-        end = self.used + len(data)
-        self.buffer[self.used : end] = data
-        self.used = end
-
-    # The fixed-size fields straight into the buffer (the library's versions pack a bytes first):
-    # a message's header is written once per frame.
-    def write2(self, value: int) -> None:
-        _U16.pack_into(self.buffer, self.used, value)
-        self.used += 2
-
-    def write4(self, value: int) -> None:
-        _U32.pack_into(self.buffer, self.used, value)
-        self.used += 4
-
-    def write8(self, value: int) -> None:
-        _LENGTH.pack_into(self.buffer, self.used, value)
-        self.used += 8
-
-    def payload_view(self, size: int) -> memoryview:
-        """The ``size`` bytes where the payload of a message started now will stand.
-
-        The caller fills them, passes the view as the message's data (``write`` then does not
-        copy it) and releases it after the message is written.
-        """
+    def add_message(
+        self, channel_id: int, sequence: int, log_time: int, publish_time: int, data: Bytes
+    ) -> None:
+        """A message record with a copy of ``data``."""
+        size = len(data)
         start = self.used + MESSAGE_OVERHEAD
-        view = memoryview(self.buffer)[start : start + size]
-        self._in_place = view
-        return view
+        pack_message_head(
+            self.buffer, self.used, channel_id, sequence, log_time, publish_time, size
+        )
+        self.buffer[start : start + size] = data
+        self.used = start + size
 
-    def end(self) -> bytes:
-        data = bytes(self.buffer[: self.used])
-        self.used = 0
-        return data
+    def add_in_place(
+        self, channel_id: int, sequence: int, log_time: int, publish_time: int, size: int
+    ) -> None:
+        """A message record whose ``size``-byte payload the caller already put at its place,
+        ``MESSAGE_OVERHEAD`` bytes past ``used``."""
+        pack_message_head(
+            self.buffer, self.used, channel_id, sequence, log_time, publish_time, size
+        )
+        self.used += MESSAGE_OVERHEAD + size
 
 
-class StreamRecords(RecordBuilder):
-    """A ``RecordBuilder`` whose records go to a stream by ``write_to``, large payloads uncopied."""
+class StreamRecords:
+    """Records bound for a stream, written by ``write_to``, large payloads uncopied."""
 
     def __init__(self) -> None:
-        # No super().__init__(): the parts below replace the library builder's BytesIO.
         self._parts: list[Bytes] = [bytearray()]
         self._count = 0
-        self._record_start = 0
-        self._length_part = 0
-        self._length_at = 0
 
     @property
     def count(self) -> int:
         return self._count
 
-    def start_record(self, opcode: Opcode) -> None:
-        head = self._parts[-1]
-        assert isinstance(head, bytearray)
-        self._record_start = self._count
-        self._length_part = len(self._parts) - 1
-        self._length_at = len(head) + 1
-        head += _PREFIX.pack(opcode, 0)
-        self._count += _PREFIX.size
-
-    def finish_record(self) -> None:
-        length = self._count - self._record_start - _PREFIX.size
-        part = self._parts[self._length_part]
-        assert isinstance(part, bytearray)
-        _LENGTH.pack_into(part, self._length_at, length)
-
-    def write(self, data: Bytes) -> None:
+    def add(self, data: Bytes) -> None:
+        """Bytes of a record (or of its part), appended; large ones kept by reference."""
         size = len(data)
         if size >= LARGE_PAYLOAD:
             self._parts.append(data)

@@ -23,14 +23,11 @@ import struct
 import zlib
 from pathlib import Path
 
-from mcap.opcode import Opcode
-from mcap.writer import MCAP0_MAGIC
-
 from eva.dataset.reader import DatasetReader
 from eva.formats._renumber import Patch, copy_and_patch
 from eva.formats.base import EpisodeResult, EpisodeTask
 from eva.formats.mcap.layout import FOXGLOVE_PROFILE
-from eva.formats.mcap.records import MESSAGE_OVERHEAD
+from eva.formats.mcap.spec import MAGIC, MESSAGE_OVERHEAD, Opcode
 from eva.formats.options import McapOptions
 
 _PREFIX = struct.Struct("<BQ")  # opcode, record length
@@ -47,9 +44,9 @@ MAX_RECORDS_BEFORE_CHUNK = 1 << 16
 def _first_chunk(fd: int) -> tuple[int, int, int, int]:
     """(CRC offset, stored CRC, records offset, records size) of the file's first chunk,
     which must be uncompressed; ``ValueError`` otherwise."""
-    if os.pread(fd, len(MCAP0_MAGIC), 0) != MCAP0_MAGIC:
+    if os.pread(fd, len(MAGIC), 0) != MAGIC:
         raise ValueError("no MCAP magic")
-    at = len(MCAP0_MAGIC)
+    at = len(MAGIC)
     for _ in range(MAX_RECORDS_BEFORE_CHUNK):
         head = os.pread(fd, _PREFIX.size, at)
         if len(head) != _PREFIX.size:

@@ -1,10 +1,11 @@
 """The MCAP file writer of the export: chunked messages, message and chunk indexes, a summary.
 
-Every record is a record type of the ``mcap`` package, serialized by the package
-(``eva.formats.mcap.records`` only chooses where the bytes go). ``mcap.writer.Writer`` itself is
-not used: it copies each payload into a ``BytesIO`` twice over (slow to grow to 4 MiB chunks),
-compresses zstd at level 3 only, and compresses and writes a chunk in the caller's thread
-(bench/README.md, ``bench_mcap.py``, has the measured cost).
+Every record is serialized by ``eva.formats.mcap.spec`` (the MCAP specification's layout;
+``eva.formats.mcap.records`` chooses where the bytes go, ``eva.formats.mcap.chunks`` turns a full
+chunk into its records). ``mcap.writer.Writer`` is not used: it copies each payload into a
+``BytesIO`` twice over (slow to grow to 4 MiB chunks), compresses zstd at level 3 only, and
+compresses and writes a chunk in the caller's thread (bench/README.md, ``bench_mcap.py``, has the
+measured cost).
 
 Each image message (record header + MessagePack ndarray map) is encoded by the native
 ``msgpack_image`` kernel straight from the decoded frame into a reused chunk buffer: one copy of
@@ -31,43 +32,27 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from mcap.opcode import Opcode
-from mcap.records import (
-    Channel,
-    Chunk,
-    ChunkIndex,
-    DataEnd,
-    Footer,
-    Header,
-    McapRecord,
-    Message,
-    Schema,
-    Statistics,
-    SummaryOffset,
-)
-from mcap.writer import MCAP0_MAGIC
 
 from eva.dataset.errors import naming_write_errors
 from eva.dataset.msgpack_codec import encode_ndarray_into, encoded_ndarray_size
 from eva.formats._direct_io import ALIGN, SequentialWriter
+from eva.formats.mcap import spec
+from eva.formats.mcap.chunks import ZSTD_LEVEL as ZSTD_LEVEL  # a package name (formats.mcap)
+from eva.formats.mcap.chunks import ChunkState, add_chunk, index_length, make_compressor
 from eva.formats.mcap.layout import LIBRARY, PROFILE
 from eva.formats.mcap.records import (
-    MESSAGE_OVERHEAD,
     BinaryOutput,
     Bytes,
     ChunkBuffer,
     RecordFill,
     StreamRecords,
     crc32,
-    message_index_bytes,
-    serialized,
     spare_buffers,
 )
+from eva.formats.mcap.spec import CHUNK_HEAD, MESSAGE_OVERHEAD, Opcode
 from eva.formats.options import McapOptions
 
 # Stated once, in the export's options (the writer also serves callers that pass no options).
@@ -76,32 +61,8 @@ DEFAULT_COMPRESSION = McapOptions.compression
 DEFAULT_CHUNK_SIZE = McapOptions.chunk_size
 MIN_CHUNK_SIZE = McapOptions.MIN_CHUNK_SIZE
 MAX_CHUNK_SIZE = McapOptions.MAX_CHUNK_SIZE
-ZSTD_LEVEL = 1  # about 3x level 3's speed on camera frames for about 10% more bytes
 # Headroom of a chunk buffer over the chunk size: the record that fills a chunk may overshoot.
 BUFFER_SLACK = 64 * 1024
-
-
-@dataclass
-class _ChunkState:
-    used: int = 0
-    start_time: int = 0
-    end_time: int = 0
-    messages: int = 0
-    # channel id -> [(log_time, offset in the chunk), ...]
-    index: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-    # the same for messages added in batches: (channel ids, log times, offsets) arrays
-    batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
-
-    def index_entries(self) -> Iterator[tuple[int, np.ndarray]]:
-        """(channel id, its (log_time, offset) pairs in write order) by channel id."""
-        singles = [(c, t, o) for c, pairs in self.index.items() for t, o in pairs]
-        parts = [np.array(singles, np.int64).reshape(-1, 3)]
-        parts += [np.stack([c, t, o], axis=1) for c, t, o in self.batches]
-        entries = np.concatenate(parts)
-        # by channel, then offset (the order of writing)
-        entries = entries[np.lexsort((entries[:, 2], entries[:, 0]))]
-        channels, firsts = np.unique(entries[:, 0], return_index=True)
-        yield from zip(channels.tolist(), np.split(entries[:, 1:], firsts[1:]), strict=True)
 
 
 class McapEpisodeWriter:
@@ -137,7 +98,7 @@ class McapEpisodeWriter:
         self._stream = stream
         self._pos = 0
         self._compression = compression
-        self._compressor = _make_compressor(compression)
+        self._compressor = make_compressor(compression)
         self._chunk_size = int(chunk_size)
         self._crc = crc
         # Uncompressed chunks into a file written past the page cache: each chunk's records are
@@ -162,30 +123,29 @@ class McapEpisodeWriter:
         self._background = background
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
-        self._chunk = _ChunkState()
-        self._schemas: list[Schema] = []
-        self._channels: list[Channel] = []
+        self._chunk = ChunkState()
+        # The summary's records, serialized when known.
+        self._schemas: list[bytes] = []
+        self._channels: list[bytes] = []
         self._channel_counts: dict[int, int] = {}
-        self._chunk_indexes: list[ChunkIndex] = []
+        self._chunk_indexes: list[bytes] = []
         self._message_count = 0
         self._start_time: int | None = None
         self._end_time = 0
         self._finished = False
-        self._stream.write(MCAP0_MAGIC)
-        self._pos += len(MCAP0_MAGIC)
-        self._emit(Header(profile=profile, library=library))
+        self._emit(spec.MAGIC, spec.header(profile, library))
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _emit(self, *records: McapRecord) -> None:
+    def _emit(self, *records: bytes) -> None:
         """Write records outside the chunks, from the caller's thread."""
         for record in records:
-            record.write(self._out)
+            self._out.add(record)
         self._pos += self._out.write_to(self._stream)
 
     def register_schema(self, schema_id: int, name: str, encoding: str, data: bytes) -> None:
         self._check_no_messages_yet("schema")
-        schema = Schema(id=schema_id, data=data, encoding=encoding, name=name)
+        schema = spec.schema(schema_id, name, encoding, data)
         self._schemas.append(schema)
         self._emit(schema)
 
@@ -193,13 +153,7 @@ class McapEpisodeWriter:
         self, channel_id: int, topic: str, message_encoding: str, schema_id: int = 0
     ) -> None:
         self._check_no_messages_yet("channel")
-        channel = Channel(
-            id=channel_id,
-            topic=topic,
-            message_encoding=message_encoding,
-            metadata={},
-            schema_id=schema_id,
-        )
+        channel = spec.channel(channel_id, schema_id, topic, message_encoding)
         self._channels.append(channel)
         self._channel_counts[channel_id] = 0
         self._emit(channel)
@@ -266,13 +220,7 @@ class McapEpisodeWriter:
         self, channel_id: int, sequence: int, log_time: int, publish_time: int, data: bytes
     ) -> None:
         offset = self._reserve(MESSAGE_OVERHEAD + len(data))
-        Message(
-            channel_id=channel_id,
-            log_time=log_time,
-            data=data,
-            publish_time=publish_time,
-            sequence=sequence,
-        ).write(self._records)
+        self._records.add_message(channel_id, sequence, log_time, publish_time, data)
         self._account(channel_id, log_time, offset)
 
     def add_message_parts(
@@ -327,14 +275,7 @@ class McapEpisodeWriter:
         size: int,
     ) -> None:
         """The message record at ``offset`` whose ``size``-byte payload is already in place."""
-        with self._records.payload_view(size) as payload:
-            Message(
-                channel_id=channel_id,
-                log_time=log_time,
-                data=payload,  # type: ignore[arg-type]  # a view: the record's data is in place
-                publish_time=publish_time,
-                sequence=sequence,
-            ).write(self._records)
+        self._records.add_in_place(channel_id, sequence, log_time, publish_time, size)
         self._account(channel_id, log_time, offset)
 
     def add_records(self, channel_ids: np.ndarray, log_times: np.ndarray, fill: RecordFill) -> None:
@@ -400,7 +341,7 @@ class McapEpisodeWriter:
             self._planned += CHUNK_HEAD + chunk.used + index_length(chunk)
         # The other buffer is free once its flush (the only one in flight) has finished.
         self._wait_pending()
-        self._chunk = _ChunkState()
+        self._chunk = ChunkState()
         if last or not self._background:
             self._write_chunk(buffer, chunk)
             self._records.reset(self._view(self._buf_index))
@@ -413,48 +354,20 @@ class McapEpisodeWriter:
             self._bufs[self._buf_index] = spare_buffers.take(self._buffer_size)
         self._records.reset(self._view(self._buf_index))
 
-    def _write_chunk(self, buf: bytearray | memoryview, chunk: _ChunkState) -> None:
+    def _write_chunk(self, buf: bytearray | memoryview, chunk: ChunkState) -> None:
         out = self._chunk_out
         with memoryview(buf)[: chunk.used] as records:
-            crc = crc32(records) if self._crc else 0
-            if self._compressor is None:
-                data: bytes | memoryview = records
-                compression = ""
-            else:
-                data = self._compressor(records)
-                compression = self._compression
-            compressed_size = len(data)
-            Chunk(
-                compression=compression,
-                data=data,  # type: ignore[arg-type]  # a view of the chunk buffer, uncopied
-                message_end_time=chunk.end_time,
-                message_start_time=chunk.start_time,
-                uncompressed_crc=crc,
-                uncompressed_size=chunk.used,
-            ).write(out)
-            chunk_offset = self._pos
-            chunk_length = out.write_to(self._stream)
-            self._pos += chunk_length
-        index_start = self._pos
-        index_offsets: dict[int, int] = {}
-        for channel_id, pairs in chunk.index_entries():
-            index_offsets[channel_id] = index_start + out.count
-            out.write(message_index_bytes(channel_id, pairs))
-        index_length = out.write_to(self._stream)
-        self._pos += index_length
-        self._chunk_indexes.append(
-            ChunkIndex(
-                message_start_time=chunk.start_time,
-                message_end_time=chunk.end_time,
-                chunk_start_offset=chunk_offset,
-                chunk_length=chunk_length,
-                message_index_offsets=index_offsets,
-                message_index_length=index_length,
-                compression=compression,
-                compressed_size=compressed_size,
-                uncompressed_size=chunk.used,
+            index = add_chunk(
+                out,
+                records,
+                chunk,
+                self._pos,
+                crc=self._crc,
+                compressor=self._compressor,
+                compression=self._compression,
             )
-        )
+            self._pos += out.write_to(self._stream)
+        self._chunk_indexes.append(index)
 
     # -- summary -------------------------------------------------------------------------------
 
@@ -465,52 +378,31 @@ class McapEpisodeWriter:
         self._flush_chunk(last=True)
         self._wait_pending()
         self.close()
-        self._emit(DataEnd(data_section_crc=0))
+        self._emit(spec.data_end(0))
         summary_start = self._pos
-        statistics = Statistics(
-            attachment_count=0,
-            channel_count=len(self._channels),
-            channel_message_counts=self._channel_counts,
-            chunk_count=len(self._chunk_indexes),
+        statistics = spec.statistics(
             message_count=self._message_count,
-            message_end_time=self._end_time,
-            message_start_time=self._start_time or 0,
-            metadata_count=0,
             schema_count=len(self._schemas),
+            channel_count=len(self._channels),
+            chunk_count=len(self._chunk_indexes),
+            start_time=self._start_time or 0,
+            end_time=self._end_time,
+            channel_message_counts=self._channel_counts.items(),
         )
-        groups: list[tuple[Opcode, list[Any]]] = [
-            (Opcode.SCHEMA, self._schemas),
-            (Opcode.CHANNEL, self._channels),
-            (Opcode.STATISTICS, [statistics]),
-            (Opcode.CHUNK_INDEX, self._chunk_indexes),
-        ]
-        summary = self._out
-        offsets: list[SummaryOffset] = []
-        for opcode, records in groups:
-            if not records:
-                continue  # no empty groups (nor their offsets) in the summary
-            group_start = summary.count
-            for record in records:
-                record.write(summary)
-            offsets.append(
-                SummaryOffset(
-                    group_opcode=opcode,
-                    group_start=summary_start + group_start,
-                    group_length=summary.count - group_start,
-                )
-            )
-        summary_offset_start = summary_start + summary.count
-        for offset in offsets:
-            offset.write(summary)
-        summary_bytes = summary.end()
+        summary, summary_offset_start = spec.summary(
+            summary_start,
+            [
+                (Opcode.SCHEMA, self._schemas),
+                (Opcode.CHANNEL, self._channels),
+                (Opcode.STATISTICS, [statistics]),
+                (Opcode.CHUNK_INDEX, self._chunk_indexes),
+            ],
+        )
+        footer = spec.footer(summary_start, summary_offset_start, 0)
         # The summary CRC covers the summary and the footer up to (not including) the CRC field.
-        footer_head = serialized(Footer(summary_start, summary_offset_start, 0))[:-4]
-        summary_crc = crc32(footer_head, crc32(summary_bytes))
-        self._stream.write(summary_bytes)
-        self._pos += len(summary_bytes)
-        self._emit(Footer(summary_start, summary_offset_start, summary_crc))
-        self._stream.write(MCAP0_MAGIC)
-        self._pos += len(MCAP0_MAGIC)
+        summary_crc = crc32(footer[: spec.FOOTER_CRC_START], crc32(summary))
+        footer = spec.footer(summary_start, summary_offset_start, summary_crc)
+        self._emit(summary, footer, spec.MAGIC)
         self._finished = True
 
     def close(self) -> None:
@@ -527,21 +419,6 @@ class McapEpisodeWriter:
         spare_buffers.give_back([b for b in self._bufs if b is not None])
         self._bufs = [None, None]
         self._records.reset(bytearray())
-
-
-# The bytes of an uncompressed Chunk record before its records: opcode and length (9), start
-# and end times, uncompressed size (24), CRC (4), the empty compression string (4), the
-# records' length (8).
-CHUNK_HEAD = 9 + 24 + 4 + 4 + 8
-
-
-def index_length(chunk: _ChunkState) -> int:
-    """The bytes of ``chunk``'s MessageIndex records: one per channel (opcode, length, channel
-    id, array length: 15 bytes) plus 16 per message."""
-    channels = set(chunk.index)
-    for channel_ids, _, _ in chunk.batches:
-        channels.update(np.unique(channel_ids).tolist())
-    return 15 * len(channels) + 16 * chunk.messages
 
 
 @contextlib.contextmanager
@@ -577,15 +454,3 @@ def episode_file(
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-
-
-def _make_compressor(compression: str) -> Any:
-    if compression == "none":
-        return None
-    if compression == "zstd":
-        import zstandard
-
-        return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress
-    import lz4.frame
-
-    return lz4.frame.compress
