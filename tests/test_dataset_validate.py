@@ -354,6 +354,20 @@ def test_checks_run_later_keep_their_place_in_the_walk() -> None:
     assert not out.unsettled and [p.code for p in out.problems] == ["a", "b", "c", "d", "e", "f"]
 
 
+def test_a_located_problem_names_its_file_and_episode_on_one_line() -> None:
+    # The one collector, as the formats' verifiers call it: the file (and episode) in front.
+    from eva.dataset.validate import ProblemCollector
+
+    out = ProblemCollector()
+    out("bad_value", "action has shape (3,)", Path("d/e.hdf5"), 4)
+    out("wrong_version", "codebase_version 'v2.0'\nfrom a library", Path("d/info.json"))
+    assert [str(p) for p in out.problems] == [
+        "[bad_value] d/e.hdf5: episode 4: action has shape (3,)",
+        "[wrong_version] d/info.json: codebase_version 'v2.0'; from a library",
+    ]
+    assert [(p.path, p.episode) for p in out.problems] == [("d/e.hdf5", 4), ("d/info.json", None)]
+
+
 def test_a_started_validation_completes_as_validate_dataset(raw: Path) -> None:
     from eva.dataset.validate import start_validation
 

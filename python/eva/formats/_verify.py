@@ -1,10 +1,11 @@
 """What every format's ``verify`` shares: the problem collector and the checks worded once.
 
-A problem's message starts with the file (and episode) it is about, which is what the CLI
-prints. The shared checks: info.json's version and totals against what the files hold, and the
-real read of one state, one action and one image frame per episode (each format reads them with
-its own reader and hands the values here). A format's verifier adds only what is particular to
-its layout.
+The collector is the validator's (``eva.dataset.validate.problems``): a format's verify calls it
+with a problem's code, message, file and episode, and the message gets the file (and episode) in
+front, which is what the CLI prints. The shared checks: info.json's version and totals against
+what the files hold, and the real read of one state, one action and one image frame per episode
+(each format reads them with its own reader and hands the values here). A format's verifier
+adds only what is particular to its layout.
 """
 
 from __future__ import annotations
@@ -15,21 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from eva.dataset import layout
-from eva.dataset.validate import Problem
+from eva.dataset.validate.problems import ProblemCollector as ProblemCollector
 
 # The vector features whose first value every verifier reads back.
 VECTOR_FEATURES = (layout.STATE, layout.ACTION)
-
-
-class ProblemCollector:
-    """Collects one verification's problems (call it; ``problems`` is the result)."""
-
-    def __init__(self) -> None:
-        self.problems: list[Problem] = []
-
-    def __call__(self, code: str, message: str, path: Path, episode: int | None = None) -> None:
-        where = f"{path}: episode {episode}" if episode is not None else str(path)
-        self.problems.append(Problem(code, f"{where}: {message}", str(path), episode))
 
 
 def check_unreadable_meta(add: ProblemCollector, root: Path, error: BaseException) -> None:

@@ -69,5 +69,13 @@ class ProblemCollector:
             Problem(code, one_line(message), str(path) if path is not None else None, episode)
         )
 
+    def __call__(
+        self, code: str, message: str, path: Path | str, episode: int | None = None
+    ) -> None:
+        """``add`` a problem about ``path`` (and ``episode``) whose message does not say where:
+        it becomes ``<path>: [episode <N>: ]<message>`` (the formats' verifiers add theirs so)."""
+        where = f"{path}: episode {episode}" if episode is not None else str(path)
+        self.add(code, f"{where}: {message}", path, episode)
+
     def has(self, code: str) -> bool:
         return any(p.code == code for p in self.problems)
