@@ -163,36 +163,63 @@ def check_data_files(
                 "row_range", f"file has {table.num_rows} rows, range needs {offset + n}", path, ep
             )
             continue
-        cols = {
-            c: part.column(c).to_numpy()
-            for c in ("episode_index", "index", "frame_index", "timestamp")
-            if c in part.column_names
-        }
-        if len(cols) < 4:
-            problem(
-                "missing_column",
-                "episode_index/index/frame_index/timestamp column missing",
-                path,
-                ep,
-            )
-            continue
-        if not (cols["episode_index"] == ep).all():
-            problem(
-                "episode_index_column", f"rows [{start}, {stop}) are not all episode {ep}", path, ep
-            )
-        if not np.array_equal(cols["index"], np.arange(start, stop)):
-            problem("index_column", f"index is not {start}..{stop - 1}", path, ep)
-        if not np.array_equal(cols["frame_index"], np.arange(n)):
-            problem("frame_index_column", f"frame_index is not 0..{n - 1}", path, ep)
-        ts = cols["timestamp"].astype(np.float64)
-        if fps and np.abs(ts - np.arange(n) / fps).max() > TIMESTAMP_TOLERANCE_S:
-            problem("timestamp_column", "timestamps are not frame_index / fps", path, ep)
-        first_values = {
-            name: np.asarray(part.column(name)[0].as_py(), dtype=np.float64)
-            for name in VECTOR_FEATURES
-            if name in part.column_names
-        }
-        check_vectors(problem, features, first_values, path, ep)
+        _check_episode_rows(problem, part, path, ep, (start, stop), features, fps)
+    _check_rows_accounted(problem, root, data_tpl, locators, data_cache)
+
+
+def _check_episode_rows(
+    problem: ProblemCollector,
+    part: pa.Table,
+    path: Path,
+    ep: int,
+    row_range: tuple[int, int],
+    features: Mapping[str, Mapping[str, Any]],
+    fps: float,
+) -> None:
+    """Episode ``ep``'s rows (``part``, the global index range its locator gives): its index
+    columns, and one state and one action read back."""
+    start, stop = row_range
+    n = part.num_rows
+    cols = {
+        c: part.column(c).to_numpy()
+        for c in ("episode_index", "index", "frame_index", "timestamp")
+        if c in part.column_names
+    }
+    if len(cols) < 4:
+        problem(
+            "missing_column",
+            "episode_index/index/frame_index/timestamp column missing",
+            path,
+            ep,
+        )
+        return
+    if not (cols["episode_index"] == ep).all():
+        problem(
+            "episode_index_column", f"rows [{start}, {stop}) are not all episode {ep}", path, ep
+        )
+    if not np.array_equal(cols["index"], np.arange(start, stop)):
+        problem("index_column", f"index is not {start}..{stop - 1}", path, ep)
+    if not np.array_equal(cols["frame_index"], np.arange(n)):
+        problem("frame_index_column", f"frame_index is not 0..{n - 1}", path, ep)
+    ts = cols["timestamp"].astype(np.float64)
+    if fps and np.abs(ts - np.arange(n) / fps).max() > TIMESTAMP_TOLERANCE_S:
+        problem("timestamp_column", "timestamps are not frame_index / fps", path, ep)
+    first_values = {
+        name: np.asarray(part.column(name)[0].as_py(), dtype=np.float64)
+        for name in VECTOR_FEATURES
+        if name in part.column_names
+    }
+    check_vectors(problem, features, first_values, path, ep)
+
+
+def _check_rows_accounted(
+    problem: ProblemCollector,
+    root: Path,
+    data_tpl: str,
+    locators: list[dict[str, Any]],
+    data_cache: dict[tuple[int, int], pa.Table | None],
+) -> None:
+    """Every data file read has as many rows as its episodes' lengths add up to."""
     rows_used: dict[tuple[int, int], int] = {}
     for r in locators:
         key = (int(r["data/chunk_index"]), int(r["data/file_index"]))
