@@ -119,6 +119,60 @@ def _ordered_unique(values: np.ndarray) -> list[int]:
     return [int(v) for v in uniq[np.argsort(first, kind="stable")]]
 
 
+def _task_remap(
+    source_indices: Sequence[int],
+    source_tasks: Mapping[int, str],
+    task_index_values: Mapping[int, np.ndarray],
+) -> dict[int, int]:
+    """Source task index -> subset task index: the subset's tasks numbered in order of first
+    use over its episodes."""
+    task_remap: dict[int, int] = {}
+    for src in source_indices:
+        for old in _ordered_unique(np.asarray(task_index_values[src])):
+            if old not in task_remap:
+                if old not in source_tasks:
+                    raise DatasetError(
+                        f"{layout.TASKS}: episode {src}: task_index {old} has no task entry"
+                    )
+                task_remap[old] = len(task_remap)
+    return task_remap
+
+
+def _renumbered_stats(
+    source_stats: Mapping[str, Any],
+    new: int,
+    offset: int,
+    length: int,
+    task_values: np.ndarray,
+    task_remap: Mapping[int, int],
+) -> Stats:
+    """An episode's stats as subset episode ``new`` whose rows start at global index ``offset``:
+    its episode_index, index and task_index stats follow the renumbering."""
+    ep_stats = dict(source_stats)
+    if "episode_index" in ep_stats:
+        ep_stats["episode_index"] = _constant_stats(new, length)
+    if "index" in ep_stats:
+        ep_stats["index"] = _range_stats(offset, length)
+    if "task_index" in ep_stats and task_values.size:
+        ep_stats["task_index"] = _array_stats(_remap_values(task_values, task_remap))
+    return ep_stats
+
+
+def _subset_info(
+    source_info: Mapping[str, Any], n: int, frames: int, tasks: int, video_keys: list[str]
+) -> dict[str, Any]:
+    """The source's info.json with the subset's totals (``n`` episodes)."""
+    info = copy.deepcopy(dict(source_info))
+    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
+    info["total_episodes"] = n
+    info["total_frames"] = frames
+    info["total_tasks"] = tasks
+    info["total_videos"] = n * len(video_keys)
+    info["total_chunks"] = (n + chunks_size - 1) // chunks_size if n else 0
+    info["splits"] = {"train": f"0:{n}"} if n else {}
+    return info
+
+
 def build_subset_meta(
     subset: str,
     *,
@@ -144,16 +198,7 @@ def build_subset_meta(
         from eva.dataset.stats import merge_stats as merge
 
     source_indices = [int(i) for i in source_indices]
-    # Task remap: subset tasks numbered in order of first use over the subset's episodes.
-    task_remap: dict[int, int] = {}
-    for src in source_indices:
-        for old in _ordered_unique(np.asarray(task_index_values[src])):
-            if old not in task_remap:
-                if old not in source_tasks:
-                    raise DatasetError(
-                        f"{layout.TASKS}: episode {src}: task_index {old} has no task entry"
-                    )
-                task_remap[old] = len(task_remap)
+    task_remap = _task_remap(source_indices, source_tasks, task_index_values)
     tasks = {new: source_tasks[old] for old, new in task_remap.items()}
 
     episodes: list[dict[str, Any]] = []
@@ -171,16 +216,14 @@ def build_subset_meta(
         lengths.append(length)
         offsets.append(offset)
 
-        ep_stats = dict(source_episodes_stats.get(src, {}))
-        if "episode_index" in ep_stats:
-            ep_stats["episode_index"] = _constant_stats(new, length)
-        if "index" in ep_stats:
-            ep_stats["index"] = _range_stats(offset, length)
-        if "task_index" in ep_stats:
-            old_values = np.asarray(task_index_values[src], dtype=np.int64)
-            if old_values.size:
-                ep_stats["task_index"] = _array_stats(_remap_values(old_values, task_remap))
-        episodes_stats[new] = ep_stats
+        episodes_stats[new] = _renumbered_stats(
+            source_episodes_stats.get(src, {}),
+            new,
+            offset,
+            length,
+            np.asarray(task_index_values[src], dtype=np.int64),
+            task_remap,
+        )
         histograms = (source_image_histograms or {}).get(src)
         if histograms:
             image_histograms[new] = dict(histograms)
@@ -193,15 +236,7 @@ def build_subset_meta(
     video_keys = [
         k for k, f in source_info.get("features", {}).items() if f.get("dtype") == "video"
     ]
-    info = copy.deepcopy(dict(source_info))
-    chunks_size = int(info.get("chunks_size", layout.DEFAULT_CHUNKS_SIZE))
-    n = len(source_indices)
-    info["total_episodes"] = n
-    info["total_frames"] = int(sum(lengths))
-    info["total_tasks"] = len(tasks)
-    info["total_videos"] = n * len(video_keys)
-    info["total_chunks"] = (n + chunks_size - 1) // chunks_size if n else 0
-    info["splits"] = {"train": f"0:{n}"} if n else {}
+    info = _subset_info(source_info, len(source_indices), int(sum(lengths)), len(tasks), video_keys)
     return SubsetMeta(
         subset=subset,
         source_episode_indices=source_indices,
