@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import tokenize
 from pathlib import Path
 
@@ -164,3 +165,76 @@ def test_long_functions_say_why_they_are_not_cut() -> None:
             if length > MAX_FUNCTION_LINES and not explained:
                 long.append(f"{path.relative_to(PACKAGE)}:{f.lineno} {f.name} ({length} lines)")
     assert not long, long
+
+
+# ---- the console page: plain ES modules under console/static, no build step ---------------
+
+STATIC = PACKAGE / "console" / "static"
+ENTRY = "app.js"  # the one script index.html loads; it imports everything else
+# import/export ... from "x", import "x", import("x"): the module a statement names
+_JS_IMPORT = re.compile(
+    r"""^\s*(?:import|export)\b[^;"'`]*?\bfrom\s*["']([^"']+)["']"""
+    r"""|^\s*import\s*["']([^"']+)["']|\bimport\(\s*["']([^"']+)["']""",
+    re.MULTILINE,
+)
+
+
+def _scripts() -> list[Path]:
+    return sorted(STATIC.rglob("*.js"))
+
+
+def _js_imports(path: Path) -> list[str]:
+    text = path.read_text(encoding="utf-8")
+    return [next(g for g in m.groups() if g) for m in _JS_IMPORT.finditer(text)]
+
+
+def test_no_console_script_is_longer_than_600_lines() -> None:
+    assert _scripts()
+    long = {
+        str(p.relative_to(STATIC)): n
+        for p in _scripts()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def test_the_page_loads_its_code_as_one_module() -> None:
+    page = (STATIC / "index.html").read_text(encoding="utf-8")
+    tags = re.findall(r"<script\b[^>]*>", page)
+    assert tags == [f'<script type="module" src="/static/{ENTRY}">'], tags
+    assert "<script>" not in page.replace(tags[0], "")  # no inline code (the policy forbids it)
+
+
+def test_every_console_import_resolves_and_every_script_is_imported() -> None:
+    """Each import names a file of static/ by a relative path (a browser resolves no bare
+    name without a build step), and each script is reached from the entry."""
+    bad = []
+    reached = {(STATIC / ENTRY).resolve()}
+    todo = [(STATIC / ENTRY).resolve()]
+    while todo:
+        path = todo.pop()
+        rel = path.relative_to(STATIC).as_posix()
+        for name in _js_imports(path):
+            target = (path.parent / name).resolve()
+            if not name.startswith(("./", "../")) or not name.endswith(".js"):
+                bad.append(f"{rel}: {name!r} is not a relative path to a .js file")
+            elif not target.is_file() or not target.is_relative_to(STATIC.resolve()):
+                bad.append(f"{rel}: {name!r} names no file of static/")
+            elif target not in reached:
+                reached.add(target)
+                todo.append(target)
+    assert not bad, bad
+    unreached = [p.relative_to(STATIC).as_posix() for p in _scripts() if p.resolve() not in reached]
+    assert not unreached, f"scripts no module imports: {unreached}"
+
+
+def test_shared_console_modules_import_no_panel() -> None:
+    """lib/ is what every panel shares; a panel reaches another only through lib/panels.js."""
+    shared = STATIC / "lib"
+    found = [
+        f"{path.relative_to(STATIC).as_posix()}: {name}"
+        for path in sorted(shared.glob("*.js"))
+        for name in _js_imports(path)
+        if not (path.parent / name).resolve().is_relative_to(shared)
+    ]
+    assert not found, found

@@ -113,6 +113,21 @@ def test_page_token_becomes_a_strict_httponly_cookie(server: ConsoleServer) -> N
     assert browser.get("/api/status").status_code == 200
 
 
+def test_page_scripts_are_served_as_javascript(server: ConsoleServer) -> None:
+    """Every module of the page comes with a JavaScript type (a browser runs a module script of
+    no other type), and the page's policy allows scripts of its own origin."""
+    static = Path(__file__).resolve().parents[1] / "python" / "eva" / "console" / "static"
+    client = server.client()
+    assert "script-src 'self'" in client.get("/").headers["content-security-policy"]
+    scripts = sorted(static.rglob("*.js"))
+    assert len(scripts) > 1
+    for path in scripts:
+        response = client.get(f"/static/{path.relative_to(static).as_posix()}")
+        assert response.status_code == 200, path
+        kind = response.headers["content-type"].split(";")[0]
+        assert kind in {"text/javascript", "application/javascript"}, (path, kind)
+
+
 def test_mutating_requests_check_origin(server: ConsoleServer) -> None:
     browser = server.client(auth=False)
     browser.get(f"/?token={server.token}", follow_redirects=False)
