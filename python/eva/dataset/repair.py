@@ -30,7 +30,7 @@ from eva.dataset import atomic, fsafe, layout, spool
 from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.locks import meta_lock, try_flock
 from eva.dataset.reader import DatasetReader
-from eva.dataset.stats import RunningMerge, merge_stats
+from eva.dataset.stats_merge import RunningMerge, merge_stats
 
 __all__ = [
     "MetadataNotUpdated",

@@ -195,7 +195,7 @@ def build_subset_meta(
     source episode index -> its recorded pixel histograms (``DatasetReader.all_image_histograms``).
     """
     if merge is None:
-        from eva.dataset.stats import merge_stats as merge
+        from eva.dataset.stats_merge import merge_stats as merge
 
     source_indices = [int(i) for i in source_indices]
     task_remap = _task_remap(source_indices, source_tasks, task_index_values)

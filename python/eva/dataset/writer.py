@@ -74,7 +74,7 @@ from eva.dataset.repair import (
     remove_stale_temporaries,
     repair_after_crash,
 )
-from eva.dataset.stats import RunningMerge
+from eva.dataset.stats_merge import RunningMerge
 from eva.dataset.video import VideoOptions
 from eva.textsafe import storable_problem
 
