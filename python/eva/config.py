@@ -236,7 +236,44 @@ def parse_collection(
     log_dir, derived = resolve_log_dir(r.get("log_dir", str, ""), base_dir)
 
     fps = r.number("fps", 30, minimum=2, maximum=MAX_FPS, integer=True)
-    if "tasks" not in table:
+    tasks = _parse_tasks(r)
+    cameras = _parse_cameras(r)
+    vectors = _parse_vectors(r)
+    names = [c.key for c in cameras] + [v.name for v in vectors]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise r.fail("cameras", f"duplicate stream name {dupes[0]!r} among cameras and vectors")
+
+    encoder = _parse_encoder(r.sub("encoder"))
+    backlog = _parse_backlog(r.sub("backlog"))
+
+    skew = table.get("skew_tolerance_s")
+    if skew is not None:
+        skew = r.number("skew_tolerance_s", 0.0, minimum=0.0, maximum=MAX_DURATION_S)
+    return CollectionConfig(
+        log_dir=log_dir,
+        tasks=tasks,
+        fps=fps,
+        robot_type=r.get("robot_type", str, "unknown"),
+        cameras=cameras,
+        vectors=vectors,
+        encoder=encoder,
+        backlog=backlog,
+        min_episode_frames=r.number(
+            "min_episode_frames", 10, minimum=1, maximum=MAX_FPS * MAX_DURATION_S, integer=True
+        ),
+        skew_tolerance_s=skew,
+        stream_start_timeout_s=r.duration("stream_start_timeout_s", 1.0),
+        frozen_camera_s=r.duration("frozen_camera_s", 1.0),
+        clock_jump_s=r.duration("clock_jump_s", 0.5),
+        log_dir_derived=derived,
+        extra=extra,
+    )
+
+
+def _parse_tasks(r: TableReader) -> dict[str, list[str]]:
+    """``collection.tasks``: dataset name -> its prompts; two names may not share a directory."""
+    if "tasks" not in r.table:
         raise r.fail("tasks", "missing: map each dataset name to a list of task prompts")
     tasks_table = r.get("tasks", dict, {})
     if not tasks_table:
@@ -269,29 +306,25 @@ def parse_collection(
             )
         directories[directory] = name
         tasks[name] = [p.strip() for p in prompts]
+    return tasks
 
-    cameras = _parse_cameras(r)
-    vectors = _parse_vectors(r)
-    names = [c.key for c in cameras] + [v.name for v in vectors]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise r.fail("cameras", f"duplicate stream name {dupes[0]!r} among cameras and vectors")
 
-    enc = r.sub("encoder")
+def _parse_encoder(enc: TableReader) -> EncoderConfig:
     codec = enc.get("codec", str, "libx264")
     if codec not in ("libx264", "libsvtav1"):
         raise enc.fail("codec", f"unsupported codec {codec!r}: use libx264 or libsvtav1")
     crf = enc.number("crf", 23, minimum=0, maximum=63, integer=True)
     enc.refuse_unknown({"codec", "crf", "preset", "gop"})
     preset = enc.get("preset", (str, int), "veryfast")
-    encoder = EncoderConfig(
+    return EncoderConfig(
         codec=codec,
         crf=crf,
         preset=str(preset),
         gop=enc.number("gop", 30, minimum=1, maximum=MAX_GOP, integer=True),
     )
 
-    bl = r.sub("backlog")
+
+def _parse_backlog(bl: TableReader) -> BacklogConfig:
     warn = bl.get("warn_seconds", list, list(DEFAULT_WARN_SECONDS))
     if not all(
         isinstance(w, int | float) and not isinstance(w, bool) and 0 < w <= MAX_DURATION_S
@@ -306,29 +339,7 @@ def parse_collection(
         ring_seconds=bl.number("ring_seconds", 1.0, minimum=0.01, maximum=MAX_RING_SECONDS),
     )
     bl.refuse_unknown({"warn_seconds", "max_memory_mb", "ring_seconds"})
-
-    skew = table.get("skew_tolerance_s")
-    if skew is not None:
-        skew = r.number("skew_tolerance_s", 0.0, minimum=0.0, maximum=MAX_DURATION_S)
-    return CollectionConfig(
-        log_dir=log_dir,
-        tasks=tasks,
-        fps=fps,
-        robot_type=r.get("robot_type", str, "unknown"),
-        cameras=cameras,
-        vectors=vectors,
-        encoder=encoder,
-        backlog=backlog,
-        min_episode_frames=r.number(
-            "min_episode_frames", 10, minimum=1, maximum=MAX_FPS * MAX_DURATION_S, integer=True
-        ),
-        skew_tolerance_s=skew,
-        stream_start_timeout_s=r.duration("stream_start_timeout_s", 1.0),
-        frozen_camera_s=r.duration("frozen_camera_s", 1.0),
-        clock_jump_s=r.duration("clock_jump_s", 0.5),
-        log_dir_derived=derived,
-        extra=extra,
-    )
+    return backlog
 
 
 def _parse_cameras(r: TableReader) -> tuple[CameraConfig, ...]:

@@ -259,6 +259,26 @@ def validate_episode(
     """Add the checks of the aligned totals to ``issues``; the episode's quality record (the
     ``quality``, ``quality_issues``, timing, ``alignment`` and ``capture_backlog`` fields of its
     row in episodes.jsonl)."""
+    _check_streams_arrived(tally, issues)
+    _check_refused_samples(tally, issues, cfg, frame_at)
+    _check_grid(tally, issues, cfg)
+    records = issues.records()
+    return {
+        "quality": "red" if records else "green",
+        "quality_issues": records,
+        "started_at": tally.started_at,
+        "ended_at": tally.ended_at,
+        "duration_seconds": round(tally.duration_seconds, 6),
+        "alignment": _alignment(tally),
+        "capture_backlog": {
+            "high_water": tally.high_water,
+            "refused": tally.refused,
+        },
+    }
+
+
+def _check_streams_arrived(tally: EpisodeTally, issues: IssueLog) -> None:
+    """Streams that delivered nothing, or started after the grid did; cameras off the grid."""
     rows = tally.rows
     for name in tally.cameras:
         if name not in tally.first_t:
@@ -299,6 +319,12 @@ def validate_episode(
                 f"vector {name}: no sample for frames 0-{k - 1} (stream started late); "
                 "they are zeros",
             )
+
+
+def _check_refused_samples(
+    tally: EpisodeTally, issues: IssueLog, cfg: CollectionConfig, frame_at: Callable[[float], str]
+) -> None:
+    """Samples that were not recorded: bad shapes, stalls, undeclared streams, a full backlog."""
     for name, (count, detail) in tally.bad_shapes.items():
         kind = tally.kinds[name]
         code = INVALID_IMAGE_SHAPE if kind == "camera" else INVALID_VECTOR_DIM
@@ -332,6 +358,11 @@ def validate_episode(
                 f"stream {name}: {count} samples refused: the capture backlog reached its "
                 f"hard memory limit ({cfg.backlog.max_memory_mb:g} MB over all cameras)",
             )
+
+
+def _check_grid(tally: EpisodeTally, issues: IssueLog, cfg: CollectionConfig) -> None:
+    """The aligned grid against the streams' span: clocks apart, frames lost, too short."""
+    rows = tally.rows
     if tally.grid_start is not None:
         # A stream whose samples all end before the grid starts runs on another clock.
         for name, last in tally.last_t.items():
@@ -343,7 +374,6 @@ def validate_episode(
                     f"stream {name}: its samples end at t={last:.3f} s, before stream "
                     f"{starter} starts at t={tally.grid_start:.3f} s: are they on one clock?",
                 )
-    expected = None
     if tally.grid_start is not None and tally.last_t:
         expected = align.grid_length(tally.grid_start, min(tally.last_t.values()), tally.fps)
         if expected != rows:
@@ -359,8 +389,11 @@ def validate_episode(
             "episode",
             f"episode has {rows} frames, fewer than min_episode_frames={cfg.min_episode_frames}",
         )
-    records = issues.records()
-    alignment: dict[str, Any] = {
+
+
+def _alignment(tally: EpisodeTally) -> dict[str, Any]:
+    rows = tally.rows
+    return {
         "fps": tally.fps,
         "grid_start": tally.grid_start,
         "grid_end": min(tally.last_t.values()) if tally.last_t else None,
@@ -375,16 +408,4 @@ def validate_episode(
             for name in tally.cameras
         },
         "vectors": {name: {"samples": tally.samples_seen[name]} for name in tally.vectors},
-    }
-    return {
-        "quality": "red" if records else "green",
-        "quality_issues": records,
-        "started_at": tally.started_at,
-        "ended_at": tally.ended_at,
-        "duration_seconds": round(tally.duration_seconds, 6),
-        "alignment": alignment,
-        "capture_backlog": {
-            "high_water": tally.high_water,
-            "refused": tally.refused,
-        },
     }

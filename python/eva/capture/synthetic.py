@@ -15,7 +15,8 @@ so a test can regenerate the exact input of any frame and compare it with what w
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -229,54 +230,99 @@ def write_synthetic_dataset(
     frame_counts = _per_episode(
         list(frames) if not isinstance(frames, int) else None, episodes, frames, "frames"
     )
-    qualities = _per_episode(quality if not isinstance(quality, str) else None, episodes,
-                             quality if isinstance(quality, str) else "green", "quality")  # fmt: skip
+    qualities = _per_episode(
+        None if isinstance(quality, str) else quality,
+        episodes,
+        quality if isinstance(quality, str) else "green",
+        "quality",
+    )
     issues = _per_episode(quality_issues, episodes, None, "quality_issues")
     verdicts = _per_episode(qc_verdicts, episodes, None, "qc_verdicts")
     notes = _per_episode(qc_notes, episodes, None, "qc_notes")
     extras = _per_episode(extra_rows, episodes, None, "extra_rows")
     task_list = list(tasks) if tasks else list(DEFAULT_TASKS)
 
-    writer = DatasetWriter.create_or_open(
-        root,
-        fps=fps,
-        cameras=[CameraSpec(k, height, width) for k in camera_keys],
-        vectors=[
-            VectorSpec(STATE, state_dim, joint_names(state_dim)),
-            VectorSpec(ACTION, action_dim, joint_names(action_dim)),
-        ],
-        robot_type=robot_type,
-        video=video,
-        chunks_size=chunks_size,
-        durable=durable,
-    )
+    rig = _SyntheticRig(camera_keys, height, width, fps, state_dim, action_dim, seed)
+    writer = rig.open_writer(root, robot_type, video, chunks_size, durable)
     with writer:
         for i in range(episodes):
             ep_seed = writer.next_episode_index
             n = int(frame_counts[i])
-            scenes = [
-                SyntheticScene(height, width, seed=seed * 1000 + c * 101 + ep_seed)
-                for c in range(len(camera_keys))
-            ]
             episode = writer.begin_episode(task_list[i % len(task_list)])
             try:
-                for start in range(0, n, batch_size):
-                    m = min(batch_size, n - start)
-                    jitter = np.random.default_rng([seed, ep_seed, start]).uniform(0, 0.2, m)
-                    episode.add_frames(
-                        images={k: s.frames(start, m) for k, s in zip(camera_keys, scenes, strict=True)},
-                        vectors={
-                            STATE: joint_states(start, m, dim=state_dim, fps=fps, seed=seed, episode=ep_seed),
-                            ACTION: joint_actions(start, m, dim=action_dim, fps=fps, seed=seed, episode=ep_seed),
-                        },
-                        capture_time=1000.0 + ep_seed * 100.0 + (np.arange(start, start + m) + jitter) / fps,
-                    )  # fmt: skip
+                for images, vectors, capture_time in rig.batches(ep_seed, n, batch_size):
+                    episode.add_frames(images=images, vectors=vectors, capture_time=capture_time)
                 row = _episode_row(i, n, fps, ep_seed, qualities, issues, verdicts, notes, extras)
                 episode.commit(row)
             except BaseException:
                 episode.abort()
                 raise
     return root
+
+
+@dataclass(frozen=True)
+class _SyntheticRig:
+    """What the synthetic rig records: each camera's scene, the joint signals, jittered times."""
+
+    camera_keys: list[str]
+    height: int
+    width: int
+    fps: int
+    state_dim: int
+    action_dim: int
+    seed: int
+
+    def open_writer(
+        self,
+        root: Path,
+        robot_type: str,
+        video: VideoOptions | None,
+        chunks_size: int,
+        durable: bool,
+    ) -> DatasetWriter:
+        """The dataset at ``root`` (created, or opened to append) for this rig's streams."""
+        state_dim, action_dim = self.state_dim, self.action_dim
+        return DatasetWriter.create_or_open(
+            root,
+            fps=self.fps,
+            cameras=[CameraSpec(k, self.height, self.width) for k in self.camera_keys],
+            vectors=[
+                VectorSpec(STATE, state_dim, joint_names(state_dim)),
+                VectorSpec(ACTION, action_dim, joint_names(action_dim)),
+            ],
+            robot_type=robot_type,
+            video=video,
+            chunks_size=chunks_size,
+            durable=durable,
+        )
+
+    def batches(
+        self, ep_seed: int, n: int, batch_size: int
+    ) -> Iterator[tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]]:
+        """``(images, vectors, capture_time)`` of the episode seeded ``ep_seed``, ``batch_size``
+        frames at a time."""
+        seed, fps = self.seed, self.fps
+        scenes = [
+            SyntheticScene(self.height, self.width, seed=seed * 1000 + c * 101 + ep_seed)
+            for c in range(len(self.camera_keys))
+        ]
+        for start in range(0, n, batch_size):
+            m = min(batch_size, n - start)
+            jitter = np.random.default_rng([seed, ep_seed, start]).uniform(0, 0.2, m)
+            images = {k: s.frames(start, m) for k, s in zip(self.camera_keys, scenes, strict=True)}
+            vectors = {
+                STATE: joint_states(
+                    start, m, dim=self.state_dim, fps=fps, seed=seed, episode=ep_seed
+                ),
+                ACTION: joint_actions(
+                    start, m, dim=self.action_dim, fps=fps, seed=seed, episode=ep_seed
+                ),
+            }
+            yield (
+                images,
+                vectors,
+                1000.0 + ep_seed * 100.0 + (np.arange(start, start + m) + jitter) / fps,
+            )
 
 
 def _episode_row(
