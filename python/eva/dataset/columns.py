@@ -8,7 +8,7 @@ structs) stays exact as plain Python values.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -114,3 +114,21 @@ def distinct_scalars(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     values = parts[0] if len(parts) == 1 else np.concatenate(parts)
     distinct: list[Any] = distinct_values(values).tolist()
     return distinct
+
+
+def uniform_float_rows(arr: pa.Array) -> np.ndarray | None:
+    """(n, dim) float64 from a list column whose rows all hold ``dim`` floats (how LeRobot
+    stores vectors), equal to ``np.asarray(arr.to_pylist())`` without a Python float per
+    element; None for anything else (nulls, ragged or empty rows, non-float values)."""
+    if len(arr) == 0 or arr.null_count or not pa.types.is_floating(arr.type.value_type):
+        return None
+    values = list_values(arr)  # honours the array's offset, unlike .values
+    if values.null_count:
+        return None
+    lengths = list_lengths(arr)
+    dim = int(lengths[0])
+    if dim == 0 or np.any(lengths != dim):
+        return None
+    return cast(
+        np.ndarray, values.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(arr), dim)
+    )

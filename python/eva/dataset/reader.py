@@ -27,10 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eva.dataset import atomic, fsafe, layout, video
-from eva.dataset.columns import list_lengths, list_values
+from eva.dataset.columns import uniform_float_rows
 from eva.dataset.errors import DatasetError
 from eva.dataset.identity import Identity, fd_identity
-from eva.dataset.limits import MAX_FPS
+from eva.dataset.info_fields import info_field_problems as info_field_problems  # re-exported
 
 __all__ = ["DatasetReader"]
 
@@ -463,7 +463,7 @@ class DatasetReader:
                 )
             return cast(np.ndarray, flat.reshape(len(arr), arr.type.list_size))
         if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-            rows = _uniform_float_rows(arr)
+            rows = uniform_float_rows(arr)
             if rows is not None:
                 return rows
             try:
@@ -512,64 +512,6 @@ class DatasetReader:
             except (pa.ArrowInvalid, OSError) as e:
                 path = self.data_path(episode_index)
                 raise DatasetError(f"{path}: episode {episode_index}: {e}") from None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def info_field_problems(info: dict[str, Any]) -> list[str]:
-    """Every info.json field that readers rely on and that is unusable, as ``field ...: why``.
-
-    Checked here, once, so that no reader entry point meets them as a traceback later: fps is
-    a whole number in 1..MAX_FPS (``int(fps)`` of 0.5 would divide by zero), ``chunks_size`` a
-    positive integer (it names the ``chunk-NNN`` directories), ``total_*`` integers >= 0 and
-    every feature an object with a string ``dtype`` and a list of positive integers as ``shape``.
-    """
-    problems: list[str] = []
-    fps = info.get("fps")
-    if not isinstance(fps, int | float) or isinstance(fps, bool) or not 0 < fps <= MAX_FPS:
-        problems.append(f"field 'fps' {fps!r} is not a number in 1..{MAX_FPS}")
-    elif not float(fps).is_integer():
-        problems.append(f"field 'fps' {fps!r} is not a whole number of frames per second")
-    chunks_size = info.get("chunks_size")
-    if chunks_size is not None and (not _is_int(chunks_size) or chunks_size < 1):
-        problems.append(f"field 'chunks_size' {chunks_size!r} is not an integer >= 1")
-    for key, value in info.items():
-        if key.startswith("total_") and (not _is_int(value) or value < 0):
-            problems.append(f"field {key!r} {value!r} is not an integer >= 0")
-    features = info.get("features")
-    if not isinstance(features, dict):
-        problems.append("field 'features' missing or not an object")
-        return problems
-    for key, feature in features.items():
-        if not isinstance(feature, dict):
-            problems.append(f"feature {key!r} is not an object")
-            continue
-        if not isinstance(feature.get("dtype"), str):
-            problems.append(f"feature {key!r}: dtype {feature.get('dtype')!r} is not a string")
-        shape = feature.get("shape")
-        if not isinstance(shape, list) or not all(_is_int(d) and d > 0 for d in shape):
-            problems.append(f"feature {key!r}: shape {shape!r} is not a list of integers >= 1")
-    return problems
-
-
-def _uniform_float_rows(arr: pa.Array) -> np.ndarray | None:
-    """(n, dim) float64 from a list column whose rows all hold ``dim`` floats (how LeRobot
-    stores vectors), equal to ``np.asarray(arr.to_pylist())`` without a Python float per
-    element; None for anything else (nulls, ragged or empty rows, non-float values)."""
-    if len(arr) == 0 or arr.null_count or not pa.types.is_floating(arr.type.value_type):
-        return None
-    values = list_values(arr)  # honours the array's offset, unlike .values
-    if values.null_count:
-        return None
-    lengths = list_lengths(arr)
-    dim = int(lengths[0])
-    if dim == 0 or np.any(lengths != dim):
-        return None
-    return cast(
-        np.ndarray, values.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(arr), dim)
-    )
 
 
 def _histogram_array(value: Any, where: str) -> np.ndarray:
