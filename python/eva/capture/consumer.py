@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from eva.capture import align
+from eva.capture.backlog import BacklogWatch
 from eva.capture.preview import PreviewTap
 from eva.capture.quality_checks import EpisodeTally, IssueLog, StreamCheck, validate_episode
 from eva.capture.save_worker import FAILED, commit_episode
@@ -93,8 +94,7 @@ class EpisodeConsumer:
         self.skew_first: dict[str, int] = {}
         self.skew_max = {st.name: 0.0 for st in self.cameras}
         self.skew_sum = {st.name: 0.0 for st in self.cameras}
-        self.warn_level = {name: 0 for name in self.streams}
-        self.high_water = {name: 0 for name in self.streams}
+        self.backlog = BacklogWatch(self.streams, recorder.config.backlog.warn_seconds)
         self.episode: EpisodeWriter | None = None
         self.frame_buf = {
             st.name: np.empty((EMIT_BATCH, *st.shape), np.uint8) for st in self.cameras
@@ -142,7 +142,7 @@ class EpisodeConsumer:
                     self.discard()
                     return
                 moved = self.pop_all()
-                self.watch_backlog()
+                self.backlog.check(self.waiting_for)
                 self.settle_grid_start()
                 emitted = self.emit_ready(final=False)
                 if ended and all((self.remaining(n) or 0) <= 0 for n in self.streams):
@@ -327,37 +327,6 @@ class EpisodeConsumer:
                 j = int(np.searchsorted(p.times[: p.n], lower, side="right")) - 1
                 p.drop_front(j)
 
-    def watch_backlog(self) -> None:
-        thresholds = self.rec.config.backlog.warn_seconds
-        for name, st in self.streams.items():
-            backlog = len(st.ring)
-            self.high_water[name] = max(self.high_water[name], backlog)
-            if not thresholds:
-                continue
-            oldest = st.ring.peek_time() if backlog else None
-            # a source process stamps its samples on the rig's wall clock, and nothing here sees
-            # its pushes: its lag is the age of the oldest unread sample
-            newest = time.time() if st.external else st.last_pushed_t
-            lag = (newest - oldest) if oldest is not None else 0.0
-            if not math.isfinite(lag):
-                lag = 0.0
-            level = self.warn_level[name]
-            if level < len(thresholds) and lag >= thresholds[level]:
-                while level < len(thresholds) and lag >= thresholds[level]:
-                    level += 1
-                log.warning(
-                    "capture backlog: stream %s has %d samples waiting (%.1f MB), %.2f s behind%s",
-                    name,
-                    backlog,
-                    backlog * st.ring.item_bytes / 1e6,
-                    lag,
-                    self.waiting_for(name),
-                )
-                self.warn_level[name] = level
-            elif level and lag < thresholds[0] / 2:
-                log.info("capture backlog: stream %s caught up", name)
-                self.warn_level[name] = 0
-
     def waiting_for(self, name: str) -> str:
         """Names the stream that holds alignment back, when it is not ``name`` itself."""
         if self.grid_start is None:
@@ -533,7 +502,7 @@ class EpisodeConsumer:
                 name: s.overflow_end.get(name, st.ring.overflow_count) - s.overflow_base[name]
                 for name, st in self.streams.items()
             },
-            high_water=self.high_water,
+            high_water=self.backlog.high_water,
             started_at=s.started_at,
             ended_at=s.ended_at,
             duration_seconds=(s.ended_mono or time.monotonic()) - s.started_mono,

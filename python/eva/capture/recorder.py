@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -50,23 +49,21 @@ import numpy as np
 from eva import libc
 from eva.capture.consumer import EpisodeConsumer
 from eva.capture.preview import PreviewTap
-from eva.capture.ring import Ring, make_ring
+from eva.capture.ring import Ring
 from eva.capture.save_worker import (
     FAILED,
     QUEUED,
     SAVED,
     SAVING,
     SaveJob,
-    leftover_work,
-    remove_stale_markers,
+    open_dataset_writer,
 )
-from eva.capture.streams import EpisodeSession, Stream, discard_before
+from eva.capture.streams import EpisodeSession, Stream, build_streams, discard_before
 from eva.config import CollectionConfig
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError, error_line
 from eva.dataset.recover import find_spools
-from eva.dataset.video import VideoOptions
-from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
+from eva.dataset.writer import DatasetWriter
 from eva.textsafe import text_problem
 from eva.timestamps import utc_now
 
@@ -142,8 +139,7 @@ class Recorder:
         self.tolerance = config.skew_tolerance
         self.recovered: list[str] = []
         self.jobs: list[SaveJob] = []
-        self.streams: dict[str, Stream] = {}
-        self._build_rings()
+        self.streams = build_streams(config, self.external_rings, native)
         self.cameras = {c.key: self.streams[c.key] for c in config.cameras}
         self.vectors = {v.name: self.streams[v.name] for v in config.vectors}
         self._unexpected: dict[str, int] = {}
@@ -175,48 +171,6 @@ class Recorder:
         return self.preview
 
     # ---- setup ---------------------------------------------------------------------------
-
-    def _build_rings(self) -> None:
-        cfg = self.config
-        n_cam = max(len(cfg.cameras), 1)
-        cam_limit = int(cfg.backlog.max_memory_mb * 1e6 / n_cam)
-        ring_s = cfg.backlog.ring_seconds
-        for cam in cfg.cameras:
-            shape = (cam.height, cam.width, 3)
-            if cam.key in self.external_rings:
-                ring = self._external(cam.key, shape, np.uint8)
-                self.streams[cam.key] = Stream(cam.key, "camera", shape, ring, external=True)
-                continue
-            item = cam.height * cam.width * 3
-            block = max(2, min(16, int(cfg.fps * ring_s / 2) or 2))
-            blocks = max(1, math.ceil(cfg.fps * ring_s / block))
-            ring = make_ring(
-                shape, np.uint8, block_slots=block, initial_blocks=blocks,
-                max_bytes=max(cam_limit, item * block * blocks), native=self.native,
-            )  # fmt: skip
-            self.streams[cam.key] = Stream(cam.key, "camera", shape, ring)
-        for vec in cfg.vectors:
-            if vec.name in self.external_rings:
-                ring = self._external(vec.name, (vec.dim,), np.float64)
-                self.streams[vec.name] = Stream(
-                    vec.name, "vector", (vec.dim,), ring, vec.discrete, external=True
-                )
-                continue
-            # Vectors are tiny: 60 s at 1 kHz of storage as their hard limit.
-            ring = make_ring(
-                (vec.dim,), np.float64, block_slots=1024, initial_blocks=1,
-                max_bytes=60_000 * vec.dim * 8, native=self.native,
-            )  # fmt: skip
-            self.streams[vec.name] = Stream(vec.name, "vector", (vec.dim,), ring, vec.discrete)
-
-    def _external(self, name: str, shape: tuple[int, ...], dtype: type) -> Ring:
-        ring = self.external_rings[name]
-        if tuple(ring.shape) != shape or np.dtype(ring.dtype) != np.dtype(dtype):
-            raise ValueError(
-                f"stream {name}: its ring holds {ring.shape} {np.dtype(ring.dtype)}, the config "
-                f"says {shape} {np.dtype(dtype)}"
-            )
-        return ring
 
     # ---- reports from source processes (capture/rig.py) -------------------------------------
 
@@ -406,33 +360,12 @@ class Recorder:
         writer = self._writers.get(root)
         if writer is not None:
             return writer
-        # Listed before the writer opens (it removes them), reported only once it holds the
-        # dataset: the work dirs of another live writer are not leftovers.
-        leftovers = leftover_work(root)
-        cfg = self.config
         try:
-            writer = DatasetWriter.create_or_open(
-                root,
-                fps=cfg.fps,
-                cameras=[CameraSpec(c.key, c.height, c.width) for c in cfg.cameras],
-                vectors=[VectorSpec(v.name, v.dim, v.names) for v in cfg.vectors],
-                robot_type=cfg.robot_type,
-                video=VideoOptions(
-                    codec=cfg.encoder.codec,
-                    crf=cfg.encoder.crf,
-                    preset=cfg.encoder.preset,
-                    gop=cfg.encoder.gop,
-                ),
-                durable=self.durable,
-                spool=self.spool,
+            writer, found = open_dataset_writer(
+                root, self.config, durable=self.durable, crash_spool=self.spool
             )
         except (DatasetError, ValueError) as e:
             raise RecorderError(str(e)) from None
-        found = [recovery.line() for recovery in writer.recovered]
-        found += [
-            f"removed leftovers of an interrupted capture session: {p.name}" for p in leftovers
-        ]
-        found += [f"removed stale saving marker {p.name}" for p in remove_stale_markers(root)]
         for what in found:
             log.warning("%s: %s", root, what)
             self.recovered.append(f"{root}: {what}")

@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eva.config import CollectionConfig
 from eva.dataset import layout, spool
 from eva.dataset.errors import error_line
 from eva.dataset.locks import try_flock
 from eva.dataset.repair import MetadataNotUpdated
-from eva.dataset.writer import DatasetWriter, EpisodeWriter
+from eva.dataset.video import VideoOptions
+from eva.dataset.writer import CameraSpec, DatasetWriter, EpisodeWriter, VectorSpec
 from eva.timestamps import utc_now
 
 QUEUED = "queued"
@@ -118,6 +120,37 @@ def leftover_work(dataset_dir: Path) -> list[Path]:
     return sorted(
         p for p in work.iterdir() if p.is_dir() and not p.is_symlink() and not spool.is_spool(p)
     )
+
+
+def open_dataset_writer(
+    root: Path, config: CollectionConfig, *, durable: bool, crash_spool: bool
+) -> tuple[DatasetWriter, list[str]]:
+    """The writer of the dataset at ``root`` (created when new) for ``config``'s streams, and one
+    line for each trace of a crash it met: episodes recovered from their spools, leftover work
+    dirs and stale saving markers removed. DatasetError / ValueError: a dataset that does not
+    fit the config."""
+    # Listed before the writer opens (it removes them), reported only once it holds the
+    # dataset: the work dirs of another live writer are not leftovers.
+    leftovers = leftover_work(root)
+    writer = DatasetWriter.create_or_open(
+        root,
+        fps=config.fps,
+        cameras=[CameraSpec(c.key, c.height, c.width) for c in config.cameras],
+        vectors=[VectorSpec(v.name, v.dim, v.names) for v in config.vectors],
+        robot_type=config.robot_type,
+        video=VideoOptions(
+            codec=config.encoder.codec,
+            crf=config.encoder.crf,
+            preset=config.encoder.preset,
+            gop=config.encoder.gop,
+        ),
+        durable=durable,
+        spool=crash_spool,
+    )
+    found = [recovery.line() for recovery in writer.recovered]
+    found += [f"removed leftovers of an interrupted capture session: {p.name}" for p in leftovers]
+    found += [f"removed stale saving marker {p.name}" for p in remove_stale_markers(root)]
+    return writer, found
 
 
 def commit_episode(

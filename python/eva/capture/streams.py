@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from eva.capture.ring import Ring
+from eva.capture.ring import Ring, make_ring
 from eva.capture.save_worker import SaveJob
+from eva.config import CollectionConfig
 from eva.dataset.writer import DatasetWriter
 
 
@@ -35,6 +37,63 @@ class Stream:
     bad_shape: int = 0
     bad_shape_detail: str = ""
     external: bool = False  # fed by a source process through a shared-memory ring
+
+
+def build_streams(
+    config: CollectionConfig, external_rings: Mapping[str, Ring], native: bool | None
+) -> dict[str, Stream]:
+    """Every configured stream with its ring: the shared ring of its source process where
+    ``external_rings`` has one (which must hold what the config says), else a ring of this
+    process sized by ``config.backlog``."""
+    streams: dict[str, Stream] = {}
+    n_cam = max(len(config.cameras), 1)
+    cam_limit = int(config.backlog.max_memory_mb * 1e6 / n_cam)
+    ring_s = config.backlog.ring_seconds
+    for cam in config.cameras:
+        shape = (cam.height, cam.width, 3)
+        if cam.key in external_rings:
+            ring = _external(external_rings, cam.key, shape, np.uint8)
+            streams[cam.key] = Stream(cam.key, "camera", shape, ring, external=True)
+            continue
+        item = cam.height * cam.width * 3
+        block = max(2, min(16, int(config.fps * ring_s / 2) or 2))
+        blocks = max(1, math.ceil(config.fps * ring_s / block))
+        ring = make_ring(
+            shape,
+            np.uint8,
+            block_slots=block,
+            initial_blocks=blocks,
+            max_bytes=max(cam_limit, item * block * blocks),
+            native=native,
+        )
+        streams[cam.key] = Stream(cam.key, "camera", shape, ring)
+    for vec in config.vectors:
+        external = vec.name in external_rings
+        if external:
+            ring = _external(external_rings, vec.name, (vec.dim,), np.float64)
+        else:  # vectors are tiny: 60 s at 1 kHz of storage as their hard limit
+            ring = make_ring(
+                (vec.dim,),
+                np.float64,
+                block_slots=1024,
+                initial_blocks=1,
+                max_bytes=60_000 * vec.dim * 8,
+                native=native,
+            )
+        streams[vec.name] = Stream(
+            vec.name, "vector", (vec.dim,), ring, vec.discrete, external=external
+        )
+    return streams
+
+
+def _external(rings: Mapping[str, Ring], name: str, shape: tuple[int, ...], dtype: type) -> Ring:
+    ring = rings[name]
+    if tuple(ring.shape) != shape or np.dtype(ring.dtype) != np.dtype(dtype):
+        raise ValueError(
+            f"stream {name}: its ring holds {ring.shape} {np.dtype(ring.dtype)}, the config "
+            f"says {shape} {np.dtype(dtype)}"
+        )
+    return ring
 
 
 @dataclass
