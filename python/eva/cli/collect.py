@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from eva.cli.collect_screen import (
-    CaptureLogHandler,
-    EpisodeNumbers,
-    JobReporter,
-    LogLimiter,
-    StatusScreen,
-    collect_status_line,
-)
+from eva.cli.collect_interactive import collect_interactive
+from eva.cli.collect_list import collect_header, print_list
+from eva.cli.collect_screen import CaptureLogHandler, JobReporter, LogLimiter
 from eva.cli.output import (
     EXIT_INVALID,
     EXIT_USAGE,
-    emit_json,
     fail,
     first_line,
     say,
@@ -50,127 +45,6 @@ def _collect_load(config_path: Path, dataset: str | None) -> Any:
     if dataset is not None and dataset not in cfg.tasks:
         fail(f"dataset {dataset!r} is not in collection.tasks of {config_path}", EXIT_USAGE)
     return cfg
-
-
-def _stream_source(stream: Any, override: str | None) -> tuple[str, str]:
-    """``(kind, one-line description)`` of what feeds one camera / vector stream: the
-    ``--source`` override, else the stream's ``source`` (None: the simulator)."""
-    if override == "sim":
-        return "sim", "sim (simulated rig, --source sim)"
-    if override is not None:
-        return "replay", f"replay of {override.removeprefix('replay:')}"
-    source = getattr(stream, "source", None)
-    if source is None:
-        return "sim", "sim (simulated rig: no source configured)"
-    kind = str(getattr(source, "kind", "") or "unknown")
-    describe = getattr(source, "describe", None)
-    try:
-        text = first_line(str(describe())) if callable(describe) else ""
-    except Exception as e:  # a screen must not die of a description
-        text = f"({type(e).__name__})"
-    if not text:
-        return kind, kind
-    return kind, text if text.split(" ", 1)[0] == kind else f"{kind} ({text})"
-
-
-def _source_summary(cfg: Any, override: str | None, config_path: Path) -> tuple[str, str]:
-    """``(mode, one line)``: what this run records; ``mode`` is sim, replay or configured."""
-    from eva.capture.rig import has_sources
-
-    if override == "sim":
-        return "sim", "recording the SIMULATOR (--source sim): no device is read"
-    if override is not None:
-        path = override.removeprefix("replay:")
-        return "replay", f"recording a REPLAY of {path} (--source replay): no device is read"
-    if not has_sources(cfg):
-        return "sim", (
-            f"recording the SIMULATOR: no stream in {config_path} has a source "
-            "(source = {kind = ...} in a camera or vector table)"
-        )
-    kinds = [_stream_source(s, None)[0] for s in (*cfg.cameras, *cfg.vectors)]
-    counts = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
-    if set(kinds) == {"sim"}:
-        return "configured", f"recording the SIMULATOR for every stream (configured: {counts})"
-    text = f"recording the configured sources ({counts})"
-    if "sim" in kinds:
-        text += f"; {kinds.count('sim')} stream(s) from the SIMULATOR"
-    return "configured", text
-
-
-def _collect_streams(cfg: Any, override: str | None) -> dict[str, list[dict[str, Any]]]:
-    """Cameras and vector streams with their sources, as ``--list --json`` shows them."""
-
-    def source(stream: Any) -> dict[str, str]:
-        kind, text = _stream_source(stream, override)
-        return {"kind": kind, "description": text}
-
-    return {
-        "cameras": [
-            {"key": c.key, "width": c.width, "height": c.height, "source": source(c)}
-            for c in cfg.cameras
-        ],
-        "vectors": [
-            {"name": v.name, "dim": v.dim, "discrete": list(v.discrete), "source": source(v)}
-            for v in cfg.vectors
-        ],
-    }
-
-
-def _collect_header(cfg: Any, override: str | None, config_path: Path) -> list[str]:
-    """What is recorded, one line per stream (printed when a run starts)."""
-    lines = [_source_summary(cfg, override, config_path)[1]]
-    streams = _collect_streams(cfg, override)
-    for c in streams["cameras"]:
-        lines.append(
-            f"  camera {c['key']} {c['width']}x{c['height']}: {c['source']['description']}"
-        )
-    for v in streams["vectors"]:
-        discrete = f" discrete {','.join(map(str, v['discrete']))}" if v["discrete"] else ""
-        lines.append(f"  vector {v['name']} dim {v['dim']}{discrete}: {v['source']['description']}")
-    return lines
-
-
-def _collect_list(cfg: Any, override: str | None, config_path: Path, as_json: bool) -> None:
-    """``--list``: the streams, their sources and the datasets with their prompts."""
-    mode, summary = _source_summary(cfg, override, config_path)
-    streams = _collect_streams(cfg, override)
-    datasets = [
-        {"name": name, "dir": str(cfg.dataset_dir(name)), "prompts": list(prompts)}
-        for name, prompts in cfg.tasks.items()
-    ]
-    if as_json:
-        emit_json(
-            {
-                "config": str(config_path),
-                "fps": cfg.fps,
-                "log_dir": str(cfg.log_dir),
-                "recording": mode,
-                "summary": summary,
-                "source_override": override,
-                **streams,
-                "datasets": datasets,
-            }
-        )
-        return
-    lines = [f"config {config_path}: {cfg.fps} fps, log_dir {cfg.log_dir}", summary]
-    lines.append(f"cameras ({len(streams['cameras'])}):")
-    for c in streams["cameras"]:
-        lines.append(
-            f"  {c['key']}  {c['width']}x{c['height']}  source {c['source']['description']}"
-        )
-    lines.append(f"vectors ({len(streams['vectors'])}):")
-    for v in streams["vectors"]:
-        discrete = ",".join(map(str, v["discrete"])) or "-"
-        lines.append(
-            f"  {v['name']}  dim {v['dim']}  discrete {discrete}  "
-            f"source {v['source']['description']}"
-        )
-    lines.append(f"datasets ({len(datasets)}):")
-    for d in datasets:
-        lines.append(f"  {d['name']} -> {d['dir']}")
-        lines.extend(f"    task {i}: {p}" for i, p in enumerate(d["prompts"], 1))
-    for line in lines:
-        say(line)
 
 
 def _collect_setup(cfg: Any, override: str | None, seed: int) -> Any:
@@ -289,16 +163,6 @@ def collect_command(
       eva collect demo-data/collect.toml --episodes 2 --seconds 1 --reset-seconds 0.5
       eva collect demo-data/collect.toml --episodes 1 --seconds 1 --source replay:demo-data/logs/pick_cube/raw
     """
-    import os
-
-    from eva.capture.recorder import (
-        Recorder,
-        RecorderError,
-        pin_mmap_threshold,
-        shorten_switch_interval,
-    )
-    from eva.libc import raise_open_file_limit
-
     cfg = _collect_load(config, dataset)
     if list_only:
         if source is not None and source != "sim":  # the replayed dataset's streams
@@ -308,58 +172,89 @@ def collect_command(
                 cfg, _, _ = source_from_spec(cfg, source, seed=seed)
             except SourceSpecError as e:
                 fail(str(e), EXIT_USAGE)
-        _collect_list(cfg, source, config, as_json)
+        print_list(cfg, source, config, as_json)
         return
-    interactive = episodes is None and not check_only
-    if interactive and (quiet or reset_seconds):
+    run = RunOptions(episodes, seconds, reset_seconds, dataset, task, quiet, check_only, as_json)
+    if run.interactive and (quiet or reset_seconds):
         fail("--quiet and --reset-seconds are for scripted runs (--episodes N)", EXIT_USAGE)
-    if interactive and not sys.stdin.isatty():  # before any source process starts
+    if run.interactive and not sys.stdin.isatty():  # before any source process starts
         fail(
             "interactive collect needs a terminal; script it with --episodes N --seconds S",
             EXIT_USAGE,
         )
     rec_source = _collect_setup(cfg, source, seed)
-    cfg = rec_source.config
     if not quiet:
         if rec_source.note:
             say(f"eva: note: {rec_source.note}", err=True)
-        for line in _collect_header(cfg, source, config):
+        for line in collect_header(rec_source.config, source, config):
             say(line, err=True)
+    _record(rec_source, run)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the command line asks of a run that starts the sources (all but ``--list``)."""
+
+    episodes: int | None
+    seconds: float
+    reset_seconds: float
+    dataset: str | None
+    task: str | None
+    quiet: bool
+    check_only: bool
+    as_json: bool
+
+    @property
+    def interactive(self) -> bool:
+        return self.episodes is None and not self.check_only
+
+
+def _capture_log_handler(quiet: bool) -> CaptureLogHandler:
+    """This process set up for capture; its ``eva.capture`` log lines go to the terminal."""
+    import logging
+    import os
+
+    from eva.capture.recorder import pin_mmap_threshold, shorten_switch_interval
+    from eva.libc import raise_open_file_limit
+
     if os.environ.get("EVA_CAPTURE_MALLOC", "pin") != "keep":
         pin_mmap_threshold()  # flat RSS over long sessions (see pin_mmap_threshold)
     shorten_switch_interval()  # capture threads keep up beside busy Python threads
     raise_open_file_limit()  # saving an episode never runs out of descriptors
-    import logging
-
     handler = CaptureLogHandler(LogLimiter(), logging.ERROR if quiet else logging.INFO)
     capture_log = logging.getLogger("eva.capture")
     capture_log.addHandler(handler)
     capture_log.setLevel(logging.INFO)
+    return handler
+
+
+def _open_recorder(rec_source: Any, dataset: str | None) -> Any:
+    """The recorder of the run, with the episodes a crash cut short recovered (the capture log
+    reports them); on failure the sources are closed and the command fails."""
+    from eva.capture.recorder import Recorder, RecorderError
+
     try:
-        recorder = Recorder(cfg, dataset, rings=rec_source.rings)
+        recorder = Recorder(rec_source.config, dataset, rings=rec_source.rings)
     except Exception as e:
         rec_source.close()
         fail(str(e) or type(e).__name__)
-    reporter = JobReporter(as_json and episodes is not None, interactive=interactive)
-    try:  # episodes a crash cut short become episodes again (the capture log reports them)
+    try:
         recorder.recover_datasets()
     except RecorderError as e:
         recorder.close()
         rec_source.close()
         fail(str(e))
+    return recorder
 
-    def shut_down() -> None:
-        recorder.wait_idle()
-        rec_source.close()
-        recorder.close()
-        handler.resume()
 
+def _start_sources(recorder: Any, rec_source: Any, quiet: bool, shut_down: Any) -> None:
+    """Start the sources; every stream must deliver a first sample (at once for an in-process
+    source), else the run ends (exit 2, one line per stream)."""
     try:
         rec_source.start(recorder)
     except Exception as e:
         shut_down()
         fail(f"cannot start the sources: {first_line(str(e)) or type(e).__name__}")
-    # Every stream delivers a first sample (at once for an in-process source).
     if not quiet and rec_source.rings is not None:
         click.echo("checking the sources: waiting for every stream's first sample", err=True)
     try:
@@ -372,19 +267,35 @@ def collect_command(
         for line in problems:
             say(f"eva: error: {line}", err=True)
         sys.exit(EXIT_USAGE)
-    if check_only:
+
+
+def _record(rec_source: Any, run: RunOptions) -> None:
+    """Start the sources and record what ``run`` asks (or only check the sources); no source
+    process outlives it."""
+    from eva.capture.recorder import RecorderError
+
+    cfg = rec_source.config
+    handler = _capture_log_handler(run.quiet)
+    recorder = _open_recorder(rec_source, run.dataset)
+    reporter = JobReporter(run.as_json and run.episodes is not None, interactive=run.interactive)
+
+    def shut_down() -> None:
+        recorder.wait_idle()
+        rec_source.close()
+        recorder.close()
+        handler.resume()
+
+    _start_sources(recorder, rec_source, run.quiet, shut_down)
+    if run.check_only:
         shut_down()
         n = len(cfg.cameras) + len(cfg.vectors)
         click.echo(f"check: ok, every stream delivered a sample ({n} streams)")
         return
     try:
-        if episodes is not None:
-            _collect_scripted(
-                recorder, rec_source, reporter, episodes, seconds, reset_seconds,
-                dataset, task, quiet,
-            )  # fmt: skip
+        if run.episodes is not None:
+            _collect_scripted(recorder, rec_source, reporter, run)
         else:
-            _collect_interactive(recorder, rec_source, reporter, handler, dataset, task)
+            collect_interactive(recorder, rec_source, reporter, handler, run.dataset, run.task)
     except RecorderError as e:
         shut_down()
         reporter.flush(recorder.jobs)
@@ -409,19 +320,14 @@ def collect_command(
 
 
 def _collect_scripted(
-    recorder: Any,
-    rec_source: Any,
-    reporter: JobReporter,
-    episodes: int,
-    seconds: float,
-    reset_seconds: float,
-    dataset: str | None,
-    task: str | None,
-    quiet: bool,
+    recorder: Any, rec_source: Any, reporter: JobReporter, run: RunOptions
 ) -> None:
-    """Record ``episodes`` episodes of ``seconds``, a reset pause between them; each result is
-    printed as soon as its save has finished (while the next episode records)."""
+    """Record ``run.episodes`` episodes of ``run.seconds``, a reset pause between them; each
+    result is printed as soon as its save has finished (while the next episode records)."""
     import time
+
+    assert run.episodes is not None
+    episodes, seconds, reset_seconds = run.episodes, run.seconds, run.reset_seconds
 
     def wait(seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -430,7 +336,7 @@ def _collect_scripted(
             time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
 
     def announce(text: str) -> None:
-        if not quiet:
+        if not run.quiet:
             say(text, err=True)
 
     for n in range(1, episodes + 1):
@@ -442,7 +348,7 @@ def _collect_scripted(
         for message in rec_source.before_start():  # stopped source processes: restarted
             announce(f"eva: note: {message}")
         announce(f"episode {n}/{episodes}: recording {seconds:g} s")
-        recorder.start(dataset, task)
+        recorder.start(run.dataset, run.task)
         wait(seconds)
         recorder.stop()
         if rec_source.finished.is_set():
@@ -450,102 +356,4 @@ def _collect_scripted(
             break
     while not recorder.wait_idle(0.05):
         reporter.flush(recorder.jobs)
-    reporter.flush(recorder.jobs)
-
-
-def _collect_interactive(
-    recorder: Any,
-    rec_source: Any,
-    reporter: JobReporter,
-    handler: Any,  # a _CaptureLogHandler (built lazily: see _capture_log_handler_class)
-    dataset: str | None,
-    task: str | None,
-) -> None:
-    import os
-    import select
-    import termios
-    import time
-    import tty
-
-    from eva.capture.recorder import RecorderError
-
-    datasets = list(recorder.config.tasks)
-    name = dataset if dataset is not None else recorder.default_dataset
-    prompt = task or recorder.config.tasks[name][0]
-    numbers = EpisodeNumbers(recorder)
-    screen = StatusScreen()
-
-    def announce_dataset() -> None:
-        root = recorder.dataset_dir(name)
-        screen.say(f"dataset {name} -> {root} (next episode {numbers.next_index(root)})")
-
-    def handle(key: str) -> bool:
-        """One key; True to quit."""
-        nonlocal name, prompt
-        try:
-            if key in ("d", "t") and recorder.recording:
-                screen.say("STOP or CANCEL before changing the dataset or task")
-            elif key == "d":
-                name = datasets[(datasets.index(name) + 1) % len(datasets)]
-                prompt = recorder.config.tasks[name][0]
-                announce_dataset()
-                screen.say(f"task: {prompt}")
-            elif key == "t":
-                prompts = recorder.config.tasks[name]
-                position = prompts.index(prompt) if prompt in prompts else -1
-                prompt = prompts[(position + 1) % len(prompts)]
-                screen.say(f"task: {prompt}")
-            elif key == "s":
-                for message in rec_source.before_start():  # stopped source processes: restarted
-                    screen.say(f"eva: note: {message}")
-                recorder.start(name, prompt)
-            elif key == "e":
-                recorder.stop()
-            elif key == "c":
-                recorder.cancel()
-                screen.say("episode cancelled")
-            elif key == "q":
-                if not recorder.recording:
-                    return True
-                screen.say("STOP (e) or CANCEL (c) the episode before quitting")
-        except RecorderError as e:
-            screen.say(str(e))
-        return False
-
-    fd = sys.stdin.fileno()
-    saved_mode = termios.tcgetattr(fd)
-    tty.setcbreak(fd)  # before the banner: keys typed right after it must not sit in a line buffer
-    handler.held = True  # log lines go above the status line, never into it
-    try:
-        announce_dataset()
-        screen.say(f"task: {prompt}")
-        screen.say(
-            "keys: s START  e STOP  c CANCEL  q quit  d next dataset  t next task  "
-            "(Ctrl-C cancels and quits)"
-        )
-        while True:
-            ready, _, _ = select.select([sys.stdin], [], [], 0.25)
-            # Every key typed since the last turn (a buffered read(1) would hide the rest from
-            # select until the next key arrives).
-            data = os.read(fd, 64) if ready else b"-"
-            if not data:  # the terminal is gone: as Ctrl-C (cancel a recording, exit 130)
-                raise KeyboardInterrupt
-            keys = data.decode(errors="ignore").lower() if ready else ""
-            if any(handle(key) for key in keys):
-                break
-            for line in handler.pending():
-                screen.say(line)
-            for job in reporter.new(recorder.jobs):
-                screen.say(reporter.line(job))
-            episode = numbers.next_index(recorder.dataset_dir(name))
-            screen.draw(collect_status_line(recorder.status(), episode))
-            if rec_source.finished.is_set():
-                screen.say("source ended")
-                break
-            time.sleep(0)
-    finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved_mode)
-        screen.end()
-        handler.resume()
-    recorder.wait_idle()
     reporter.flush(recorder.jobs)
