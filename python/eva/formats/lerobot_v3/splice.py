@@ -22,6 +22,7 @@ import contextlib
 import os
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,24 @@ _BRANDS = {b"avc1": b"avc1", b"avc3": b"avc1", b"av01": b"av01"}
 
 class SpliceError(ValueError):
     """A source cannot be spliced (a file shrank, timestamps out of range)."""
+
+
+@dataclass(frozen=True)
+class _SampleTables:
+    """The shard's samples in decode order, as its sample tables hold them."""
+
+    sizes: np.ndarray
+    dts: np.ndarray
+    pts: np.ndarray
+    keys: np.ndarray
+    deltas: np.ndarray  # each sample's decode duration (stts)
+    chunk_samples: np.ndarray  # samples per chunk: one chunk per run of adjacent samples
+
+
+def _create(path: Path) -> int:
+    """A new file at ``path`` (truncated if it exists, never through a link), for writing."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(path, flags, 0o644)
 
 
 def _box(kind: bytes, *payload: bytes) -> bytes:
@@ -66,6 +85,53 @@ def _pairs(first: np.ndarray, second: np.ndarray, second_type: str) -> bytes:
     packed["a"] = first
     packed["b"] = second
     return packed.tobytes()
+
+
+def _mvhd(timescale: int, duration: int, wide: bool) -> bytes:
+    """The movie header (its timescale the media's, so the edit is exact; next track ID 2)."""
+    if wide:
+        times = struct.pack(">QQIQ", 0, 0, timescale, duration)
+    else:
+        times = struct.pack(">IIII", 0, 0, timescale, duration)
+    rate_volume = struct.pack(">IH10x", 0x10000, 0x100)
+    next_track = struct.pack(">I", 2)
+    return _full_box(
+        b"mvhd", int(wide), 0, times, rate_volume, _IDENTITY_MATRIX, bytes(24), next_track
+    )
+
+
+def _tkhd(entry: mp4box.SampleEntry, duration: int, wide: bool) -> bytes:
+    """Track 1's header, enabled and in the movie (flags 3), sized as the sample entry."""
+    if wide:
+        times = struct.pack(">QQIIQ", 0, 0, 1, 0, duration)
+    else:
+        times = struct.pack(">IIIII", 0, 0, 1, 0, duration)
+    layer_volume = struct.pack(">8xhhH2x", 0, 0, 0)
+    size = struct.pack(">II", entry.width << 16, entry.height << 16)
+    return _full_box(b"tkhd", int(wide), 3, times, layer_volume, _IDENTITY_MATRIX, size)
+
+
+def _edts(duration: int, media_time: int, wide: bool) -> bytes:
+    """One edit, rate 1, from the first presentation time (``media_time``) for ``duration``."""
+    if wide:
+        entry = struct.pack(">QqhH", duration, media_time, 1, 0)
+    else:
+        entry = struct.pack(">IihH", duration, media_time, 1, 0)
+    return _box(b"edts", _full_box(b"elst", int(wide), 0, struct.pack(">I", 1), entry))
+
+
+def _mdhd(timescale: int, duration: int, wide: bool) -> bytes:
+    if wide:
+        times = struct.pack(">QQIQ", 0, 0, timescale, duration)
+    else:
+        times = struct.pack(">IIII", 0, 0, timescale, duration)
+    return _full_box(b"mdhd", int(wide), 0, times, struct.pack(">HH", 0x55C4, 0))  # "und"
+
+
+_HDLR = _full_box(b"hdlr", 0, 0, struct.pack(">I4s12x", 0, b"vide"), b"VideoHandler\x00")
+_VMHD = _full_box(b"vmhd", 0, 1, bytes(8))
+# A self-reference: the samples are in this file.
+_DINF = _box(b"dinf", _full_box(b"dref", 0, 0, struct.pack(">I", 1), _full_box(b"url ", 0, 1)))
 
 
 def _sample_entry(entry: mp4box.SampleEntry) -> bytes:
@@ -144,10 +210,7 @@ class SplicedMp4:
     def add_packet(self, data: bytes, dts: int, pts: int, keyframe: bool, duration: int) -> None:
         """One packet's bytes (a demuxed source): kept in a spill file beside the shard."""
         if self._spill_fd is None:
-            self._spill_fd = os.open(
-                self._spill, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-            )  # fmt: skip
+            self._spill_fd = _create(self._spill)
         view = memoryview(data)
         while view:
             view = view[os.write(self._spill_fd, view) :]
@@ -191,27 +254,36 @@ class SplicedMp4:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
-    def _write(self, end: int) -> None:
+    def _tables(self) -> _SampleTables:
+        """Every added sample's table entries, checked to fit the boxes' fields."""
         sizes = np.concatenate(self._sizes)
         dts = np.concatenate(self._dts)
-        pts = np.concatenate(self._pts)
-        keys = np.concatenate(self._keys)
-        payload = int(sizes.sum())
         if sizes.max() > _U32_MAX:
             raise SpliceError(f"{self.path}: a sample of {int(sizes.max())} bytes")
         deltas = np.append(np.diff(dts), self._last_duration)
         if deltas.min() <= 0 or deltas.max() > _U32_MAX:
             raise SpliceError(f"{self.path}: decode timestamps are not increasing")
-        chunk_samples = np.array([r[3] for r in self._runs], np.int64)
+        return _SampleTables(
+            sizes=sizes,
+            dts=dts,
+            pts=np.concatenate(self._pts),
+            keys=np.concatenate(self._keys),
+            deltas=deltas,
+            chunk_samples=np.array([r[3] for r in self._runs], np.int64),
+        )
+
+    def _write(self, end: int) -> None:
+        tables = self._tables()
+        payload = int(tables.sizes.sum())
         chunk_bytes = np.array([r[2] for r in self._runs], np.int64)
         ftyp = self._ftyp()
-        large = len(ftyp) + 16 + payload + 64 * len(sizes) + (1 << 20) > _U32_MAX
+        large = len(ftyp) + 16 + payload + 64 * len(tables.sizes) + (1 << 20) > _U32_MAX
         mdat_header = 16 if large else 8
-        probe = self._moov(sizes, dts, pts, keys, deltas, end, chunk_samples,
-                           np.zeros(len(chunk_bytes), np.int64), large)  # fmt: skip
+        # The moov's size does not depend on the chunk offsets it holds: made once to learn it.
+        probe = self._moov(tables, end, np.zeros(len(chunk_bytes), np.int64), large)
         data_start = len(ftyp) + len(probe) + mdat_header
         offsets = data_start + np.concatenate(([0], np.cumsum(chunk_bytes)[:-1]))
-        moov = self._moov(sizes, dts, pts, keys, deltas, end, chunk_samples, offsets, large)
+        moov = self._moov(tables, end, offsets, large)
         assert len(moov) == len(probe)
         if large:
             mdat = struct.pack(">I4sQ", 1, b"mdat", payload + 16)
@@ -219,9 +291,7 @@ class SplicedMp4:
             mdat = struct.pack(">I4s", payload + 8, b"mdat")
         if self._write_direct(ftyp + moov + mdat):
             return
-        fd = os.open(
-            self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
-        )
+        fd = _create(self.path)
         try:
             head = memoryview(ftyp + moov + mdat)
             while head:
@@ -288,75 +358,36 @@ class SplicedMp4:
         return _box(b"ftyp", b"isom", struct.pack(">I", 0x200), *brands)
 
     def _moov(
-        self,
-        sizes: np.ndarray,
-        dts: np.ndarray,
-        pts: np.ndarray,
-        keys: np.ndarray,
-        deltas: np.ndarray,
-        end: int,
-        chunk_samples: np.ndarray,
-        chunk_offsets: np.ndarray,
-        large: bool,
+        self, tables: _SampleTables, end: int, chunk_offsets: np.ndarray, large: bool
     ) -> bytes:
-        n = len(sizes)
-        media_duration = int(deltas.sum())
-        media_time = int(pts.min() - dts[0])  # raw time of the first presented sample
-        edit_duration = int(end - pts.min())
+        first_pts = int(tables.pts.min())
+        media_duration = int(tables.deltas.sum())
+        media_time = first_pts - int(tables.dts[0])  # raw time of the first presented sample
+        edit_duration = int(end - first_pts)
         if edit_duration <= 0 or media_time < 0:
             raise SpliceError(f"{self.path}: presentation times out of order")
         wide = max(media_duration, edit_duration, media_time) > _U32_MAX
-        v = 1 if wide else 0
-        times = (
-            struct.pack(">QQIQ", 0, 0, self.timescale, edit_duration)
-            if wide
-            else struct.pack(">IIII", 0, 0, self.timescale, edit_duration)
+        minf = _box(b"minf", _VMHD, _DINF, self._stbl(tables, chunk_offsets, large))
+        mdia = _box(b"mdia", _mdhd(self.timescale, media_duration, wide), _HDLR, minf)
+        tkhd = _tkhd(self.entry, edit_duration, wide)
+        trak = _box(b"trak", tkhd, _edts(edit_duration, media_time, wide), mdia)
+        return _box(b"moov", _mvhd(self.timescale, edit_duration, wide), trak)
+
+    def _stbl(self, tables: _SampleTables, chunk_offsets: np.ndarray, large: bool) -> bytes:
+        sizes = tables.sizes
+        stsz = _full_box(
+            b"stsz", 0, 0, struct.pack(">II", 0, len(sizes)), sizes.astype(">u4").tobytes()
         )
-        mvhd = _full_box(
-            b"mvhd", v, 0, times, struct.pack(">IH10x", 0x10000, 0x100), _IDENTITY_MATRIX,
-            bytes(24), struct.pack(">I", 2),
-        )  # fmt: skip
-        tk_times = (
-            struct.pack(">QQIIQ", 0, 0, 1, 0, edit_duration)
-            if wide
-            else struct.pack(">IIIII", 0, 0, 1, 0, edit_duration)
-        )
-        tkhd = _full_box(
-            b"tkhd", v, 3, tk_times, struct.pack(">8xhhH2x", 0, 0, 0), _IDENTITY_MATRIX,
-            struct.pack(">II", self.entry.width << 16, self.entry.height << 16),
-        )  # fmt: skip
-        elst_entry = (
-            struct.pack(">QqhH", edit_duration, media_time, 1, 0)
-            if wide
-            else struct.pack(">IihH", edit_duration, media_time, 1, 0)
-        )
-        edts = _box(b"edts", _full_box(b"elst", v, 0, struct.pack(">I", 1), elst_entry))
-        md_times = (
-            struct.pack(">QQIQ", 0, 0, self.timescale, media_duration)
-            if wide
-            else struct.pack(">IIII", 0, 0, self.timescale, media_duration)
-        )
-        mdhd = _full_box(b"mdhd", v, 0, md_times, struct.pack(">HH", 0x55C4, 0))  # "und"
-        hdlr = _full_box(b"hdlr", 0, 0, struct.pack(">I4s12x", 0, b"vide"), b"VideoHandler\x00")
-        vmhd = _full_box(b"vmhd", 0, 1, bytes(8))
-        dinf = _box(
-            b"dinf",
-            _full_box(b"dref", 0, 0, struct.pack(">I", 1), _full_box(b"url ", 0, 1)),
-        )
-        stbl = _box(
+        return _box(
             b"stbl",
             _full_box(b"stsd", 0, 0, struct.pack(">I", 1), _sample_entry(self.entry)),
-            self._stts(deltas),
-            self._ctts(pts - dts),
-            self._stss(keys),
-            self._stsc(chunk_samples),
-            _full_box(b"stsz", 0, 0, struct.pack(">II", 0, n), sizes.astype(">u4").tobytes()),
+            self._stts(tables.deltas),
+            self._ctts(tables.pts - tables.dts),
+            self._stss(tables.keys),
+            self._stsc(tables.chunk_samples),
+            stsz,
             self._chunk_offsets(chunk_offsets, large),
         )
-        minf = _box(b"minf", vmhd, dinf, stbl)
-        mdia = _box(b"mdia", mdhd, hdlr, minf)
-        trak = _box(b"trak", tkhd, edts, mdia)
-        return _box(b"moov", mvhd, trak)
 
     @staticmethod
     def _stts(deltas: np.ndarray) -> bytes:
@@ -372,10 +403,8 @@ class SplicedMp4:
             raise SpliceError(f"{self.path}: composition offsets out of range")
         signed = bool(offsets.min() < 0)
         counts, values = _runs(offsets)
-        return _full_box(
-            b"ctts", 1 if signed else 0, 0, struct.pack(">I", len(counts)),
-            _pairs(counts, values, ">i4" if signed else ">u4"),
-        )  # fmt: skip
+        entries = _pairs(counts, values, ">i4" if signed else ">u4")
+        return _full_box(b"ctts", 1 if signed else 0, 0, struct.pack(">I", len(counts)), entries)
 
     @staticmethod
     def _stss(keys: np.ndarray) -> bytes:
