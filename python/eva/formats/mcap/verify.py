@@ -6,7 +6,7 @@ read of one state, one action and one image with the official ``mcap`` reader. i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,9 @@ def _verify_foxglove(
         return verify_foxglove_file(stream, path, ep, row, info, add)
 
 
+Report = Callable[[str, str], None]  # (code, message) of a problem in one episode file
+
+
 def _verify_episode(
     episode: McapEpisode,
     ep: int,
@@ -103,28 +106,7 @@ def _verify_episode(
     def problem(code: str, message: str) -> None:
         add(code, message, episode.path, ep)
 
-    if episode.header.profile != PROFILE or episode.header.library != LIBRARY:
-        problem(
-            "mcap_header",
-            f"profile/library {episode.header.profile!r}/{episode.header.library!r}, "
-            f"expected {PROFILE!r}",
-        )
-    channels = {ch.topic: ch for ch in episode.summary.channels.values()}
-    if EPISODE_TOPIC not in channels:
-        problem("episode_topic", f"no {EPISODE_TOPIC!r} channel")
-        return 0
-    schema = episode.summary.schemas.get(channels[EPISODE_TOPIC].schema_id)
-    if schema is None or (schema.name, schema.encoding) != (
-        EPISODE_SCHEMA_NAME,
-        EPISODE_SCHEMA_ENCODING,
-    ):
-        problem("episode_schema", f"episode channel schema is not {EPISODE_SCHEMA_NAME}")
-    for topic, channel in channels.items():
-        if channel.message_encoding != MESSAGE_ENCODING:
-            problem("message_encoding", f"{topic}: {channel.message_encoding!r}")
-    count = episode.message_count(EPISODE_TOPIC)
-    if count != 1:
-        problem("episode_messages", f"{count} episode messages, expected 1")
+    if not _check_layout(episode, problem):
         return 0
     rows = len(episode)
     if rows != row.get("length"):
@@ -138,55 +120,102 @@ def _verify_episode(
         n = episode.message_count(image_topic(key))
         if n != rows:
             problem("frame_count", f"camera {key!r}: {n} image messages but {rows} rows")
-    # Sequences 0..n-1 and one shared timestamp per frame index, in one pass over the headers.
+    if episode.video_keys and not _check_frame_order(episode, rows, problem):
+        return rows
+    _read_first_values(episode, ep, rows, features, add, problem)
+    return rows
+
+
+def _check_layout(episode: McapEpisode, problem: Report) -> bool:
+    """The header, the episode channel and its schema, the message encodings, and the one
+    episode message; False when the episode cannot be read on (no such channel or message)."""
+    if episode.header.profile != PROFILE or episode.header.library != LIBRARY:
+        problem(
+            "mcap_header",
+            f"profile/library {episode.header.profile!r}/{episode.header.library!r}, "
+            f"expected {PROFILE!r}",
+        )
+    channels = {ch.topic: ch for ch in episode.summary.channels.values()}
+    if EPISODE_TOPIC not in channels:
+        problem("episode_topic", f"no {EPISODE_TOPIC!r} channel")
+        return False
+    schema = episode.summary.schemas.get(channels[EPISODE_TOPIC].schema_id)
+    if schema is None or (schema.name, schema.encoding) != (
+        EPISODE_SCHEMA_NAME,
+        EPISODE_SCHEMA_ENCODING,
+    ):
+        problem("episode_schema", f"episode channel schema is not {EPISODE_SCHEMA_NAME}")
+    for topic, channel in channels.items():
+        if channel.message_encoding != MESSAGE_ENCODING:
+            problem("message_encoding", f"{topic}: {channel.message_encoding!r}")
+    count = episode.message_count(EPISODE_TOPIC)
+    if count != 1:
+        problem("episode_messages", f"{count} episode messages, expected 1")
+        return False
+    return True
+
+
+def _check_frame_order(episode: McapEpisode, rows: int, problem: Report) -> bool:
+    """Sequences 0..rows-1 and one shared timestamp per frame index, in one pass over the image
+    messages' headers; False after a frame whose cameras disagree on its time."""
     expected_keys = len(episode.video_keys)
+    topic_set = {image_topic(k) for k in episode.video_keys}
+    seen: dict[int, tuple[int, int]] = {}  # sequence -> (log_time, cameras seen)
+    order_ok = True
+    last = -1
+    for channel, message in episode.iter_messages(list(topic_set)):
+        seq = message.sequence
+        if seq < last:
+            order_ok = False
+        last = seq
+        log_time, cams = seen.get(seq, (message.log_time, 0))
+        if message.log_time != log_time or message.publish_time != log_time:
+            problem(
+                "timestamps",
+                f"frame {seq}: {channel.topic} at {message.log_time} ns, other cameras at "
+                f"{log_time} ns",
+            )
+            return False
+        seen[seq] = (log_time, cams + 1)
+    if not order_ok:
+        problem("message_order", "image messages are not in frame order")
+    if sorted(seen) != list(range(rows)):
+        problem("sequences", f"image sequences are not 0..{rows - 1}")
     fps = episode.fps
-    if expected_keys:
-        topic_set = {image_topic(k) for k in episode.video_keys}
-        seen: dict[int, tuple[int, int]] = {}  # sequence -> (log_time, cameras seen)
-        order_ok = True
-        last = -1
-        for channel, message in episode.iter_messages(list(topic_set)):
-            seq = message.sequence
-            if seq < last:
-                order_ok = False
-            last = seq
-            log_time, cams = seen.get(seq, (message.log_time, 0))
-            if message.log_time != log_time or message.publish_time != log_time:
-                problem(
-                    "timestamps",
-                    f"frame {seq}: {channel.topic} at {message.log_time} ns, other cameras at "
-                    f"{log_time} ns",
-                )
-                return rows
-            seen[seq] = (log_time, cams + 1)
-        if not order_ok:
-            problem("message_order", "image messages are not in frame order")
-        if sorted(seen) != list(range(rows)):
-            problem("sequences", f"image sequences are not 0..{rows - 1}")
-        bad = [s for s, (t, c) in seen.items() if c != expected_keys or t != frame_time_ns(s, fps)]
-        if bad:
-            problem("timestamps", f"frame {bad[0]}: not every camera at (i+1)*round(1e9/fps) ns")
-    # Real read: one state value, one action value, one image frame.
+    bad = [s for s, (t, c) in seen.items() if c != expected_keys or t != frame_time_ns(s, fps)]
+    if bad:
+        problem("timestamps", f"frame {bad[0]}: not every camera at (i+1)*round(1e9/fps) ns")
+    return True
+
+
+def _read_first_values(
+    episode: McapEpisode,
+    ep: int,
+    rows: int,
+    features: Mapping[str, Any],
+    add: ProblemCollector,
+    problem: Report,
+) -> None:
+    """The real read: one state value, one action value, one image frame."""
     first_values = {
         name: _first_value(episode.columns.get(name))
         for name in VECTOR_FEATURES
         if name in features
     }
     check_vectors(add, features, first_values, episode.path, ep)
-    if episode.video_keys and rows:
-        key = episode.video_keys[0]
-        try:
-            frame = episode.frame(key, 0)
-        except DatasetError as e:
-            problem("bad_frame", str(e).replace(f"{episode.path}: ", ""))
-            return rows
-        shape = tuple(features.get(key, {}).get("shape", frame.shape))
-        check_frame(add, key, frame, shape, episode.path, ep)
-        # A message holds any ndarray; only uint8 is an image as the export writes it.
-        if frame.shape == shape and frame.dtype != np.uint8:
-            problem("bad_frame", f"camera {key!r}: frame 0 is {frame.dtype}, expected uint8")
-    return rows
+    if not (episode.video_keys and rows):
+        return
+    key = episode.video_keys[0]
+    try:
+        frame = episode.frame(key, 0)
+    except DatasetError as e:
+        problem("bad_frame", str(e).replace(f"{episode.path}: ", ""))
+        return
+    shape = tuple(features.get(key, {}).get("shape", frame.shape))
+    check_frame(add, key, frame, shape, episode.path, ep)
+    # A message holds any ndarray; only uint8 is an image as the export writes it.
+    if frame.shape == shape and frame.dtype != np.uint8:
+        problem("bad_frame", f"camera {key!r}: frame 0 is {frame.dtype}, expected uint8")
 
 
 def _first_value(values: Sequence[object] | np.ndarray | None) -> np.ndarray | None:
