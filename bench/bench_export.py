@@ -31,7 +31,7 @@ from eva.capture.synthetic import write_synthetic_dataset
 from eva.dataset.reader import DatasetReader
 from eva.dataset.video import VideoOptions
 from eva.export.pipeline import export_dataset
-from eva.export.registry import ExportOptions
+from eva.formats.base import ExportOptions
 from eva.formats.options import LeRobotV21Options
 from eva.publish import sync_filesystem
 

@@ -52,6 +52,7 @@ from eva.capture.synthetic import write_synthetic_dataset  # noqa: E402
 from eva.dataset import layout  # noqa: E402
 from eva.export.executors import free_cores  # noqa: E402
 from eva.export.pipeline import ExportResult, export_dataset  # noqa: E402
+from eva.formats import catalog
 from eva.formats.base import ExportOptions  # noqa: E402
 from eva.formats.options import LeRobotV3Options  # noqa: E402
 
@@ -200,7 +201,7 @@ def incremental_variant(
     """Nothing changed, the last and the middle verdict changed: incremental against a full
     export of the changed source, alternated ``REPEATS`` times, best of each."""
     episodes = INCREMENTAL["episodes"]
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     tag = shape.split(", ", 1)[1] if ", " in shape else ""
     name = f"{fmt} incremental{f' ({tag})' if tag else ''}"
     export_dataset(source, fmt, options=options)

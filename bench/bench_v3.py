@@ -41,8 +41,8 @@ from typing import Any
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.dataset.reader import DatasetReader
 from eva.export.pipeline import export_dataset, prepare
-from eva.export.registry import ExportOptions
 from eva.formats import lerobot_v3
+from eva.formats.base import ExportOptions
 from eva.formats.options import LeRobotV3Options
 from eva.progress import Progress
 

@@ -220,7 +220,8 @@ def make_export(
     import json
     import random
 
-    from eva.dataset.layout import QUALITY_SPLIT, export_paths, export_root
+    from eva.dataset.layout import QUALITY_SPLIT
+    from eva.formats import catalog
     from eva.jobs import EXPORT_JOB, Job, write_job
 
     rng = random.Random(seed)
@@ -234,7 +235,7 @@ def make_export(
             json.dumps({"episode_index": i, "length": 1}) + "\n" for i in range(len(file_sizes))
         )
     )
-    paths = export_paths(source, fmt)
+    paths = catalog.parse(fmt).export_paths(source)
     for subset, directory in paths.items():
         (directory / "meta").mkdir(parents=True, exist_ok=True)
         data = directory / "data" / "chunk-000"
@@ -255,7 +256,7 @@ def make_export(
     job = Job(kind="export", source_dir=str(source.resolve()), format=fmt, state=state)
     job.accepted_dir = str(paths["accepted"])
     job.rejected_dir = str(paths["rejected"])
-    write_job(export_root(source, fmt) / EXPORT_JOB, job)
+    write_job(catalog.parse(fmt).export_root(source) / EXPORT_JOB, job)
     return source, paths["accepted"]
 
 

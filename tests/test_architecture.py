@@ -106,15 +106,20 @@ def test_lower_layers_import_nothing_above_them() -> None:
     assert not found, found
 
 
+# formats/ modules that are no format: what every format shares, and the catalogue (which
+# names each built-in format for mypy's check of its module against catalog.Format)
+SHARED_FORMAT_MODULES = {"base", "options", "tasks", "catalog"}
+
+
 def test_formats_never_import_each_other() -> None:
     formats = PACKAGE / "formats"
-    names = {
-        p.stem for p in formats.iterdir() if not p.name.startswith("_") and p.name != "base.py"
-    }
-    names -= {"options", "__pycache__"}
+    names = {p.stem for p in formats.iterdir() if not p.name.startswith("_")}
+    names -= {*SHARED_FORMAT_MODULES, "__pycache__"}
     found = []
     for path in formats.rglob("*.py"):
         own = path.relative_to(formats).parts[0].removesuffix(".py")
+        if own == "catalog":
+            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module:
                 parts = node.module.split(".")

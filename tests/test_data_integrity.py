@@ -34,9 +34,10 @@ from eva.dataset.validate import validate_dataset
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
 from eva.export.options import parse_options
 from eva.export.pipeline import export_dataset
-from eva.export.registry import ExportOptions
 from eva.export.source import prepare
 from eva.export.verify import verify_export
+from eva.formats import catalog
+from eva.formats.base import ExportOptions
 from eva.formats.options import LeRobotV21Options
 
 FRONT = "observation.images.front"
@@ -267,7 +268,7 @@ def test_a_damaged_mp4_found_while_the_pair_is_written_keeps_the_published_one(
     # The MP4 inspections run while the staging dir is written: their refusal comes after files
     # were made, and must leave exactly what a refusal before the lock leaves.
     export_dataset(raw, fmt)
-    root = layout.export_root(raw, fmt)
+    root = catalog.parse(fmt).export_root(raw)
     published = _tree(root / "accepted"), _tree(root / "rejected")
     video = DatasetReader(raw).video_path(2, FRONT)
     _damage(video)

@@ -27,6 +27,7 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.export.executors import default_executor, free_cores
 from eva.export.pipeline import export_dataset
+from eva.formats import catalog
 from eva.formats.base import ExportOptions
 from eva.formats.options import LeRobotV3Options, McapOptions
 from eva.jobs import EXPORT_JOB, read_job
@@ -68,7 +69,7 @@ def test_processes_write_the_same_bytes_as_serial(
         source = judged_fixture_copy(tmp_path, lerobot_fixture_dir)
     else:
         source = _synthetic_source(tmp_path)
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     serial = export_dataset(source, fmt, options=options, executor="serial")
     serial_tree = export_manifest(root)
     pooled = export_dataset(source, fmt, options=options, executor="processes", workers=2)
@@ -100,7 +101,7 @@ def _leftovers(root: Path) -> list[str]:
 @pytest.mark.parametrize("executor", ["serial", "processes"])
 def test_a_failing_task_fails_the_job_naming_the_episode(tmp_path: Path, executor: str) -> None:
     source = _synthetic_source(tmp_path)
-    root = layout.export_root(source, "mcap")
+    root = catalog.parse("mcap").export_root(source)
     previous = export_dataset(source, "mcap").job.job_id
     before = _leftovers(root)
     # A camera of source episode 3 (accepted episode 2) recorded at another size than info.json
@@ -140,7 +141,7 @@ def killed_worker_export(
     source = write_synthetic_dataset(
         raw, episodes=16, frames=90, cameras=2, width=160, height=120, seed=5
     )
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     previous = export_dataset(source, fmt, options=options).job.job_id
     before = _leftovers(root)
     killed: list[int] = []
@@ -286,7 +287,7 @@ def test_an_unknown_executor_is_refused_before_anything_is_written(tmp_path: Pat
     source = _synthetic_source(tmp_path)
     with pytest.raises(DatasetError, match="executor 'threads': use one of serial, processes"):
         export_dataset(source, "hdf5", executor="threads")
-    assert not layout.export_root(source, "hdf5").exists()
+    assert not catalog.parse("hdf5").export_root(source).exists()
 
 
 def test_eva_export_takes_the_executor_and_its_workers(tmp_path: Path) -> None:
@@ -365,16 +366,17 @@ def test_ctrl_c_stops_the_pool_and_publishes_nothing(tmp_path: Path) -> None:
     workers = [pid for pid, line in children.items() if "spawn_main" in line]
     assert workers, children
     assert not [pid for pid in workers if _alive(pid)], children
-    root = layout.export_root(source, "hdf5")
+    root = catalog.parse("hdf5").export_root(source)
     assert not (root / "accepted").exists()
     assert [name for name in _leftovers(root) if not name.endswith(".lock")] == []
 
 
 def test_the_default_executor_follows_the_format_and_the_free_cores() -> None:
     cores = free_cores()
-    assert default_executor("v21") == default_executor("lerobot_v3") == "serial"
-    assert default_executor("h5") == ("processes" if cores >= 2 else "serial")
-    assert default_executor("mcap") == ("processes" if cores >= 4 else "serial")
+    v21, v3, hdf5, mcap = (catalog.parse(name) for name in ("v21", "lerobot_v3", "h5", "mcap"))
+    assert default_executor(v21) == default_executor(v3) == "serial"
+    assert default_executor(hdf5) == ("processes" if cores >= 2 else "serial")
+    assert default_executor(mcap) == ("processes" if cores >= 4 else "serial")
 
 
 def test_a_script_without_a_main_guard_is_told_so(tmp_path: Path) -> None:
@@ -392,4 +394,4 @@ def test_a_script_without_a_main_guard_is_told_so(tmp_path: Path) -> None:
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("eva.dataset.errors.DatasetError: export worker processes failed to")
     assert "if __name__ == '__main__':" in last
-    assert not (layout.export_root(source, "hdf5") / "accepted").exists()
+    assert not (catalog.parse("hdf5").export_root(source) / "accepted").exists()

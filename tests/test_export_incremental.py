@@ -17,6 +17,7 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.export.incremental import FINGERPRINTS
 from eva.export.pipeline import ExportResult, export_dataset
+from eva.formats import catalog
 from eva.formats.base import ExportOptions
 from eva.formats.options import Hdf5Options, LeRobotV21Options, McapOptions
 
@@ -41,7 +42,7 @@ def _incremental_then_full(
 ) -> tuple[ExportResult, dict[str, str]]:
     """An incremental export, its tree, and the check that a full export of the same source
     writes the same tree."""
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     result = export_dataset(
         source, fmt, options=options, incremental=True, executor=executor, workers=2
     )
@@ -65,7 +66,7 @@ def test_an_unchanged_source_reuses_every_episode_file(tmp_path: Path, fmt: str)
     source = _synthetic_source(tmp_path)
     first = export_dataset(source, fmt, incremental=True)  # nothing published yet
     assert _counts(first) == (0, 0, 5)
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     # (accepted episode 1 is renumbered: a v2.1 export writes its table, not a link)
     episode = root / "accepted" / "data" / "chunk-000" / f"episode_000001.{EXTENSIONS[fmt]}"
     inode = episode.stat().st_ino
@@ -119,7 +120,7 @@ def test_other_format_options_reuse_nothing(tmp_path: Path, fmt: str) -> None:
 def test_a_published_file_replaced_since_is_rewritten(tmp_path: Path) -> None:
     source = _synthetic_source(tmp_path)
     export_dataset(source, "mcap")
-    root = layout.export_root(source, "mcap")
+    root = catalog.parse("mcap").export_root(source)
     episode = root / "rejected" / "data" / "chunk-000" / "episode_000001.mcap"
     data = episode.read_bytes()
     episode.unlink()
@@ -131,7 +132,9 @@ def test_a_published_file_replaced_since_is_rewritten(tmp_path: Path) -> None:
 def test_an_unreadable_record_reuses_nothing(tmp_path: Path) -> None:
     source = _synthetic_source(tmp_path)
     export_dataset(source, "hdf5")
-    (layout.export_root(source, "hdf5") / FINGERPRINTS).write_text("{not json", encoding="utf-8")
+    (catalog.parse("hdf5").export_root(source) / FINGERPRINTS).write_text(
+        "{not json", encoding="utf-8"
+    )
     result, _ = _incremental_then_full(source, "hdf5")
     assert _counts(result) == (0, 0, 5)
 
@@ -167,7 +170,7 @@ def test_v3_files_before_the_first_changed_episode_are_reused(
     tmp_path: Path, executor: str
 ) -> None:
     source = _synthetic_source(tmp_path)
-    root = layout.export_root(source, "lerobot_v3")
+    root = catalog.parse("lerobot_v3").export_root(source)
     first = export_dataset(source, "lerobot_v3", options=V3, incremental=True)
     assert _counts(first) == (0, 0, 5)
     unchanged, _ = _incremental_then_full(source, "lerobot_v3", V3, executor)
@@ -255,7 +258,7 @@ def test_an_incremental_export_inspects_only_the_mp4s_changed_since(
     source = _synthetic_source(tmp_path)
     export_dataset(source, fmt)  # a full export records what it found intact
     assert len(inspected) == 10
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     record = json.loads((root / VIDEO_CHECKS).read_text())["videos"]
     reader = DatasetReader(source)
     video = reader.video_path(3, reader.video_keys[0])
@@ -289,7 +292,7 @@ def test_a_forged_or_stale_record_vouches_for_nothing(
     inspected = _counting_inspections(monkeypatch)
     source = _synthetic_source(tmp_path)
     export_dataset(source, "lerobot_v3")
-    root = layout.export_root(source, "lerobot_v3")
+    root = catalog.parse("lerobot_v3").export_root(source)
     path = root / VIDEO_CHECKS
     data = json.loads(path.read_text())
     names = sorted(data["videos"])

@@ -28,8 +28,8 @@ from test_export_executors import (
 )
 from test_golden_exports import export_manifest
 
-from eva.dataset import layout
 from eva.export.pipeline import export_dataset
+from eva.formats import catalog
 
 pytestmark = pytest.mark.ray
 
@@ -144,7 +144,7 @@ def _cluster() -> Iterator[str]:
 def test_ray_writes_the_same_bytes_as_serial(tmp_path: Path, ray_cluster: str, config: str) -> None:
     fmt, options = CONFIGS[config]
     source = _synthetic_source(tmp_path)
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     serial = export_dataset(source, fmt, options=options, executor="serial")
     serial_tree = export_manifest(root)
     remote = export_dataset(source, fmt, options=options, executor="ray", ray_address=ray_cluster)
@@ -229,4 +229,4 @@ def test_without_ray_the_executor_is_a_one_line_error_naming_the_extra(tmp_path:
     assert done.returncode == 1, done.stderr
     failed = json.loads(done.stdout.splitlines()[-1])
     assert failed == {"event": "failed", "error": "executor ray needs Ray: pip install 'eva[ray]'"}
-    assert not layout.export_root(source, "hdf5").exists()
+    assert not catalog.parse("hdf5").export_root(source).exists()

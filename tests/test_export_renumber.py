@@ -17,10 +17,10 @@ from test_export_executors import CONFIGS, _synthetic_source
 from test_export_incremental import _counts, _set_verdict
 from test_golden_exports import export_manifest
 
-from eva.dataset import layout
 from eva.dataset.errors import WriteError
 from eva.export.incremental import FINGERPRINTS, previous_task, read_fingerprints
 from eva.export.pipeline import ExportResult, export_dataset, prepare
+from eva.formats import catalog
 from eva.formats.base import ExportOptions
 from eva.formats.options import Hdf5Options, McapOptions
 
@@ -36,7 +36,7 @@ def _middle_change(
 ) -> tuple[ExportResult, dict[str, str]]:
     """Source episode 1 (rejected 0) becomes accepted 1: accepted 1.. and rejected 0.. are
     renumbered. The incremental export's tree must be a full export's of the changed source."""
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     _set_verdict(source, 1, "pass")
     result = export_dataset(source, fmt, options=options, incremental=True)
     tree = export_manifest(root)
@@ -65,7 +65,7 @@ def test_a_middle_verdict_change_gives_a_full_exports_bytes(tmp_path: Path, conf
 def test_an_episode_changing_subset_at_the_same_index_is_written(tmp_path: Path, fmt: str) -> None:
     source = _synthetic_source(tmp_path)
     export_dataset(source, fmt)
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     # source episode 0, rejected 0, becomes accepted 0: the same index, offset and path in
     # the other subset, written; sources 2, 3 move to accepted 1, 2 and 1, 4 to rejected 0, 1
     _set_verdict(source, 0, "fail")
@@ -84,11 +84,11 @@ def test_renumbered_files_are_new_files_and_the_published_ones_are_untouched(
 ) -> None:
     source = _synthetic_source(tmp_path)
     export_dataset(source, fmt)
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     published = {p: p.read_bytes() for p in (root / "accepted" / "data").rglob("*.*")}
     _set_verdict(source, 1, "pass")
     reader, _, metas, _ = prepare(source)
-    episodes = importlib.import_module(f"eva.formats.{fmt}").EPISODES  # an EpisodeFormat
+    episodes = importlib.import_module(f"eva.formats.{fmt}").TASKS  # an EpisodeFormat
     staging = tmp_path / "staging"
     tasks = episodes.subset_tasks(reader, metas["accepted"], staging, ExportOptions())
     task = tasks[2]  # source episode 2, published as accepted 1
@@ -129,7 +129,7 @@ def test_a_record_that_does_not_say_how_a_file_was_numbered_is_not_followed(
 ) -> None:
     source = _synthetic_source(tmp_path)
     export_dataset(source, "hdf5")
-    record = layout.export_root(source, "hdf5") / FINGERPRINTS
+    record = catalog.parse("hdf5").export_root(source) / FINGERPRINTS
     data = json.loads(record.read_text(encoding="utf-8"))
     episodes = data["episodes"]
     key = "accepted/data/chunk-000/episode_000001.hdf5"  # source episode 2, renumbered next
@@ -165,7 +165,7 @@ def _hdf5_offset(path: Path, group: str, key: str) -> int:
 
 def _published(source: Path, fmt: str, subset: str, index: int) -> Path:
     return (
-        layout.export_root(source, fmt)
+        catalog.parse(fmt).export_root(source)
         / subset
         / "data"
         / "chunk-000"
@@ -233,7 +233,7 @@ def test_a_renumbered_episode_crossing_a_messagepack_width_is_written(tmp_path: 
     )
     export_dataset(source, "mcap")
     _set_verdict(source, 126, "fail")  # accepted 127.. become 126..
-    root = layout.export_root(source, "mcap")
+    root = catalog.parse("mcap").export_root(source)
     result = export_dataset(source, "mcap", incremental=True)
     tree = export_manifest(root)
     export_dataset(source, "mcap")

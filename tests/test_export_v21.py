@@ -24,9 +24,10 @@ from eva.dataset.atomic import atomic_write_json, atomic_write_jsonl, read_jsonl
 from eva.dataset.errors import DatasetError
 from eva.dataset.subset import rewrite_index_columns
 from eva.export.pipeline import export_dataset
-from eva.export.registry import FormatUnavailable, availability, load_format
 from eva.export.verify import verify_export
-from eva.formats import lerobot_v21
+from eva.formats import catalog, lerobot_v21
+from eva.formats.catalog import FormatEntry, FormatUnavailable
+from eva.formats.options import LeRobotV21Options
 from eva.jobs import read_job
 from eva.publish import ExportBusy, staging_dir
 
@@ -83,12 +84,12 @@ def tree_hash(root: Path) -> dict[str, str]:
     }
 
 
-def test_registry_reports_availability() -> None:
-    assert availability()["lerobot_v21"] is None
-    # The alias loads the module itself (getmodule: a FormatModule is typed without __name__).
-    assert inspect.getmodule(load_format("v21")) is lerobot_v21
+def test_the_catalogue_parses_names_and_loads_the_module() -> None:
+    # The alias loads the module itself (getmodule: a Format is typed without __name__).
+    assert inspect.getmodule(catalog.parse("V21").load()) is lerobot_v21
+    assert catalog.parse(" v2.1 ") is catalog.parse("lerobot_v21")
     with pytest.raises(ValueError, match="unknown format"):
-        load_format("parquet-please")
+        catalog.parse("parquet-please")
 
 
 def test_split_renumbering_and_metadata(source: Path) -> None:
@@ -284,7 +285,7 @@ def test_verify_refuses_a_video_key_that_leaves_the_export(source: Path) -> None
     features = dict(info["features"])
     features["../../../escape"] = features.pop("observation.images.cam1")
     atomic_write_json(out / layout.INFO, {**info, "features": features})
-    problems = load_format("lerobot_v21").verify(out)
+    problems = lerobot_v21.verify(out)
     assert [p.code for p in problems if p.code in ("video_key", "missing_video")] == ["video_key"]
     assert "total_videos" not in {p.code for p in problems}
 
@@ -295,7 +296,7 @@ def test_verify_does_not_follow_links_out_of_the_export(source: Path, tmp_path: 
     outside = tmp_path / "outside.mp4"
     video.rename(outside)
     video.symlink_to(outside)
-    problems = load_format("lerobot_v21").verify(out)
+    problems = lerobot_v21.verify(out)
     assert [(p.code, p.episode) for p in problems] == [("unsafe_path", 1)]
 
 
@@ -447,11 +448,11 @@ def test_cli_export_json_lines_and_lock_refusal(source: Path) -> None:
     assert verify_export(root / "accepted") == []  # the published pair is untouched
 
 
-def test_unavailable_format_is_reported(source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unavailable_format_is_reported() -> None:
     # A format module that does not exist yet must be "unavailable", not an import crash.
-    monkeypatch.setitem(layout.FORMAT_ALIASES, "future", "future_fmt")
+    future = FormatEntry("future_fmt", "eva.formats.future_fmt", LeRobotV21Options, "not yet")
     with pytest.raises(FormatUnavailable, match="not available"):
-        load_format("future")
+        future.load()
 
 
 def test_failed_rerun_keeps_the_published_pair(source: Path) -> None:
@@ -494,7 +495,7 @@ def test_lerobot_written_source(tmp_path: Path, lerobot_fixture_dir: Path) -> No
 
 def test_cli_cleanup_removes_a_crash_leftover_and_reports_json(source: Path) -> None:
     export_dataset(source, "lerobot_v21")
-    root = layout.export_root(source, "lerobot_v21")
+    root = catalog.parse("lerobot_v21").export_root(source)
     # What a kill -9 in the middle of staging leaves: a hidden, incomplete staging tree.
     leftover = staging_dir(root, "20261130T000000Z-deadbeef")
     (leftover / "accepted" / "meta").mkdir(parents=True)
@@ -514,7 +515,7 @@ def test_cli_cleanup_that_cannot_repair_the_metadata_does_the_rest_and_exits_1(
     """A duplicated episode row is not an interrupted save: cleanup still removes a staging
     leftover, then names what it could not repair and fails (documented exit code 1)."""
     export_dataset(source, "lerobot_v21")
-    root = layout.export_root(source, "lerobot_v21")
+    root = catalog.parse("lerobot_v21").export_root(source)
     leftover = staging_dir(root, "20261130T000000Z-deadbeef")
     (leftover / "accepted" / "meta").mkdir(parents=True)
     episodes = source / "meta" / "episodes.jsonl"

@@ -8,10 +8,10 @@ from click.testing import CliRunner
 
 from eva.cli import main
 from eva.dataset.errors import DatasetError
-from eva.export.registry import ExportOptions, check_format_module, load_format
-from eva.formats.base import OptionError
+from eva.formats import catalog
+from eva.formats.base import ExportOptions, OptionError
+from eva.formats.catalog import check_format_module
 from eva.formats.options import (
-    FORMAT_OPTIONS,
     Hdf5Options,
     LeRobotV3Options,
     LeRobotV21Options,
@@ -59,7 +59,9 @@ def test_generated_cli_options_keep_their_names_types_and_defaults() -> None:
     assert params["--copy-videos"].is_flag and params["--verify-decode"].is_flag
     # every option of every dataclass is on the command, and nothing else is added
     generated = {
-        f.flag for cls in (*FORMAT_OPTIONS.values(), ExportOptions) for f in cls.option_fields()
+        f.flag
+        for cls in (*(e.options for e in catalog.entries()), ExportOptions)
+        for f in cls.option_fields()
     }
     assert generated == set(EXPECTED_OPTIONS)
 
@@ -110,11 +112,11 @@ def test_options_for_another_format_are_refused() -> None:
 
 
 def test_every_format_module_satisfies_the_interface() -> None:
-    for name, cls in FORMAT_OPTIONS.items():
-        assert load_format(name).OPTIONS is cls
+    for entry in catalog.entries():
+        assert isinstance(entry.load(), catalog.Format), entry
 
     class Incomplete:
-        OPTIONS = Hdf5Options
+        TASKS = None
 
         @staticmethod
         def write_subset(reader: object, meta: object) -> None: ...

@@ -18,8 +18,8 @@ from eva.capture.synthetic import write_synthetic_dataset
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.export.pipeline import export_dataset
-from eva.export.registry import ExportOptions
 from eva.formats import hdf5
+from eva.formats.base import ExportOptions
 from eva.formats.options import Hdf5Options
 
 CAMERAS = ["observation.images.front", "observation.images.wrist"]

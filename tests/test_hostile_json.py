@@ -26,6 +26,7 @@ from eva.cli import main
 from eva.dataset import layout, spool
 from eva.export.incremental import FINGERPRINTS, VIDEO_CHECKS
 from eva.export.pipeline import export_dataset
+from eva.formats import catalog
 from eva.jobs import EXPORT_JOB, UPLOAD_JOB
 from eva.upload.gate import UploadRefused, check_upload
 
@@ -72,7 +73,7 @@ def raw(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rel", [layout.QUALITY_SPLIT, layout.INFO])
 def test_export_metadata(raw: Path, fmt: str, rel: str, kind: str) -> None:
-    accepted = layout.export_paths(raw, fmt)["accepted"]
+    accepted = catalog.parse(fmt).export_paths(raw)["accepted"]
     path = accepted / rel
     path.write_bytes(HOSTILE[kind])
     code, output = _run("verify", accepted)
@@ -91,7 +92,7 @@ def test_export_metadata(raw: Path, fmt: str, rel: str, kind: str) -> None:
 def test_export_root_records(raw: Path, name: str, kind: str) -> None:
     """The records beside the pair are eva's bookkeeping: a damaged one is not reused (an
     incremental export redoes the work), and the upload gate names a damaged export job."""
-    root = layout.export_root(raw, "lerobot_v3")
+    root = catalog.parse("lerobot_v3").export_root(raw)
     path = root / name
     path.write_bytes(HOSTILE[kind])
     if name == EXPORT_JOB:
@@ -101,7 +102,7 @@ def test_export_root_records(raw: Path, name: str, kind: str) -> None:
     assert _run("cleanup", raw, "--format", "lerobot_v3")[0] == 0
     code, output = _run("export", raw, "--format", "lerobot_v3", "--incremental")
     assert code == 0, output
-    assert _run("verify", layout.export_paths(raw, "lerobot_v3")["accepted"])[0] == 0
+    assert _run("verify", catalog.parse("lerobot_v3").export_paths(raw)["accepted"])[0] == 0
 
 
 @pytest.mark.parametrize(
@@ -109,7 +110,7 @@ def test_export_root_records(raw: Path, name: str, kind: str) -> None:
 )
 def test_a_hand_edited_export_job_record(raw: Path, fields: dict[str, object]) -> None:
     """Fields missing or of the wrong type: no job, or one whose process is gone."""
-    path = layout.export_root(raw, "lerobot_v3") / EXPORT_JOB
+    path = catalog.parse("lerobot_v3").export_root(raw) / EXPORT_JOB
     if "pid" in fields:  # a running job of a process that cannot exist
         fields = {**json.loads(path.read_bytes()), "state": "running", **fields}
     path.write_text(json.dumps(fields))

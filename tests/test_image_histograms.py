@@ -20,9 +20,9 @@ from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, build_subset_meta
 from eva.dataset.validate import validate_dataset
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
-from eva.export.registry import ExportOptions
 from eva.export.source import complete_episode_stats
 from eva.formats import lerobot_v3, lerobot_v21
+from eva.formats.base import ExportOptions
 from eva.formats.options import LeRobotV3Options
 from eva.progress import Progress
 

@@ -44,7 +44,7 @@ from eva.dataset.features import CameraSpec, VectorSpec
 from eva.dataset.limits import MAX_FPS, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE
 from eva.dataset.reader import info_field_problems
 from eva.dataset.validate import validate_dataset
-from eva.export.options import FORMAT_OPTIONS, parse_options
+from eva.export.options import format_options, parse_options
 from eva.formats.base import OptionError
 from eva.quality.verdicts import review_episodes
 from eva.textsafe import MAX_TEXT_CHARS, storable_problem, text_problem
@@ -206,7 +206,7 @@ def test_defect_11_a_huge_camera_names_its_field() -> None:
 
 
 NUMERIC_OPTIONS = [
-    (fmt, f.name) for fmt, fields in FORMAT_OPTIONS.items() for f in fields
+    (fmt, f.name) for fmt, fields in format_options().items() for f in fields
     if f.type in ("int", "float")
 ]  # fmt: skip
 
@@ -222,7 +222,7 @@ def test_export_options_are_bounded(option: tuple[str, str], value: Any) -> None
     except OptionError as e:
         assert str(e).startswith(f"options.{name}: ") and "\n" not in str(e)
         return
-    spec = next(f for f in FORMAT_OPTIONS[fmt] if f.name == name)
+    spec = next(f for f in format_options()[fmt] if f.name == name)
     chosen = getattr(options.format, spec.field_name)
     assert math.isfinite(chosen)
     assert spec.info.minimum is not None and spec.info.maximum is not None
@@ -230,7 +230,7 @@ def test_export_options_are_bounded(option: tuple[str, str], value: Any) -> None
 
 
 def test_every_number_option_has_both_bounds() -> None:
-    for fields in FORMAT_OPTIONS.values():
+    for fields in format_options().values():
         for f in fields:
             if f.type in ("int", "float"):
                 assert f.info.minimum is not None and f.info.maximum is not None, f.name

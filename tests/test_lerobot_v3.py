@@ -22,9 +22,9 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, build_subset_meta
 from eva.dataset.video import VideoEncoder, VideoOptions
-from eva.export.registry import ExportOptions
 from eva.export.source import complete_episode_stats
 from eva.formats import lerobot_v3
+from eva.formats.base import ExportOptions
 from eva.formats.lerobot_v3 import probe
 from eva.formats.options import LeRobotV3Options
 from eva.progress import Progress

@@ -23,9 +23,9 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import packb
 from eva.dataset.video import VideoEncoder, iter_frame_batches
 from eva.export.pipeline import export_dataset
-from eva.export.registry import ExportOptions
+from eva.formats import catalog
 from eva.formats import mcap as mcap_format
-from eva.formats.base import OptionError
+from eva.formats.base import ExportOptions, OptionError
 from eva.formats.mcap import McapOptions
 from eva.formats.mcap.export import CameraFeed
 
@@ -261,7 +261,7 @@ def test_short_camera_in_source_publishes_nothing(synthetic_dataset: Callable[..
     with pytest.raises(DatasetError, match=rf"{key}"):
         export_dataset(source, "mcap")
     # Refused by the source validation: nothing is written at all.
-    assert not layout.export_root(source, "mcap").parent.exists()
+    assert not catalog.parse("mcap").export_root(source).parent.exists()
 
 
 def test_bad_compression_option_is_refused(synthetic_dataset: Callable[..., Path]) -> None:
@@ -279,7 +279,7 @@ def test_bad_compression_option_is_refused(synthetic_dataset: Callable[..., Path
         "Invalid value for '--mcap-compression': 'brotli' is not one of 'none', 'zstd', 'lz4'."
         in result.output
     )
-    assert not layout.export_root(source, "mcap").parent.exists()
+    assert not catalog.parse("mcap").export_root(source).parent.exists()
 
 
 def test_dataset_without_cameras_and_empty_subset(synthetic_dataset: Callable[..., Path]) -> None:

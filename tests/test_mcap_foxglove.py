@@ -33,6 +33,7 @@ from eva.cli import main
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError
 from eva.export.pipeline import ExportResult, export_dataset
+from eva.formats import catalog
 from eva.formats import mcap as mcap_format
 from eva.formats.base import ExportOptions, OptionError
 from eva.formats.mcap import foxglove
@@ -376,7 +377,7 @@ def test_missing_extra_is_one_line_naming_it(
     assert result.exit_code == 2
     (line,) = [line for line in result.output.splitlines() if "foxglove extra" in line]
     assert "pip install 'eva[foxglove]'" in line
-    assert not layout.export_root(raw, "mcap").parent.exists()  # refused before any job
+    assert not catalog.parse("mcap").export_root(raw).parent.exists()  # refused before any job
 
 
 def test_chunk_compression_and_size_options_apply(tmp_path: Path) -> None:

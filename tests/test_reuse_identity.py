@@ -18,6 +18,7 @@ from eva.dataset import layout
 from eva.dataset.identity import file_identity
 from eva.dataset.reader import DatasetReader
 from eva.export.pipeline import ExportResult, export_dataset
+from eva.formats import catalog
 from eva.formats.base import ExportOptions
 
 FORMATS = ("hdf5", "mcap", "lerobot_v21", "lerobot_v3")
@@ -90,7 +91,7 @@ def _changed_parquet(source: Path) -> tuple[Path, bytes]:
 def test_a_source_rewritten_in_place_is_exported_again(tmp_path: Path, fmt: str, kind: str) -> None:
     source = _synthetic_source(tmp_path)
     options = _options(fmt)
-    root = layout.export_root(source, fmt)
+    root = catalog.parse(fmt).export_root(source)
     if kind == "parquet":
         path, data = _changed_parquet(source)
     else:  # the same bytes written again: nothing but the ctime says it is the same file
@@ -117,7 +118,7 @@ def test_a_source_rewritten_in_place_is_exported_again(tmp_path: Path, fmt: str,
 def test_a_published_file_rewritten_in_place_is_not_reused(tmp_path: Path) -> None:
     source = _synthetic_source(tmp_path)
     export_dataset(source, "hdf5")
-    root = layout.export_root(source, "hdf5")
+    root = catalog.parse("hdf5").export_root(source)
     published = root / "accepted" / "data" / "chunk-000" / "episode_000001.hdf5"
     _write_in_place(published, published.read_bytes())
     again = export_dataset(source, "hdf5", incremental=True)

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from sftp_server import SshdServer, sftp_config
 
 from eva.cli import main
-from eva.dataset.layout import export_root
 from eva.export.pipeline import export_dataset
 from eva.export.staleness import export_staleness, stale_exports
+from eva.formats import catalog
 from eva.jobs import UPLOAD_JOB
 from eva.quality.verdicts import review_episode
 from eva.upload.gate import UploadRefused, check_upload
@@ -76,7 +76,7 @@ def test_upload_refuses_an_export_the_review_changed_since(reviewed: Path, tmp_p
     assert code == 1
     assert err.count("\n") == 1 and "upload refused (stale_review)" in err, err
     assert "episode 0" in err
-    assert not (export_root(reviewed, "lerobot_v21") / UPLOAD_JOB).exists()
+    assert not (catalog.parse("lerobot_v21").export_root(reviewed) / UPLOAD_JOB).exists()
 
     code, out, err = run_cli("info", reviewed)
     assert code == 0 and "stale" in out and "lerobot_v21" in out and "episode 0" in out

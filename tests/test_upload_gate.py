@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from sftp_server import make_export
 
-from eva.dataset.layout import QUALITY_SPLIT, export_paths, export_root
+from eva.dataset.layout import QUALITY_SPLIT
+from eva.formats import catalog
 from eva.jobs import EXPORT_JOB, UPLOAD_JOB, read_job, write_job
 from eva.upload.config import SftpConfig
 from eva.upload.gate import REASONS, UploadRefused, check_upload, dataset_name_for
@@ -49,7 +50,7 @@ def test_no_backend_configured_starts_nothing(tmp_path: Path) -> None:
     assert refusal(source, "hdf5", configured=False).reason == "no_backend"
     with pytest.raises(UploadRefused, match="no upload backend configured"):
         start_upload(source, "hdf5", None)
-    assert not (export_root(source, "hdf5") / UPLOAD_JOB).exists()
+    assert not (catalog.parse("hdf5").export_root(source) / UPLOAD_JOB).exists()
 
 
 def test_never_exported_source_is_refused(tmp_path: Path) -> None:
@@ -66,8 +67,8 @@ def test_old_format_is_refused(tmp_path: Path) -> None:
     source, _ = make_export(tmp_path, fmt="hdf5")
     assert refusal(source, "mcap").reason == "never_exported"
     # An HDF5 accepted dir moved into the MCAP place does not pass as MCAP either.
-    mcap_root = export_root(source, "mcap")
-    shutil.copytree(export_root(source, "hdf5"), mcap_root)
+    mcap_root = catalog.parse("mcap").export_root(source)
+    shutil.copytree(catalog.parse("hdf5").export_root(source), mcap_root)
     job = read_job(mcap_root / EXPORT_JOB)
     assert job is not None
     job.format = "mcap"
@@ -80,7 +81,7 @@ def test_old_format_is_refused(tmp_path: Path) -> None:
 
 def test_job_for_another_format_is_refused(tmp_path: Path) -> None:
     source, _ = make_export(tmp_path, fmt="mcap")
-    edit_json(export_root(source, "mcap") / EXPORT_JOB, format="hdf5")
+    edit_json(catalog.parse("mcap").export_root(source) / EXPORT_JOB, format="hdf5")
     assert refusal(source, "mcap").reason == "job_mismatch"
 
 
@@ -94,7 +95,7 @@ def test_export_job_must_be_completed(tmp_path: Path, state: str) -> None:
 
 def test_rejected_dir_is_refused(tmp_path: Path) -> None:
     source, _ = make_export(tmp_path)
-    root = export_root(source, "hdf5")
+    root = catalog.parse("hdf5").export_root(source)
     # The job pointing at the rejected directory ...
     edit_json(root / EXPORT_JOB, accepted_dir=str(root / "rejected"))
     assert refusal(source, "hdf5").reason == "accepted_dir_mismatch"
@@ -111,7 +112,7 @@ def test_accepted_dir_elsewhere_is_refused(tmp_path: Path) -> None:
     source, accepted = make_export(tmp_path)
     elsewhere = tmp_path / "copy_of_accepted"
     shutil.copytree(accepted, elsewhere)
-    edit_json(export_root(source, "hdf5") / EXPORT_JOB, accepted_dir=str(elsewhere))
+    edit_json(catalog.parse("hdf5").export_root(source) / EXPORT_JOB, accepted_dir=str(elsewhere))
     assert refusal(source, "hdf5").reason == "accepted_dir_mismatch"
 
 
@@ -135,7 +136,9 @@ def test_mismatched_source_is_refused(tmp_path: Path) -> None:
 
 def test_job_for_another_source_is_refused(tmp_path: Path) -> None:
     source, _ = make_export(tmp_path)
-    edit_json(export_root(source, "hdf5") / EXPORT_JOB, source_dir="/somewhere/else/raw")
+    edit_json(
+        catalog.parse("hdf5").export_root(source) / EXPORT_JOB, source_dir="/somewhere/else/raw"
+    )
     assert refusal(source, "hdf5").reason == "job_mismatch"
 
 
@@ -154,7 +157,7 @@ def test_missing_marker_is_refused(tmp_path: Path) -> None:
 
 def test_unreadable_job_record_is_refused(tmp_path: Path) -> None:
     source, _ = make_export(tmp_path)
-    (export_root(source, "hdf5") / EXPORT_JOB).write_text("{torn")
+    (catalog.parse("hdf5").export_root(source) / EXPORT_JOB).write_text("{torn")
     assert refusal(source, "hdf5").reason == "job_unreadable"
 
 
@@ -167,13 +170,13 @@ def test_refusal_starts_no_upload_job(tmp_path: Path) -> None:
     edit_json(accepted / QUALITY_SPLIT, subset="rejected")
     with pytest.raises(UploadRefused):
         start_upload(source, "hdf5", UNUSED_BACKEND)
-    assert not (export_root(source, "hdf5") / UPLOAD_JOB).exists()
+    assert not (catalog.parse("hdf5").export_root(source) / UPLOAD_JOB).exists()
 
 
 def test_non_raw_source_uses_its_own_export_root_and_name(tmp_path: Path) -> None:
     source = tmp_path / "session_a"
     (source / "meta").mkdir(parents=True)
-    paths = export_paths(source, "lerobot_v3")
+    paths = catalog.parse("lerobot_v3").export_paths(source)
     assert paths["accepted"] == tmp_path / "session_a_export" / "lerobot_v3" / "accepted"
     assert dataset_name_for(source) == "session_a"
     assert dataset_name_for(tmp_path / "pick" / "raw") == "pick"

@@ -16,7 +16,7 @@ from sftp_server import SshdServer, make_export, sftp_config, ssh_agent
 from terminal_helpers import drain_terminal, plain_text
 
 from eva.cli import main
-from eva.dataset.layout import export_root
+from eva.formats import catalog
 from eva.jobs import UPLOAD_JOB
 from eva.progress import Progress
 from eva.upload.config import SftpConfig
@@ -83,7 +83,7 @@ def test_success_path_tree_is_identical(
     assert staging_leftovers(remote_dir) == []
     # The staging dir was created like any directory (server umask), not private to the uploader.
     assert (remote_dir / "pick").stat().st_mode & 0o777 == remote_dir.stat().st_mode & 0o777
-    record = json.loads((export_root(source, "hdf5") / UPLOAD_JOB).read_text())
+    record = json.loads((catalog.parse("hdf5").export_root(source) / UPLOAD_JOB).read_text())
     assert record["state"] == "completed"
     assert record["kind"] == "upload"
     assert record["remote_path"] == str(remote_dir / "pick")
@@ -176,7 +176,7 @@ def test_failure_mid_transfer_removes_staging_and_keeps_old_target(
     assert staging_leftovers(remote_root) == []
     assert sorted(os.listdir(remote_root)) == ["pick"]  # nothing published
     assert tree_bytes(old) == {"keep.bin": b"old data"}
-    record = read_upload_record(export_root(source, "hdf5"))
+    record = read_upload_record(catalog.parse("hdf5").export_root(source))
     assert record is not None and record.state == "failed" and not record.resumable
     assert "episode_000007.bin" in (record.error or "")
     assert record.remote_path is None
@@ -319,7 +319,7 @@ def test_local_symlink_is_refused(config: SftpConfig, remote_root: Path, tmp_pat
     with pytest.raises(UploadError, match=r"extra.txt: is a symlink"):
         start_upload(source, "hdf5", config)
     assert os.listdir(remote_root) == []
-    assert not (export_root(source, "hdf5") / UPLOAD_JOB).exists()
+    assert not (catalog.parse("hdf5").export_root(source) / UPLOAD_JOB).exists()
 
     (accepted / "meta" / "extra.txt").unlink()
     (accepted / "linked_dir").symlink_to(tmp_path, target_is_directory=True)
@@ -338,7 +338,7 @@ def test_resume_after_interruption(config: SftpConfig, remote_root: Path, tmp_pa
     job.progress.listeners.insert(0, lambda p: job.cancel() if p.files >= 3 else None)
     run(job)
     assert job.state == "failed" and job.result is None
-    record = read_upload_record(export_root(source, "hdf5"))
+    record = read_upload_record(catalog.parse("hdf5").export_root(source))
     assert record is not None and record.resumable and record.staging_path
     staging = Path(record.staging_path)
     assert staging.is_dir() and staging.parent == remote_root
@@ -369,7 +369,7 @@ def test_resume_after_interruption(config: SftpConfig, remote_root: Path, tmp_pa
     assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
     assert staging_leftovers(remote_root) == []
     assert job.progress.bytes == scan_local_tree(accepted).total_bytes
-    final = read_upload_record(export_root(source, "hdf5"))
+    final = read_upload_record(catalog.parse("hdf5").export_root(source))
     assert final is not None and final.state == "completed" and final.resumed
 
 
@@ -577,7 +577,7 @@ def test_resume_after_the_uploader_was_killed(
     killed = subprocess.run([sys.executable, "-c", KILLED_UPLOADER, *args], timeout=120)
     assert killed.returncode == -9
 
-    record = json.loads((export_root(source, "hdf5") / UPLOAD_JOB).read_text())
+    record = json.loads((catalog.parse("hdf5").export_root(source) / UPLOAD_JOB).read_text())
     assert record["state"] == "running"  # what a crash leaves behind
     staging = Path(record["staging_path"])
     assert staging.is_dir() and not (remote_root / "pick").exists()

@@ -27,12 +27,12 @@ READ_EACH_FORMAT = """
 import json, sys
 from pathlib import Path
 import eva, eva_fast
-from eva.export.registry import load_format
+from eva.formats import catalog
 from eva._native import build_info
 print(json.dumps({"eva": eva.__file__, "backend": build_info()["backend"]}))
 for fmt in sys.argv[2:]:
     for subset in ("accepted", "rejected"):
-        problems = load_format(fmt).verify(Path(sys.argv[1]) / fmt / subset)
+        problems = catalog.parse(fmt).load().verify(Path(sys.argv[1]) / fmt / subset)
         assert not problems, (fmt, subset, problems)
 """
 

@@ -11,11 +11,11 @@ import click
 from eva.cli.output import (
     EXIT_INVALID,
     EXIT_USAGE,
-    FORMAT_HELP,
     FormatChoice,
     detail,
     emit_json,
     fail,
+    format_help,
     note,
     say,
     typed_text,
@@ -389,7 +389,7 @@ def _stale_exports(dataset: Path) -> list[dict[str, str]]:
     "fmt",
     type=FormatChoice(),
     default=None,
-    help="Only this format (default: all). " + FORMAT_HELP,
+    help="Only this format (default: all). " + format_help(),
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:

@@ -1,23 +1,23 @@
-"""``eva export`` and ``eva verify``; the per-format options come from the formats' options
-dataclasses (eva.formats.options), so each default is stated once."""
+"""``eva export`` and ``eva verify``; the per-format options come from the catalogue's options
+dataclasses (eva.formats.catalog, eva.formats.options), so each default is stated once."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from eva.cli.output import (
     EXIT_INVALID,
-    FORMAT_HELP,
     FormatChoice,
     detail,
     emit_json,
     fail,
     first_line,
+    format_help,
     human_bytes,
     note,
     on_interrupt,
@@ -26,8 +26,12 @@ from eva.cli.output import (
     verbosity_options,
 )
 from eva.cli.progress import ProgressBar
+from eva.formats import catalog
 from eva.formats.base import ExportOptions, OptionError, OptionField, Options, check_range
-from eva.formats.options import FORMAT_OPTIONS as FORMAT_OPTION_CLASSES
+from eva.formats.catalog import FormatEntry
+
+if TYPE_CHECKING:
+    from eva.export.pipeline import ExportResult
 
 # Processes or Ray actors of one export (more only queue behind the cores and the disk).
 MAX_WORKERS = 1024
@@ -80,11 +84,12 @@ def _generated_option(
 
 
 def _format_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Every format's options (``eva.formats.options``), then the ones all formats take."""
+    """Every format's options (its catalogue entry's dataclass), then the ones all formats
+    take."""
     generated = [
-        _generated_option(cls, spec, fmt)
-        for fmt, cls in FORMAT_OPTION_CLASSES.items()
-        for spec in cls.option_fields()
+        _generated_option(entry.options, spec, entry.name)
+        for entry in catalog.entries()
+        for spec in entry.options.option_fields()
     ]
     generated += [
         _generated_option(ExportOptions, spec, None) for spec in ExportOptions.option_fields()
@@ -94,13 +99,15 @@ def _format_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
+def _export_options(fmt: FormatEntry, values: dict[str, Any]) -> ExportOptions:
     """The typed options of an ``eva export`` of ``fmt`` from the generated options' values
-    (another format's options are not used)."""
-    format_cls = FORMAT_OPTION_CLASSES[fmt]
-    own = {spec.field_name: values[spec.name] for spec in format_cls.option_fields()}
+    (another format's options are not used; a format registered after this command was made
+    has no options here, so its defaults)."""
+    own = {
+        spec.field_name: values.get(spec.name, spec.default) for spec in fmt.options.option_fields()
+    }
     common = {spec.field_name: values[spec.name] for spec in ExportOptions.option_fields()}
-    return ExportOptions(**common, format=format_cls(**own))
+    return ExportOptions(**common, format=fmt.options(**own))
 
 
 @click.command("export")
@@ -111,7 +118,7 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
     "fmt",
     required=True,
     type=FormatChoice(),
-    help=FORMAT_HELP,
+    help=format_help(),
 )
 @_format_options
 @click.option(
@@ -156,7 +163,7 @@ def _export_options(fmt: str, values: dict[str, Any]) -> ExportOptions:
 )
 def export_command(
     dataset: Path,
-    fmt: str,
+    fmt: FormatEntry,
     executor: str | None,
     workers: int | None,
     ray_address: str | None,
@@ -175,8 +182,6 @@ def export_command(
       eva export demo-data/logs/pick_cube/raw --format hdf5 --executor processes --workers 4
       eva export demo-data/logs/pick_cube/raw --format mcap --incremental
     """
-    import time
-
     from eva.dataset.errors import DatasetError
     from eva.export.executors import default_executor
     from eva.export.pipeline import export_dataset
@@ -187,28 +192,9 @@ def export_command(
         "the published pair is unchanged; the next export (or eva cleanup) removes the staging"
     )
     json_lines = as_json  # a pipe, cron or ssh gets the same text as a terminal
-    last = [0.0]
     quiet = json_lines or verbosity() < 0
     bar = ProgressBar(f"export {fmt}", unit="episodes", enabled=False if quiet else None)
-
-    def on_progress(progress: Any, job: Any) -> None:
-        now = time.monotonic()
-        final = job.state in ("completed", "failed")
-        if json_lines:
-            if final or now - last[0] >= 0.2:
-                last[0] = now
-                emit_json({"event": "progress", "state": job.state, **progress.as_dict()})
-            return
-        if progress.stage != "writing":
-            bar.stage(progress.stage)
-        bar.update(
-            progress.episodes,
-            total=progress.total_episodes,
-            detail=f"{progress.files} files, {human_bytes(progress.bytes)}",
-        )
-        if final:
-            bar.close()
-
+    on_progress = _progress_printer(bar, json_lines)
     try:
         result = export_dataset(
             dataset,
@@ -234,10 +220,45 @@ def export_command(
     except BaseException:  # Ctrl-C: give the terminal its cursor back first
         bar.close()
         raise
+    _report_export(result, fmt, incremental, json_lines)
+
+
+def _progress_printer(bar: ProgressBar, json_lines: bool) -> Callable[[Any, Any], None]:
+    """The export's progress listener: JSON lines (at most 5 a second, and the final one), or
+    the progress bar."""
+    import time
+
+    last = [0.0]
+
+    def on_progress(progress: Any, job: Any) -> None:
+        now = time.monotonic()
+        final = job.state in ("completed", "failed")
+        if json_lines:
+            if final or now - last[0] >= 0.2:
+                last[0] = now
+                emit_json({"event": "progress", "state": job.state, **progress.as_dict()})
+            return
+        if progress.stage != "writing":
+            bar.stage(progress.stage)
+        bar.update(
+            progress.episodes,
+            total=progress.total_episodes,
+            detail=f"{progress.files} files, {human_bytes(progress.bytes)}",
+        )
+        if final:
+            bar.close()
+
+    return on_progress
+
+
+def _report_export(
+    result: ExportResult, fmt: FormatEntry, incremental: bool, json_lines: bool
+) -> None:
+    """The completed export: one JSON summary, or its lines of text."""
     summary = {
         "event": "completed",
         "job_id": result.job.job_id,
-        "format": fmt,
+        "format": fmt.name,
         "accepted_dir": str(result.accepted_dir),
         "rejected_dir": str(result.rejected_dir),
         "accepted_episodes": result.metas["accepted"].total_episodes,
@@ -278,15 +299,19 @@ def export_command(
 @click.command("verify")
 @verbosity_options()
 @click.argument("export_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--source", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Source dataset to compare with (default: the one the export's place derives, "
-              "if it exists; a moved copy is checked on its own).")  # fmt: skip
+@click.option(
+    "--source",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Source dataset to compare with (default: the one the export's place derives, if it "
+    "exists; a moved copy is checked on its own).",
+)
 @click.option(
     "--format",
     "fmt",
     type=FormatChoice(),
     default=None,
-    help="Expected format (default: from the path). " + FORMAT_HELP,
+    help="Expected format (default: from the path). " + format_help(),
 )
 @click.option(
     "--full",
@@ -298,7 +323,7 @@ def export_command(
     "--json", "as_json", is_flag=True, help="One JSON object per problem, then a summary."
 )
 def verify_command(
-    export_dir: Path, source: Path | None, fmt: str | None, full: bool, as_json: bool
+    export_dir: Path, source: Path | None, fmt: FormatEntry | None, full: bool, as_json: bool
 ) -> None:
     """Verify an exported accepted/rejected directory: marker, totals and a real read.
 

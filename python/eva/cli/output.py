@@ -62,23 +62,41 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 
 class FormatChoice(click.Choice[str]):
-    """``--format``: a format name or alias (case-insensitive), given back as the canonical
-    name; help and shell completion list every accepted spelling."""
+    """``--format``: a format name or alias (case-insensitive), parsed into its catalogue entry
+    (``eva.formats.catalog``): the one place the CLI reads a format's name. Help and shell
+    completion list every accepted spelling, of the formats known when they are shown."""
 
     name = "format"
 
     def __init__(self) -> None:
-        from eva.dataset.layout import FORMAT_ALIASES
+        super().__init__(self._spellings(), case_sensitive=False)
 
-        super().__init__(list(FORMAT_ALIASES), case_sensitive=False)
+    @staticmethod
+    def _spellings() -> tuple[str, ...]:
+        from eva.formats import catalog
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from eva.dataset.layout import normalize_format
+        return tuple(catalog.spellings())
 
-        return normalize_format(str(super().convert(value, param, ctx)))
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
+        self.choices = self._spellings()
+        return super().get_metavar(param, ctx)
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Any:  # a FormatEntry (click's Choice is typed for the str it gives back)
+        from eva.formats import catalog
+
+        if isinstance(value, catalog.FormatEntry):
+            return value
+        self.choices = self._spellings()
+        return catalog.parse(str(super().convert(value, param, ctx)))
 
 
-FORMAT_HELP = "lerobot_v21, lerobot_v3, hdf5 or mcap (aliases: v21, v3, h5; any case)."
+def format_help() -> str:
+    """What ``--format`` accepts, from the catalogue (``eva.formats.catalog.help_line``)."""
+    from eva.formats import catalog
+
+    return catalog.help_line() + "."
 
 
 def on_interrupt(note: str) -> None:

@@ -11,10 +11,10 @@ import click
 
 from eva.cli.output import (
     EXIT_INTERRUPTED,
-    FORMAT_HELP,
     FormatChoice,
     emit_json,
     fail,
+    format_help,
     human_bytes,
     say,
     verbosity,
@@ -62,7 +62,7 @@ def _show_upload(bar: ProgressBar, progress: dict[str, Any]) -> None:
 @click.command("upload")
 @verbosity_options()
 @click.argument("dataset")
-@click.option("--format", "fmt", required=True, type=FormatChoice(), help=FORMAT_HELP)
+@click.option("--format", "fmt", required=True, type=FormatChoice(), help=format_help())
 @click.option(
     "--config",
     "config_path",

@@ -18,6 +18,9 @@ from eva.console.datasets import DatasetDirs
 from eva.console.errors import bad_request, check_body, conflict, not_found
 from eva.dataset import layout
 from eva.dataset.errors import DatasetError, error_line
+from eva.formats import catalog
+from eva.formats.base import ExportOptions
+from eva.formats.catalog import FormatEntry
 from eva.jobs import new_job_id, read_job
 from eva.timestamps import utc_now
 from eva.upload.config import SftpConfig
@@ -58,9 +61,8 @@ def export_states(root: Path, plan: Any) -> dict[str, dict[str, Any]]:
     from eva.export.staleness import export_staleness
 
     states: dict[str, dict[str, Any]] = {}
-    for fmt in layout.FORMATS:
-        export_root = layout.export_root(root, fmt)
-        job = read_job(export_root / "job.json")
+    for fmt in catalog.entries():
+        job = read_job(fmt.export_root(root) / "job.json")
         if job is None:
             continue
         entry: dict[str, Any] = {
@@ -84,7 +86,7 @@ def export_states(root: Path, plan: Any) -> dict[str, dict[str, Any]]:
             }
             entry["stale"] = staleness.stale
             entry["stale_detail"] = staleness.describe() if staleness.stale else None
-        states[fmt] = entry
+        states[fmt.name] = entry
     return states
 
 
@@ -123,8 +125,8 @@ class BackgroundJobs:
         except DatasetError as e:
             raise conflict("bad_dataset", str(e)) from None
         states = export_states(root, plan)
-        for fmt in layout.FORMATS:
-            entry = states.setdefault(fmt, {"state": None, "stale": False})
+        for fmt in catalog.entries():
+            entry = states.setdefault(fmt.name, {"state": None, "stale": False})
             try:
                 check_upload(root, fmt, backend_configured=self.sftp is not None)
                 entry["upload"] = {"allowed": True, "reason": None, "message": None}
@@ -137,7 +139,7 @@ class BackgroundJobs:
                     "reason": "export_stale",
                     "message": "the review changed since this export: export again",
                 }
-            record = read_upload_record(layout.export_root(root, fmt))
+            record = read_upload_record(fmt.export_root(root))
             entry["last_upload"] = (
                 {
                     "state": record.state,
@@ -151,17 +153,19 @@ class BackgroundJobs:
         return {"dataset": name, "formats": states, "options": self.format_options()}
 
     @staticmethod
-    def format_options() -> dict[str, list[dict[str, Any]]]:
-        from eva.export.options import FORMAT_OPTIONS
+    def format_options() -> dict[str, list[dict[str, object]]]:
+        from eva.export.options import describe_options
 
-        return {fmt: [s.as_dict() for s in specs] for fmt, specs in FORMAT_OPTIONS.items()}
+        return describe_options()
 
-    def _format(self, fmt: Any) -> str:
+    def _format(self, fmt: object) -> FormatEntry:
+        """The request's format, parsed into its catalogue entry (the console's one reading of
+        a format's name)."""
         if not isinstance(fmt, str):
-            raise bad_request("bad_field", "format: one of " + ", ".join(layout.FORMATS), "format")
+            raise bad_request("bad_field", "format: one of " + ", ".join(catalog.names()), "format")
         try:
-            return layout.normalize_format(fmt)
-        except ValueError as e:
+            return catalog.parse(fmt)
+        except (ValueError, DatasetError) as e:  # unknown; a plugin that cannot be loaded
             raise bad_request("bad_field", f"format: {e}", "format") from None
 
     def _claim(self, job: ConsoleJob) -> None:
@@ -195,40 +199,40 @@ class BackgroundJobs:
             return [j.as_dict() for j in self._jobs.values()]
 
     def start_export(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        from eva.export.options import parse_options
-
         check_body(body, ("format", "options"))
         fmt = self._format(body.get("format"))
         options_in = body.get("options") or {}
         if not isinstance(options_in, Mapping):
             raise bad_request("bad_field", "options: must be an object", "options")
         try:
-            options = parse_options(fmt, options_in)
+            options = fmt.parse_options(options_in)
         except DatasetError as e:
             text = str(e)
             raise bad_request("bad_option", text, text.split(":", 1)[0]) from None
         root = self.dirs.checked_root(name)
         if not self.dirs.episode_count(root):
             raise conflict("no_episodes", f"dataset {name!r} has no recorded episodes yet")
-        paths = layout.export_paths(root, fmt)
+        paths = fmt.export_paths(root)
         job = ConsoleJob(
             job_id=new_job_id(),
             kind="export",
             dataset=name,
-            format=fmt,
+            format=fmt.name,
             accepted_dir=str(paths["accepted"]),
             rejected_dir=str(paths["rejected"]),
         )
         self._claim(job)
         threading.Thread(
             target=self._run_export,
-            args=(job, root, options),
+            args=(job, root, fmt, options),
             name="eva-console-export",
             daemon=True,
         ).start()
         return job.as_dict()
 
-    def _run_export(self, job: ConsoleJob, root: Path, options: Any) -> None:
+    def _run_export(
+        self, job: ConsoleJob, root: Path, fmt: FormatEntry, options: ExportOptions
+    ) -> None:
         from eva.export.pipeline import export_dataset
         from eva.export.verify import verify_export
 
@@ -244,7 +248,7 @@ class BackgroundJobs:
         self._update(job, state="running")
         try:
             result = export_dataset(
-                root, job.format, options=options, on_progress=on_progress, job_id=job.job_id
+                root, fmt, options=options, on_progress=on_progress, job_id=job.job_id
             )
             totals = {
                 subset: {"episodes": meta.total_episodes, "frames": meta.total_frames}
@@ -262,7 +266,7 @@ class BackgroundJobs:
                 ("accepted", result.accepted_dir),
                 ("rejected", result.rejected_dir),
             ):
-                problems = verify_export(directory, source_dir=root, fmt=job.format)
+                problems = verify_export(directory, source_dir=root, fmt=fmt)
                 verify[subset] = {
                     "ok": not problems,
                     "problems": [f"{p.code}: {p.message}" for p in problems[:20]],
@@ -294,14 +298,14 @@ class BackgroundJobs:
             raise conflict(_console_reason(e.reason), str(e)) from None
         root = self.dirs.checked_root(name)
         plan = plan_split(read_episode_rows(root))
-        state = export_states(root, plan).get(fmt, {})
+        state = export_states(root, plan).get(fmt.name, {})
         if state.get("stale"):
             raise conflict(
                 "export_stale",
-                f"{layout.export_paths(root, fmt)['accepted']}: the review changed since this "
+                f"{fmt.export_paths(root)['accepted']}: the review changed since this "
                 f"export ({state.get('stale_detail')}); export again before uploading",
             )
-        job = ConsoleJob(job_id=new_job_id(), kind="upload", dataset=name, format=fmt)
+        job = ConsoleJob(job_id=new_job_id(), kind="upload", dataset=name, format=fmt.name)
         self._claim(job)
         try:
             upload = start_upload(root, fmt, self.sftp)

@@ -1,5 +1,5 @@
-"""Names and paths of the LeRobot v2.1 layout and of eva's export tree (both in
-docs/formats.md).
+"""Names and paths of the LeRobot v2.1 layout (docs/formats.md); an export's paths are its
+format's (``eva.formats.catalog.FormatEntry.export_root``).
 
 Everything that turns a user-supplied name into a path goes through here, so the hostile-input
 rules (no traversal, no separators, no control characters) live in one place.
@@ -52,20 +52,6 @@ def saving_marker_name(episode_index: int) -> str:
     return f"saving-{episode_index:06d}.lock"
 
 
-FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
-FORMAT_ALIASES = {
-    "lerobot_v21": "lerobot_v21",
-    "v21": "lerobot_v21",
-    "v2.1": "lerobot_v21",
-    "native": "lerobot_v21",
-    "lerobot_v3": "lerobot_v3",
-    "lerobot_v30": "lerobot_v3",
-    "v3": "lerobot_v3",
-    "v3.0": "lerobot_v3",
-    "hdf5": "hdf5",
-    "h5": "hdf5",
-    "mcap": "mcap",
-}
 SUBSETS = ("accepted", "rejected")
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
@@ -73,15 +59,6 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 
 class UnsafeNameError(ValueError):
     """A user-supplied name that would escape its directory or is not a plain file name."""
-
-
-def normalize_format(name: str) -> str:
-    try:
-        return FORMAT_ALIASES[name.strip().lower()]
-    except KeyError:
-        raise ValueError(
-            f"unknown format {name!r}: choose one of {', '.join(FORMATS)} (aliases: v21, v3, h5)"
-        ) from None
 
 
 def check_component(name: str, what: str = "name") -> str:
@@ -163,20 +140,6 @@ def format_path_template(template: object, **fields: object) -> str:
 
 def episode_chunk(episode_index: int, chunks_size: int = DEFAULT_CHUNKS_SIZE) -> int:
     return episode_index // chunks_size
-
-
-def export_root(source_dir: Path, fmt: str) -> Path:
-    """``<parent>/export/<fmt>`` for a source named ``raw``, else ``<parent>/<name>_export/<fmt>``."""
-    source_dir = Path(source_dir).resolve()
-    fmt = normalize_format(fmt)
-    if source_dir.name == "raw":
-        return source_dir.parent / "export" / fmt
-    return source_dir.parent / f"{source_dir.name}_export" / fmt
-
-
-def export_paths(source_dir: Path, fmt: str) -> dict[str, Path]:
-    root = export_root(source_dir, fmt)
-    return {subset: root / subset for subset in SUBSETS}
 
 
 def is_within(path: Path, root: Path) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from eva.dataset import fsafe, layout
 from eva.dataset.atomic import parse_json, read_json
 from eva.dataset.errors import DatasetError
+from eva.formats import catalog
 from eva.publish import COMPLETE_MARKER
 
 VIDEO_DTYPES = ("video", "image")
@@ -97,14 +98,16 @@ def _marker_state(directory: Path, split: dict[str, Any]) -> dict[str, Any]:
 
 
 def _staleness(split: dict[str, Any], fmt: str) -> dict[str, Any] | None:
-    """The export against its source's current review (None when the source is not found)."""
+    """The export against its source's current review (None when the source or the format is
+    not found)."""
     from eva.export.staleness import export_staleness
 
     source = split.get("source_dir")
-    if not isinstance(source, str) or not Path(source).is_dir():
+    entry = catalog.find(fmt)
+    if not isinstance(source, str) or not Path(source).is_dir() or entry is None:
         return None
     try:
-        state = export_staleness(Path(source), fmt)
+        state = export_staleness(Path(source), entry)
     except DatasetError as e:
         return {"stale": None, "detail": str(e)}
     if state is None:
@@ -163,8 +166,7 @@ def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str,
         reader = DatasetReader(root)
         info, rows = reader.info, reader.episodes
         tasks = [reader.tasks[i] for i in sorted(reader.tasks)]
-    fmt = str(info.get("dataset_format") or ("lerobot_v3" if info.get("codebase_version") == "v3.0"
-                                            else "lerobot_v21"))  # fmt: skip
+    fmt = catalog.format_of_info(info)
     raw_features = info.get("features")
     features: dict[str, Any] = raw_features if isinstance(raw_features, dict) else {}
     fps = info.get("fps") if isinstance(info.get("fps"), (int, float)) else None

@@ -1,7 +1,7 @@
 """Where an export's tasks run: in this process, on a local process pool, or on a
 Ray cluster (``eva.export.ray_run``).
 
-A task format (``eva.formats.base.TaskFormat``) cuts each subset into tasks: one output episode
+A task format (``eva.formats.tasks.TaskFormat``, a format's ``TASKS``) cuts each subset into tasks: one output episode
 each for hdf5, mcap and lerobot_v21 (``EpisodeFormat``), one data or video file each for
 lerobot_v3 (planned from the source sizes first). ``run_episode_tasks`` runs them:
 
@@ -41,15 +41,16 @@ from typing import Any
 
 from eva.dataset.errors import DatasetError, error_line, naming_write_errors
 from eva.dataset.reader import DatasetReader
-from eva.formats.base import (
+from eva.formats.base import ExportOptions
+from eva.formats.catalog import FormatEntry
+from eva.formats.tasks import (
     EpisodeResult,
     EpisodeWriterSession,
-    ExportOptions,
     ExportTask,
     TaskFormat,
+    TaskT,
     report_result,
     run_ordered,
-    task_format,
 )
 from eva.progress import ProgressSink
 
@@ -65,13 +66,10 @@ def free_cores() -> int:
     return os.cpu_count() or 1
 
 
-def default_executor(fmt: str) -> str:
+def default_executor(fmt: FormatEntry) -> str:
     """``processes`` when the format writes tasks and at least its ``pool_from_cores`` cores
     are free (hdf5: 2, mcap: 4), else ``serial``."""
-    from eva.dataset.layout import normalize_format
-    from eva.export.registry import load_format
-
-    tasks = task_format(load_format(normalize_format(fmt)))
+    tasks = fmt.load().TASKS
     if tasks is not None and free_cores() >= tasks.pool_from_cores:
         return "processes"
     return "serial"
@@ -82,7 +80,7 @@ def episode_name(task: ExportTask) -> str:
     return task.label if task.label.startswith(task.subset) else f"{task.subset} {task.label}"
 
 
-def write_task(session: EpisodeWriterSession, task: ExportTask) -> EpisodeResult:
+def write_task(session: EpisodeWriterSession[TaskT], task: TaskT) -> EpisodeResult:
     """One task through ``session``; a write failure names its file, any other error that is
     not a ``DatasetError`` is one naming the episode."""
     try:
@@ -95,10 +93,10 @@ def write_task(session: EpisodeWriterSession, task: ExportTask) -> EpisodeResult
 
 
 def run_episode_tasks(
-    fmt: str,
-    episodes: TaskFormat,
+    fmt: FormatEntry,
+    episodes: TaskFormat[TaskT],
     reader: DatasetReader,
-    tasks: Sequence[ExportTask],
+    tasks: Sequence[TaskT],
     progress: ProgressSink,
     *,
     options: ExportOptions,
@@ -162,7 +160,7 @@ class TaskBatch:
     """What every worker of an executor is given: the format, the source, the options, and
     the tasks to spread over them."""
 
-    fmt: str
+    fmt: FormatEntry
     source: Path
     options: ExportOptions
     tasks: Sequence[ExportTask]
@@ -257,7 +255,8 @@ class ProcessRun:
 
 @dataclass
 class Worker:
-    session: EpisodeWriterSession
+    # The session of the format's own task type: the tasks it is given are that format's.
+    session: EpisodeWriterSession[ExportTask]
     status: Any  # the shared per-task status array
 
 
@@ -272,7 +271,7 @@ def decoder_threads(workers: int) -> int:
 
 
 def start_worker(
-    fmt: str, source: str, options: ExportOptions, status: Any, threads: int, parent: int
+    fmt: FormatEntry, source: str, options: ExportOptions, status: Any, threads: int, parent: int
 ) -> None:
     """Pool initializer: open the source and one session for all this worker's tasks.
 
@@ -283,7 +282,6 @@ def start_worker(
     made the pool outlives it (``ProcessRun.run`` stops the pool), as the death signal needs."""
     from eva import libc
     from eva.dataset.video import set_decode_threads
-    from eva.export.registry import load_format
 
     libc.die_with_parent(parent, signal.SIGKILL)
 
@@ -291,7 +289,7 @@ def start_worker(
 
     # Ctrl-C reaches the whole process group: the driver alone handles it (it stops the pool).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    episodes = task_format(load_format(fmt))
+    episodes = fmt.load().TASKS
     assert episodes is not None  # checked by the driver
     session = episodes.open_episode_writer(DatasetReader(source), options)
     atexit.register(session.close)

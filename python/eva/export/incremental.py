@@ -1,7 +1,7 @@
 """Incremental re-export of the task formats (hdf5, mcap, lerobot_v21, lerobot_v3): reuse what
 has not changed.
 
-Every export of a task format (``eva.formats.base.TaskFormat``) records, beside ``job.json`` in
+Every export of a task format (``eva.formats.tasks.TaskFormat``) records, beside ``job.json`` in
 the published pair, ``fingerprints.json``: per task (an output episode's files; a v3 data or
 video file), the fingerprint of everything its files are made of (``task_fingerprint``), the
 files' own identity when they were written, and what the task handed back to the driver
@@ -69,7 +69,8 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.identity import Identity, file_identity, matches, same_but_ctime
 from eva.dataset.reader import DatasetReader
 from eva.dataset.share import copy_file
-from eva.formats.base import EpisodeResult, EpisodeTask, ExportOptions, ExportTask, task_files
+from eva.formats.base import ExportOptions
+from eva.formats.tasks import EpisodeResult, EpisodeTask, ExportTask, Renumber, task_files
 
 FINGERPRINTS = "fingerprints.json"  # in the export root, beside job.json
 # 2: content and numbering apart; 3: source identities apart, with the ctime (older: rewritten)
@@ -397,7 +398,8 @@ class EpisodePlan:
         incremental: bool,
         renumbers: bool = False,
     ) -> EpisodePlan:
-        """``renumbers``: the format can patch a published episode file's numbering."""
+        """``fmt``: the format's name; ``renumbers``: the format can patch a published episode
+        file's numbering."""
         context = SourceContext.of(fmt, reader, options)
         published = read_fingerprints(root) if incremental else {}
         recorded = read_sources(root) if published else {}
@@ -442,7 +444,7 @@ class EpisodePlan:
 
     def renumber(
         self,
-        renumber: Callable[..., EpisodeResult | None],
+        renumber: Renumber,
         reader: DatasetReader,
         root: Path,
         tasks: Sequence[ExportTask],

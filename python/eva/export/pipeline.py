@@ -2,7 +2,7 @@
 
 Order of work (nothing is written before the source has passed validation):
 
-1. format module from the registry (an unavailable format stops here);
+1. the format's module (``FormatEntry.load``: an unavailable format stops here);
 2. source validation (``eva.dataset.validate``) plus the export's own checks (v2.1 only, task
    indices resolvable, stats available) -> one-line ``DatasetError`` naming file/episode/field,
    the split plan and one ``SubsetMeta`` per subset, all from one snapshot of the source's
@@ -38,9 +38,11 @@ from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, write_staged_json
 from eva.export.executors import EXECUTORS
 from eva.export.incremental import read_video_checks, settle_records, write_video_checks
-from eva.export.registry import ExportOptions, load_format
 from eva.export.source import LateVideoChecks, prepare
-from eva.formats.base import EpisodeResult, TaskFormat, report_result, task_format
+from eva.export.task_subsets import ExportRun, TaskCounts, write_task_subsets
+from eva.formats import catalog
+from eva.formats.base import ExportOptions
+from eva.formats.catalog import Format, FormatEntry
 from eva.jobs import (
     EXPORT_JOB,
     Job,
@@ -85,11 +87,12 @@ def quality_split_record(
         "subset": meta.subset,
         "dataset_format": fmt,
         "source_episode_indices": list(meta.source_episode_indices),
+        **plan.provenance(meta.source_episode_indices),  # dropped, edits: only when any
         "rule": RULE,
         "export_id": export_id,
         "total_episodes": meta.total_episodes,
         "total_frames": meta.total_frames,
-        "source_total_episodes": len(plan.accepted) + len(plan.rejected),
+        "source_total_episodes": plan.source_total,
         "created_at": utc_now(),
         "tool": "eva",
         "tool_version": __version__,
@@ -121,7 +124,7 @@ def _carry_unfinished_upload(root: Path, staging: Path) -> None:
 
 
 def _record_refusal(
-    root: Path, source: Path, fmt: str, job_id: str | None, error: DatasetError
+    root: Path, source: Path, fmt: FormatEntry, job_id: str | None, error: DatasetError
 ) -> None:
     """A refused source of an export root that exists already (an earlier export): its job
     record says this run failed and why, as for any later failure. Without an export root
@@ -134,7 +137,7 @@ def _record_refusal(
 
 
 def _refused_job(
-    root: Path, source: Path, fmt: str, job_id: str | None, error: DatasetError
+    root: Path, source: Path, fmt: FormatEntry, job_id: str | None, error: DatasetError
 ) -> Job:
     job = _new_job(root, source, fmt, job_id)
     job.start()
@@ -142,11 +145,11 @@ def _refused_job(
     return job
 
 
-def _new_job(root: Path, source: Path, fmt: str, job_id: str | None) -> Job:
+def _new_job(root: Path, source: Path, fmt: FormatEntry, job_id: str | None) -> Job:
     job = Job(
         kind="export",
         source_dir=str(source),
-        format=fmt,
+        format=fmt.name,
         accepted_dir=str(root / "accepted"),
         rejected_dir=str(root / "rejected"),
     )
@@ -155,98 +158,9 @@ def _new_job(root: Path, source: Path, fmt: str, job_id: str | None) -> Job:
     return job
 
 
-def write_task_subsets(
-    fmt: str,
-    episodes: TaskFormat,
-    reader: DatasetReader,
-    metas: dict[str, SubsetMeta],
-    root: Path,
-    staging: Path,
-    progress: Progress,
-    options: ExportOptions,
-    run: ExportRun,
-) -> TaskCounts:
-    """Both subsets of a format cut into tasks (an episode file each, or a v3 shard each): the
-    tasks whose published files can be reused (``run.incremental``) linked, the others run on
-    ``run.executor``; then the fingerprints and each subset's finish (warnings, metadata) here,
-    in the driver. Returns the episodes reused and renumbered (``EpisodePlan``)."""
-    from eva.export import incremental as inc
-    from eva.export.executors import run_episode_tasks  # a pool is only made if needed
-
-    tasks = {s: episodes.subset_tasks(reader, metas[s], staging / s, options) for s in SUBSETS}
-    every = [task for subset in SUBSETS for task in tasks[subset]]
-    renumber = getattr(episodes, "renumber", None)
-    plan = inc.EpisodePlan.of(
-        fmt, reader, every, options, root, run.incremental, renumber is not None
-    )
-    results: dict[int, EpisodeResult] = {}
-    for number, entry in plan.reused.items():
-        inc.link_published(root, every[number])
-        results[number] = episodes.reused_result(every[number], entry)
-        report_result(progress, results[number])
-    if plan.renumbered and renumber is not None:
-        for number, result in plan.renumber(renumber, reader, root, every).items():
-            results[number] = result
-            report_result(progress, result)
-    if plan.rewrite:
-        written = run_episode_tasks(
-            fmt,
-            episodes,
-            reader,
-            [every[number] for number in plan.rewrite],
-            progress,
-            options=options,
-            executor=run.executor,
-            workers=run.workers,
-            ray_address=run.ray_address,
-        )
-        results.update(zip(plan.rewrite, written, strict=True))
-    ordered = [results[number] for number in range(len(every))]
-    entries = {
-        key: inc.fingerprint_entry(plan.fingerprints[key], task, result, plan.contents.get(key))
-        for task, result in zip(every, ordered, strict=True)
-        for key in [inc.record_key(task)]
-    }
-    with naming_write_errors(staging):
-        inc.write_fingerprints(staging, entries, plan.sources)
-    for subset in SUBSETS:
-        subset_dir = staging / subset
-        with naming_write_errors(subset_dir):
-            episodes.finish_subset(
-                metas[subset],
-                subset_dir,
-                [r for r in ordered if r.subset == subset],
-                progress,
-                options,
-            )
-    return TaskCounts(
-        sum(results[number].episodes for number in plan.reused),
-        sum(results[number].episodes for number in plan.renumbered),
-    )
-
-
-@dataclass(frozen=True)
-class TaskCounts:
-    """Episodes an incremental export linked from the published pair, and copied and patched."""
-
-    reused: int = 0
-    renumbered: int = 0
-
-
-@dataclass(frozen=True)
-class ExportRun:
-    """How an export runs, beside what it writes: where its tasks go and whether it reuses the
-    published pair's unchanged episode files (the output is the same bytes either way)."""
-
-    executor: str = "serial"
-    workers: int | None = None
-    incremental: bool = False
-    ray_address: str | None = None
-
-
 def export_dataset(
     source_dir: Path | str,
-    fmt: str,
+    fmt: FormatEntry | str,
     *,
     options: ExportOptions | None = None,
     on_progress: Callable[[Progress, Job], None] | None = None,
@@ -257,7 +171,8 @@ def export_dataset(
     incremental: bool = False,
     ray_address: str | None = None,
 ) -> ExportResult:
-    """Run one quality export of ``source_dir`` to ``fmt``; returns where the pair went.
+    """Run one quality export of ``source_dir`` to ``fmt`` (its catalogue entry, or a name a
+    Python caller gives); returns where the pair went.
 
     ``job_id`` names the job (and the pair's ``export_id``) when the caller has announced it
     already, as the console does; by default a new one is made.
@@ -274,24 +189,10 @@ def export_dataset(
     Raises ``DatasetError`` (bad source, busy lock, unavailable format) or the writer's error;
     in every failure case the previously published pair is left as it was.
     """
-    fmt = layout.normalize_format(fmt)
-    module = load_format(fmt)
+    fmt = catalog.as_entry(fmt)
+    module = fmt.load()
     options = options or ExportOptions()
-    if executor not in EXECUTORS:
-        raise DatasetError(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}")
-    if executor == "ray":
-        from eva.export.ray_run import import_ray
-
-        import_ray()  # without the extra: its one line, before anything is written
-    source = Path(source_dir).resolve()
-    if not source.is_dir():
-        raise DatasetError(f"{source}: source dataset directory does not exist")
-    root = layout.export_root(source, fmt)
-    if layout.is_within(root, source):
-        raise DatasetError(f"{root}: export root would lie inside the source {source}")
-    # It names the staging directory: letters, digits and dashes only.
-    if job_id is not None and not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z-]{0,63}", job_id):
-        raise DatasetError(f"export job id {job_id!r}: letters, digits and '-' only")
+    source, root = _checked_arguments(source_dir, fmt, executor, job_id)
     # The source is validated and described before anything is written (the lock and job.json
     # included): a directory that is not a dataset leaves no export root behind. Only the
     # source is read, so no lock is needed for it. The MP4 inspections of a source that passed
@@ -313,10 +214,8 @@ def export_dataset(
         raise
     late = prepared[3]
     try:
-        call = _ExportCall(
-            module, source, root, fmt, options, on_progress, exchange, job_id,
-            ExportRun(executor, workers, incremental, ray_address),
-        )  # fmt: skip
+        run = ExportRun(executor, workers, incremental, ray_address)
+        call = _ExportCall(module, source, root, fmt, options, on_progress, exchange, job_id, run)
         return _export_prepared(call, prepared[:3], late, before)
     except BaseException as e:
         # not holding the lock (busy): nothing of this run to remove; the source's refusal
@@ -328,6 +227,29 @@ def export_dataset(
     finally:
         if late is not None:
             late.close()
+
+
+def _checked_arguments(
+    source_dir: Path | str, fmt: FormatEntry, executor: str, job_id: str | None
+) -> tuple[Path, Path]:
+    """``export_dataset``'s arguments refused before anything is read; the resolved source and
+    its export root."""
+    if executor not in EXECUTORS:
+        raise DatasetError(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}")
+    if executor == "ray":
+        from eva.export.ray_run import import_ray
+
+        import_ray()  # without the extra: its one line, before anything is written
+    source = Path(source_dir).resolve()
+    if not source.is_dir():
+        raise DatasetError(f"{source}: source dataset directory does not exist")
+    root = fmt.export_root(source)
+    if layout.is_within(root, source):
+        raise DatasetError(f"{root}: export root would lie inside the source {source}")
+    # It names the staging directory: letters, digits and dashes only.
+    if job_id is not None and not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z-]{0,63}", job_id):
+        raise DatasetError(f"export job id {job_id!r}: letters, digits and '-' only")
+    return source, root
 
 
 @dataclass(frozen=True)
@@ -362,10 +284,10 @@ class _ExportTrace:
 class _ExportCall:
     """An ``export_dataset`` call, its arguments checked."""
 
-    module: Any
+    module: Format
     source: Path
     root: Path
-    fmt: str
+    fmt: FormatEntry
     options: ExportOptions
     on_progress: Callable[[Progress, Job], None] | None
     exchange: bool
@@ -395,16 +317,10 @@ def _export_prepared(
             raise refusal from None
 
 
-def _export_locked(
-    call: _ExportCall,
-    prepared: tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]],
-    late: LateVideoChecks | None,
-) -> ExportResult:
-    """The export under its lock: job record, staging dir, the format's files, publication."""
-    module, source, root, fmt = call.module, call.source, call.root, call.fmt
-    options, on_progress, exchange, job_id, run = (
-        call.options, call.on_progress, call.exchange, call.job_id, call.run
-    )  # fmt: skip
+def _start_job(call: _ExportCall) -> tuple[Job, JobRecorder, list[str]]:
+    """Under the lock: an upload of the pair still running refuses the export; then what an
+    interrupted run left is recovered and the new job is recorded as running."""
+    root = call.root
     upload = read_job(job_path(root, "upload"))
     if upload is not None and upload.state in ("queued", "running") and pid_alive(upload.pid):
         raise DatasetError(
@@ -413,7 +329,7 @@ def _export_locked(
         )
     recovered = recover(root)
     root.mkdir(parents=True, exist_ok=True)
-    job = _new_job(root, source, fmt, job_id)
+    job = _new_job(root, call.source, call.fmt, call.job_id)
     recorder = JobRecorder(job, root / EXPORT_JOB)
     # The queued -> running records need no fsync: after a power loss a "running" job whose
     # pid is gone is marked failed by recover(); the final record is made durable below.
@@ -421,6 +337,57 @@ def _export_locked(
         write_job(recorder.path, job, durable=False)
         job.start()
         write_job(recorder.path, job, durable=False)
+    return job, recorder, recovered
+
+
+def _write_staged(
+    call: _ExportCall,
+    prepared: tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]],
+    late: LateVideoChecks | None,
+    staging: Path,
+    progress: Progress,
+    export_id: str,
+) -> TaskCounts:
+    """Both subsets into ``staging``, each with its quality split record, then the late MP4
+    checks' verdict (a refusal raises) and record. Returns the episodes reused and renumbered."""
+    reader, plan, metas = prepared
+    module, options = call.module, call.options
+    for subset in SUBSETS:
+        (staging / subset).mkdir()
+    episodes = module.TASKS
+    counts = TaskCounts()
+    if episodes is not None:
+        counts = write_task_subsets(
+            call.fmt, episodes, reader, metas, call.root, staging, progress, options, call.run
+        )
+    for subset in SUBSETS:
+        subset_dir = staging / subset
+        if episodes is None:
+            # a write that fails (a full disk) names its file, whatever the format
+            with naming_write_errors(subset_dir):
+                module.write_subset(reader, metas[subset], subset_dir, progress, options)
+        record = quality_split_record(
+            metas[subset], source=call.source, fmt=call.fmt.name, export_id=export_id, plan=plan
+        )
+        write_staged_json(subset_dir / layout.QUALITY_SPLIT, record)
+        progress(files=1)
+    refusal = late.refusal() if late is not None else None
+    if refusal is not None:
+        raise refusal
+    if late is not None:
+        with naming_write_errors(staging):
+            write_video_checks(staging, late.inspected())
+    return counts
+
+
+def _export_locked(
+    call: _ExportCall,
+    prepared: tuple[DatasetReader, SplitPlan, dict[str, SubsetMeta]],
+    late: LateVideoChecks | None,
+) -> ExportResult:
+    """The export under its lock: job record, staging dir, the format's files, publication."""
+    root, on_progress = call.root, call.on_progress
+    job, recorder, recovered = _start_job(call)
     progress = Progress()
 
     def listener(p: Progress) -> None:
@@ -431,39 +398,12 @@ def _export_locked(
 
     progress.listeners.append(listener)
     staging: Path | None = None
+    _, plan, metas = prepared
     try:
-        reader, plan, metas = prepared
         progress.total_episodes = sum(m.total_episodes for m in metas.values())
         listener(progress)
         staging = make_staging(root, job.job_id)
-        for subset in SUBSETS:
-            (staging / subset).mkdir()
-        episodes = task_format(module)
-        per_episode = episodes is not None
-        counts = TaskCounts()
-        if episodes is not None:
-            counts = write_task_subsets(
-                fmt, episodes, reader, metas, root, staging, progress, options, run
-            )
-        for subset in SUBSETS:
-            subset_dir = staging / subset
-            if not per_episode:
-                # a write that fails (a full disk) names its file, whatever the format
-                with naming_write_errors(subset_dir):
-                    module.write_subset(reader, metas[subset], subset_dir, progress, options)
-            write_staged_json(
-                subset_dir / layout.QUALITY_SPLIT,
-                quality_split_record(
-                    metas[subset], source=source, fmt=fmt, export_id=job.job_id, plan=plan
-                ),
-            )
-            progress(files=1)
-        refusal = late.refusal() if late is not None else None
-        if refusal is not None:
-            raise refusal
-        if late is not None:
-            with naming_write_errors(staging):
-                write_video_checks(staging, late.inspected())
+        counts = _write_staged(call, prepared, late, staging, progress, job.job_id)
         job.set_progress(progress)
         job.episodes_reused = counts.reused
         job.episodes_renumbered = counts.renumbered
@@ -476,10 +416,10 @@ def _export_locked(
             _carry_unfinished_upload(root, staging)
         progress.set_stage("publishing")
         with naming_write_errors(staging):
-            mark_complete(staging, job.job_id, durable=options.durable)
-        publish_pair(root, staging, exchange=exchange)
+            mark_complete(staging, job.job_id, durable=call.options.durable)
+        publish_pair(root, staging, exchange=call.exchange)
         staging = None
-        settle_records(root, source)
+        settle_records(root, call.source)
     except BaseException as e:
         job.fail(_one_line(e))
         job.set_progress(progress)
@@ -503,20 +443,20 @@ def _export_locked(
     )
 
 
-def cleanup(source_dir: Path | str, fmt: str | None = None) -> dict[str, list[str]]:
+def cleanup(source_dir: Path | str, fmt: FormatEntry | str | None = None) -> dict[str, list[str]]:
     """Recover interrupted publications and remove hidden leftovers, per format (all by default),
     then the raw dataset's stale temporaries (under "raw") and its metadata left behind the
     committed episodes by an interrupted save (under "metadata", ``eva.dataset.repair``).
     What it could not do is listed under "failed" (the caller's exit status says so)."""
     source = Path(source_dir).resolve()
-    formats = [layout.normalize_format(fmt)] if fmt else list(layout.FORMATS)
+    formats = [catalog.as_entry(fmt)] if fmt else list(catalog.entries())
     actions: dict[str, list[str]] = {}
-    for name in formats:
-        root = layout.export_root(source, name)
+    for entry in formats:
+        root = entry.export_root(source)
         if not root.parent.is_dir():
             continue
-        with export_lock(root, f"{source} to {name}"):
-            actions[name] = recover(root)
+        with export_lock(root, f"{source} to {entry}"):
+            actions[entry.name] = recover(root)
     if source.is_dir():
         from eva.dataset.writer import remove_stale_temporaries
 

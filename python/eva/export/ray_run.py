@@ -25,7 +25,9 @@ from typing import Any
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.export.executors import TaskBatch, TaskFailure, episode_name, failure_of, task_error
-from eva.formats.base import EpisodeResult, ExportOptions, ExportTask, report_result, task_format
+from eva.formats.base import ExportOptions
+from eva.formats.catalog import FormatEntry
+from eva.formats.tasks import EpisodeResult, ExportTask, report_result
 from eva.progress import ProgressSink
 
 RAY_EXTRA_MISSING = "executor ray needs Ray: pip install 'eva[ray]'"
@@ -45,12 +47,11 @@ def import_ray() -> Any:
 class EpisodeActor:
     """A Ray actor: one source reader and one session for all the tasks it is given."""
 
-    def __init__(self, fmt: str, source: str, options: ExportOptions, threads: int) -> None:
+    def __init__(self, fmt: FormatEntry, source: str, options: ExportOptions, threads: int) -> None:
         from eva.dataset.video import set_decode_threads
-        from eva.export.registry import load_format
 
         set_decode_threads(threads)
-        episodes = task_format(load_format(fmt))
+        episodes = fmt.load().TASKS
         assert episodes is not None  # checked by the driver
         self.session = episodes.open_episode_writer(DatasetReader(source), options)
 

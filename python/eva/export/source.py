@@ -19,6 +19,7 @@ from eva.dataset.columns import fixed_size_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta, build_subset_meta
+from eva.formats import catalog
 from eva.quality.split import SplitPlan, plan_split
 
 __all__ = [
@@ -150,8 +151,9 @@ def _check_version(reader: DatasetReader) -> None:
             f"{path}: codebase_version {info.get('codebase_version')!r}: the source must be v2.1"
         )
     fmt = info.get("dataset_format")
-    if fmt is not None and fmt != layout.DATASET_FORMAT:
-        raise DatasetError(f"{path}: dataset_format {fmt!r}: the source must be lerobot_v21")
+    own = catalog.source_entry().name
+    if fmt is not None and fmt != own:
+        raise DatasetError(f"{path}: dataset_format {fmt!r}: the source must be {own}")
 
 
 def _column_stats(column: pa.ChunkedArray, where: str) -> dict[str, list[Any]]:

@@ -10,7 +10,7 @@
    what its current review gives for the subset; at home the sibling subset must belong to the
    same run. A moved or renamed copy has no known source: it is checked on its own (1, 3, 4), and
    ``--source`` compares it with one.
-3. Format checks through the registry (``eva.formats.<fmt>.verify``): info totals against the
+3. Format checks by the format's module (its catalogue entry's ``verify``): info totals against the
    physical output, then a real read of one state, one action and one image frame per episode.
 4. MP4 decode checks (v2.1 and v3.0 exports): a few keyframes of every file decode, and every
    frame of one randomly chosen file per camera (``full``: of every file) decodes, as many frames
@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from eva.dataset.atomic import read_json, read_json_object, read_jsonl
 from eva.dataset.decode_check import verify_videos
 from eva.dataset.errors import DatasetError
 from eva.dataset.validate import Problem
-from eva.export.registry import load_format
+from eva.formats import catalog
+from eva.formats.catalog import FormatEntry
 from eva.quality.split import plan_split
 from eva.quality.verdicts import read_episode_rows
 
@@ -65,11 +67,10 @@ def _source_to_compare(export_dir: Path, given: Path | str | None) -> tuple[Path
         if derived is None or not (derived / layout.EPISODES).is_file():
             return None, False
         source = Path(os.path.realpath(derived))
-    try:
-        home = layout.export_paths(source, export_dir.parent.name).get(export_dir.name)
-    except ValueError:  # the parent does not name a format: not at home
+    entry = catalog.find(export_dir.parent.name)
+    if entry is None:  # the parent does not name a format: not at home
         return source, False
-    return source, home == export_dir
+    return source, entry.export_paths(source).get(export_dir.name) == export_dir
 
 
 def _check_marker_totals(export_dir: Path, marker: dict[str, Any], problem: Any) -> None:
@@ -111,7 +112,7 @@ def verify_export(
     export_dir: Path | str,
     *,
     source_dir: Path | str | None = None,
-    fmt: str | None = None,
+    fmt: FormatEntry | str | None = None,
     full: bool = False,
 ) -> list[Problem]:
     """Problems of one exported subset (empty: it verifies). MP4s are decode-checked by
@@ -124,7 +125,7 @@ def verify_export_report(
     export_dir: Path | str,
     *,
     source_dir: Path | str | None = None,
-    fmt: str | None = None,
+    fmt: FormatEntry | str | None = None,
     full: bool = False,
 ) -> VerifyReport:
     """``verify_export`` plus which source the subset was compared with (None: its own
@@ -165,63 +166,14 @@ def verify_export_report(
         subset = None
     elif export_dir.name in layout.SUBSETS and export_dir.name != subset:
         problem("subset", f"field 'subset' is {subset!r}, directory is {export_dir.name!r}")
-
-    expected_fmt = fmt
-    if expected_fmt is None:
-        try:  # the directory's parent names the format at home (<export root>/<fmt>/<subset>)
-            expected_fmt = layout.normalize_format(export_dir.parent.name)
-        except ValueError:
-            expected_fmt = None
-    else:
-        expected_fmt = layout.normalize_format(expected_fmt)
-    marker_fmt = marker.get("dataset_format")
-    if marker_fmt not in layout.FORMATS:
-        problem("dataset_format", f"field 'dataset_format' {marker_fmt!r} is not a known format")
+    entry = _marker_format(export_dir, marker, fmt, problem)
+    if entry is None:
         return report
-    if expected_fmt is not None and marker_fmt != expected_fmt:
-        problem(
-            "dataset_format", f"field 'dataset_format' is {marker_fmt!r}, expected {expected_fmt!r}"
-        )
 
     _check_marker_totals(export_dir, marker, problem)
-    recorded = marker.get("source_dir")
-    if not isinstance(recorded, str) or not Path(recorded).is_absolute():
-        problem("source_dir", f"field 'source_dir' {recorded!r} is not an absolute path")
-        recorded = None
-    source, at_home = _source_to_compare(export_dir, source_dir)
-    report.source = source
-    if source is not None and recorded is not None and subset is not None:
-        if Path(recorded).resolve() != source:
-            problem("source_dir", f"field 'source_dir' is {recorded}, current source is {source}")
-        else:
-            indices = marker.get("source_episode_indices")
-            try:
-                expected = plan_split(read_episode_rows(source)).indices(subset)
-            except (DatasetError, KeyError, ValueError) as e:
-                problem("source_dir", f"cannot read the source review: {e}")
-            else:
-                if indices != expected:
-                    problem(
-                        "source_episode_indices",
-                        f"field 'source_episode_indices' {indices} but the current review of the "
-                        f"source gives {expected} (re-export after review changes)",
-                    )
-
-    if subset is not None:
-        # The sibling belongs to the same run: required at home, checked when a copy kept it.
-        sibling = export_dir.parent / next(s for s in layout.SUBSETS if s != subset)
-        if at_home or (export_dir.name == subset and sibling.is_dir()):
-            try:
-                fsafe.contained(export_dir.parent, sibling.name, "dir")  # not through a link
-                other = _read_marker(sibling / layout.QUALITY_SPLIT)
-            except DatasetError as e:
-                problem("pair", f"sibling subset: {e}", sibling)
-            else:
-                if other.get("export_id") != marker.get("export_id"):
-                    problem("pair", f"{sibling.name} belongs to another export run", sibling)
-
+    report.source = _compare_with_source(export_dir, marker, subset, source_dir, problem)
     try:
-        module = load_format(marker_fmt)
+        module = entry.load()
     except DatasetError as e:
         problem("format", str(e), export_dir)
         return report
@@ -238,6 +190,78 @@ def verify_export_report(
         return report
     problems.extend(verify_videos(export_dir, full=full))
     return report
+
+
+def _marker_format(
+    export_dir: Path,
+    marker: dict[str, Any],
+    fmt: FormatEntry | str | None,
+    problem: Callable[[str, str], None],
+) -> FormatEntry | None:
+    """The format the marker names (None, a problem reported, when it names none), checked
+    against the one expected: ``fmt`` (``--format``), else the one the directory's parent
+    names at home (``<export root>/<fmt>/<subset>``)."""
+    if fmt is not None:
+        expected: FormatEntry | None = catalog.as_entry(fmt)
+    else:
+        expected = catalog.find(export_dir.parent.name)
+    marker_fmt = marker.get("dataset_format")
+    entry = catalog.named(marker_fmt)
+    if entry is None:
+        problem("dataset_format", f"field 'dataset_format' {marker_fmt!r} is not a known format")
+        return None
+    if expected is not None and entry != expected:
+        problem(
+            "dataset_format",
+            f"field 'dataset_format' is {marker_fmt!r}, expected {expected.name!r}",
+        )
+    return entry
+
+
+def _compare_with_source(
+    export_dir: Path,
+    marker: dict[str, Any],
+    subset: str | None,
+    source_dir: Path | str | None,
+    problem: Callable[..., None],
+) -> Path | None:
+    """The marker against the source (``--source``, else the one the export's place derives):
+    the same source and what its current review gives for the subset, the sibling subset of
+    the same run. Returns the source compared with (None: none is known)."""
+    recorded = marker.get("source_dir")
+    if not isinstance(recorded, str) or not Path(recorded).is_absolute():
+        problem("source_dir", f"field 'source_dir' {recorded!r} is not an absolute path")
+        recorded = None
+    source, at_home = _source_to_compare(export_dir, source_dir)
+    if source is not None and recorded is not None and subset is not None:
+        if Path(recorded).resolve() != source:
+            problem("source_dir", f"field 'source_dir' is {recorded}, current source is {source}")
+        else:
+            indices = marker.get("source_episode_indices")
+            try:
+                expected = plan_split(read_episode_rows(source)).indices(subset)
+            except (DatasetError, KeyError, ValueError) as e:
+                problem("source_dir", f"cannot read the source review: {e}")
+            else:
+                if indices != expected:
+                    problem(
+                        "source_episode_indices",
+                        f"field 'source_episode_indices' {indices} but the current review of the "
+                        f"source gives {expected} (re-export after review changes)",
+                    )
+    if subset is not None:
+        # The sibling belongs to the same run: required at home, checked when a copy kept it.
+        sibling = export_dir.parent / next(s for s in layout.SUBSETS if s != subset)
+        if at_home or (export_dir.name == subset and sibling.is_dir()):
+            try:
+                fsafe.contained(export_dir.parent, sibling.name, "dir")  # not through a link
+                other = _read_marker(sibling / layout.QUALITY_SPLIT)
+            except DatasetError as e:
+                problem("pair", f"sibling subset: {e}", sibling)
+            else:
+                if other.get("export_id") != marker.get("export_id"):
+                    problem("pair", f"{sibling.name} belongs to another export run", sibling)
+    return source
 
 
 def _meta_shape_problems(export_dir: Path) -> list[Problem]:

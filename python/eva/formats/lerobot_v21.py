@@ -43,11 +43,11 @@ from eva.formats._verify import (
     check_vectors,
     check_version,
 )
-from eva.formats.base import EpisodeFormat, EpisodeResult, EpisodeTask, ExportOptions
+from eva.formats.base import ExportOptions
 from eva.formats.options import LeRobotV21Options
+from eva.formats.tasks import EpisodeFormat, EpisodeResult, EpisodeTask
 
 FORMAT = "lerobot_v21"
-OPTIONS = LeRobotV21Options  # this format's options (eva.formats.base.FormatModule)
 
 
 def link_or_copy(src: fsafe.Readable, dest: Path, *, link: bool = True) -> str:
@@ -161,11 +161,11 @@ class EpisodeCopier:
         pass
 
 
-# The subset as one task per episode (its table and videos; eva.formats.base.EpisodeFormat).
+# The subset as one task per episode (its table and videos; eva.formats.tasks.EpisodeFormat).
 # Episodes are small independent files, so the serial executor overlaps their I/O and parquet
 # work on a few threads (pyarrow and the file syscalls release the GIL); a process pool's start
 # costs more than it saves, so serial stays the default.
-EPISODES = EpisodeFormat(
+TASKS = EpisodeFormat(
     path=episode_path,
     label="{subset} episode {index} (source episode {source_index})",
     open_episode_writer=EpisodeCopier,
@@ -175,7 +175,7 @@ EPISODES = EpisodeFormat(
     serial_threads=max(1, min(4, os.cpu_count() or 1)),
     other_files=episode_videos,
 )
-write_subset = EPISODES.write_subset
+write_subset = TASKS.write_subset
 
 
 def _count_frames(path: Path) -> int:

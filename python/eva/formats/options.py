@@ -221,12 +221,3 @@ def missing_foxglove_modules() -> list[str]:
         if not found:
             missing.append(name)
     return missing
-
-
-# Format name (eva.dataset.layout.FORMATS) -> its options dataclass.
-FORMAT_OPTIONS: dict[str, type[Options]] = {
-    "lerobot_v21": LeRobotV21Options,
-    "lerobot_v3": LeRobotV3Options,
-    "hdf5": Hdf5Options,
-    "mcap": McapOptions,
-}

@@ -12,7 +12,7 @@ reported with its own reason code:
 - ``export_not_completed``: its state is ``completed`` (it is the latest job: the exporter
   replaces the record whenever a new job starts);
 - ``accepted_dir_mismatch``: its ``accepted_dir`` is the path computed for the current source and
-  format (``eva.dataset.layout.export_paths``), and that directory exists (no symlink);
+  format (``FormatEntry.export_paths``), and that directory exists (no symlink);
 - ``marker_unreadable``: ``<accepted>/meta/quality_split.json`` is a readable JSON object;
 - ``marker_not_accepted``: the marker says ``subset`` "accepted";
 - ``format_mismatch``: its ``dataset_format`` equals the requested format;
@@ -34,8 +34,10 @@ from typing import Any
 from eva.dataset import fsafe
 from eva.dataset.atomic import UnreadableJSON, read_json_object
 from eva.dataset.errors import DatasetError
-from eva.dataset.layout import QUALITY_SPLIT, export_paths, export_root, normalize_format
+from eva.dataset.layout import QUALITY_SPLIT, SUBSETS
 from eva.export.staleness import compare_markers, current_plan, read_marker
+from eva.formats import catalog
+from eva.formats.catalog import FormatEntry
 from eva.jobs import EXPORT_JOB
 
 REASONS = (
@@ -66,7 +68,7 @@ class UploadRefused(Exception):
 @dataclass(frozen=True)
 class UploadPermit:
     source_dir: Path  # resolved
-    format: str
+    format: str  # the format's name
     export_root: Path
     accepted_dir: Path
     export_job: dict[str, Any]
@@ -92,10 +94,12 @@ def _unreadable(error: DatasetError) -> str:
     return error.reason if isinstance(error, UnreadableJSON) else str(error)
 
 
-def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> UploadPermit:
-    """Return the permit for uploading the accepted export of ``source_dir`` in ``fmt``, or raise
-    ``UploadRefused``."""
-    fmt = normalize_format(fmt)
+def check_upload(
+    source_dir: Path, fmt: FormatEntry | str, *, backend_configured: bool
+) -> UploadPermit:
+    """Return the permit for uploading the accepted export of ``source_dir`` in ``fmt`` (its
+    catalogue entry, or a name a Python caller gives), or raise ``UploadRefused``."""
+    fmt = catalog.as_entry(fmt)
     if not backend_configured:
         raise UploadRefused(
             "no_backend",
@@ -105,14 +109,34 @@ def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> Upl
     if not source.is_dir():
         raise UploadRefused("source_missing", f"{source}: source dataset directory not found")
     source = source.resolve()
-    root = export_root(source, fmt)
-    expected_accepted = export_paths(source, fmt)["accepted"]
-    job_file = root / EXPORT_JOB
+    root = fmt.export_root(source)
+    expected_accepted = fmt.export_paths(source)["accepted"]
     try:
         fsafe.check_export_tree(root)  # export/ or export/<fmt> a symlink: never read through it
     except DatasetError as e:
         raise UploadRefused("accepted_dir_mismatch", str(e)) from None
+    job = _completed_export_job(root / EXPORT_JOB, fmt, source)
+    recorded_accepted = job.get("accepted_dir")
+    if not _same_path(recorded_accepted, expected_accepted):
+        raise UploadRefused(
+            "accepted_dir_mismatch",
+            f"{root / EXPORT_JOB}: accepted_dir {recorded_accepted!r} is not the current accepted "
+            f"export {expected_accepted}",
+        )
+    marker = _accepted_marker(expected_accepted, fmt, source)
+    check_review(source, fmt.name, root)
+    return UploadPermit(
+        source_dir=source,
+        format=fmt.name,
+        export_root=root,
+        accepted_dir=expected_accepted,
+        export_job=job,
+        marker=marker,
+    )
 
+
+def _completed_export_job(job_file: Path, fmt: FormatEntry, source: Path) -> dict[str, Any]:
+    """The export root's job record, if it is the completed export of ``source`` in ``fmt``."""
     try:
         job = read_json_object(job_file)  # no link, no FIFO, JSON (any failure a DatasetError)
     except FileNotFoundError:
@@ -129,7 +153,7 @@ def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> Upl
     if kind != "export":
         raise UploadRefused("job_mismatch", f"{job_file}: is a {kind!r} job, not an export job")
     job_format = job.get("format")
-    if not isinstance(job_format, str) or normalize_format_or_none(job_format) != fmt:
+    if not isinstance(job_format, str) or catalog.find(job_format) != fmt:
         raise UploadRefused(
             "job_mismatch",
             f"{job_file}: the latest export job is for format {job_format!r}, not {fmt}",
@@ -147,26 +171,23 @@ def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> Upl
             f"{job_file}: the latest {fmt} export job is {state!r}, not completed{detail}; "
             "export again",
         )
+    return job
 
-    recorded_accepted = job.get("accepted_dir")
-    if not _same_path(recorded_accepted, expected_accepted):
-        raise UploadRefused(
-            "accepted_dir_mismatch",
-            f"{job_file}: accepted_dir {recorded_accepted!r} is not the current accepted "
-            f"export {expected_accepted}",
-        )
+
+def _accepted_marker(accepted: Path, fmt: FormatEntry, source: Path) -> dict[str, Any]:
+    """The accepted directory's quality marker, if that is a real directory and the marker says
+    it holds the accepted subset of ``source`` in ``fmt``."""
     try:
-        accepted_stat = os.lstat(expected_accepted)
+        accepted_stat = os.lstat(accepted)
     except OSError:
         raise UploadRefused(
-            "accepted_dir_mismatch", f"{expected_accepted}: accepted export directory is missing"
+            "accepted_dir_mismatch", f"{accepted}: accepted export directory is missing"
         ) from None
     if not stat.S_ISDIR(accepted_stat.st_mode):
         raise UploadRefused(
-            "accepted_dir_mismatch", f"{expected_accepted}: is not a real directory (symlink?)"
+            "accepted_dir_mismatch", f"{accepted}: is not a real directory (symlink?)"
         )
-
-    marker_path = expected_accepted / QUALITY_SPLIT
+    marker_path = accepted / QUALITY_SPLIT
     try:
         marker = read_json_object(marker_path)
     except FileNotFoundError:
@@ -183,7 +204,7 @@ def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> Upl
             f"{marker_path}: subset is {marker.get('subset')!r}; only the accepted subset is uploaded",
         )
     marker_format = marker.get("dataset_format")
-    if marker_format != fmt:
+    if marker_format != fmt.name:
         raise UploadRefused(
             "format_mismatch",
             f"{marker_path}: dataset_format is {marker_format!r}, not the requested {fmt}; "
@@ -194,20 +215,13 @@ def check_upload(source_dir: Path, fmt: str, *, backend_configured: bool) -> Upl
             "source_mismatch",
             f"{marker_path}: source_dir {marker.get('source_dir')!r} is not the current source {source}",
         )
-    check_review(source, fmt, root)
-    return UploadPermit(
-        source_dir=source,
-        format=fmt,
-        export_root=root,
-        accepted_dir=expected_accepted,
-        export_job=job,
-        marker=marker,
-    )
+    return marker
 
 
 def check_review(source: Path, fmt: str, root: Path) -> None:
     """Refuse (``stale_review``) a published pair that the current review no longer gives: an
-    upload would send episodes the operator has rejected since, or miss ones accepted since."""
+    upload would send episodes the operator has rejected since, or miss ones accepted since.
+    ``fmt``: the format's name; ``root``: its export root."""
     try:
         plan = current_plan(source)
         unknown = review_field_problems(source)
@@ -215,7 +229,7 @@ def check_review(source: Path, fmt: str, root: Path) -> None:
         raise UploadRefused("review_unreadable", f"cannot read the current review: {e}") from None
     if unknown:  # a verdict the rule cannot read ("failed") would count as no verdict
         raise UploadRefused("review_unreadable", f"the current review: {unknown[0]}")
-    markers = {subset: read_marker(d) for subset, d in export_paths(source, fmt).items()}
+    markers = {subset: read_marker(root / subset) for subset in SUBSETS}
     state = compare_markers(fmt, root, markers, plan)
     if state.stale:
         raise UploadRefused(
@@ -236,13 +250,6 @@ def review_field_problems(source: Path) -> list[str]:
     for row in read_episode_rows(source):
         check_review_fields(source, row, row["episode_index"], out)
     return [p.message for p in out.problems]
-
-
-def normalize_format_or_none(name: str) -> str | None:
-    try:
-        return normalize_format(name)
-    except ValueError:
-        return None
 
 
 def dataset_name_for(source_dir: Path) -> str:

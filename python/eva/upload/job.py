@@ -28,6 +28,7 @@ from typing import Any
 
 from eva.dataset.atomic import read_json_object
 from eva.dataset.layout import UnsafeNameError, check_component
+from eva.formats.catalog import FormatEntry
 from eva.jobs import STATES, UPLOAD_JOB, Job, JobRecorder, write_job
 from eva.progress import Progress
 from eva.publish import export_lock
@@ -217,7 +218,7 @@ def _unfinished_staging(
 
 def start_upload(
     source_dir: Path,
-    fmt: str,
+    fmt: FormatEntry | str,
     config: SftpConfig | None,
     *,
     options: UploadOptions | None = None,

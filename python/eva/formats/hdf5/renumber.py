@@ -27,8 +27,8 @@ from eva.dataset.columns import column_values
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import rewrite_index_columns
 from eva.formats._renumber import Patch, copy_and_patch
-from eva.formats.base import EpisodeResult, EpisodeTask
 from eva.formats.hdf5.items import encode_value, iter_items
+from eva.formats.tasks import EpisodeResult, EpisodeTask
 
 
 class NotPatchable(Exception):

@@ -31,10 +31,11 @@ from eva.dataset.subset import SubsetMeta
 from eva.dataset.video import use_decode_threads
 from eva.formats._decode import VideoOpenError, open_video
 from eva.formats._direct_io import ALIGN, PositionedWriter, aligned_empty
-from eva.formats.base import EpisodeFormat, EpisodeResult, EpisodeTask, ExportOptions
+from eva.formats.base import ExportOptions
 from eva.formats.hdf5.items import EPISODE_PATH, FORMAT_NAME, ITEM_NAME, write_mapping
 from eva.formats.hdf5.renumber import renumber_episode
 from eva.formats.options import HDF5_MAX_CHUNK_BYTES, Hdf5Options
+from eva.formats.tasks import EpisodeFormat, EpisodeResult, EpisodeTask
 
 # HDF5's error text carries the errno of a failed write: "... errno = 28, error message ...".
 _HDF5_ERRNO = re.compile(r"\berrno = (\d+)")
@@ -524,7 +525,8 @@ def subset_info(meta: SubsetMeta, options: ExportOptions) -> dict[str, Any]:
     return export_info(meta.info)
 
 
-EPISODES = EpisodeFormat(
+# The subset as one task per episode file (eva.formats.tasks.EpisodeFormat).
+TASKS = EpisodeFormat(
     path=episode_path,
     label="{subset} episode {index} (source episode {source_index})",
     open_episode_writer=Hdf5EpisodeSession,
@@ -532,4 +534,4 @@ EPISODES = EpisodeFormat(
     subset_info=subset_info,
     renumber=renumber_episode,
 )
-write_subset = EPISODES.write_subset
+write_subset = TASKS.write_subset

@@ -23,8 +23,8 @@ Sharding is planned in the driver from the source files before anything is writt
   while a re-encode would change the pixels and cost two orders of magnitude more time.
 * ``file_index`` counts to ``chunks_size - 1`` and then wraps to 0 in the next chunk folder.
 
-Each file is one task (``shard_tasks``: ``eva.formats.base.TaskFormat``, the module's
-``SHARDS``), run by the export's executor; the driver merges their results (``writer``): the
+Each file is one task (``shard_tasks``: ``eva.formats.tasks.TaskFormat``, the package's
+``TASKS``), run by the export's executor; the driver merges their results (``writer``): the
 episode rows with their stats, the image histograms, and the dataset-wide quantiles (vectors
 read back from the data files, so no task sends its rows' values to the driver).
 
@@ -103,18 +103,15 @@ from eva.formats.lerobot_v3.video import (
     VideoConcatError,
     probe,
 )
-from eva.formats.lerobot_v3.writer import SHARDS, write_subset
+from eva.formats.lerobot_v3.writer import TASKS, write_subset
 from eva.formats.options import LeRobotV3Options
 
-OPTIONS = LeRobotV3Options  # this format's options (eva.formats.base.FormatModule)
-
 __all__ = [
+    "TASKS",
     "CODEBASE_VERSION",
     "DATASET_FORMAT",
     "DATA_PATH",
     "EPISODES_PATH",
-    "OPTIONS",
-    "SHARDS",
     "TASKS_PARQUET",
     "TIMESTAMP_TOLERANCE_S",
     "VIDEO_PATH",

@@ -33,10 +33,11 @@ from eva.dataset.errors import DatasetError
 from eva.dataset.fsafe import FileBeneath
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import SubsetMeta
-from eva.formats.base import EpisodeTask, ExportOptions, subset_episode_tasks
+from eva.formats.base import ExportOptions
 from eva.formats.lerobot_v3.tables import DATA_PATH, MB, VIDEO_PATH, next_file
 from eva.formats.lerobot_v3.video import EpisodeVideo, ParamsCache, StreamParams, VideoConcatError
 from eva.formats.options import LeRobotV3Options
+from eva.formats.tasks import EpisodeTask, subset_episode_tasks
 
 DATA, VIDEO = "data", "video"
 
@@ -44,7 +45,7 @@ DATA, VIDEO = "data", "video"
 @dataclass(frozen=True)
 class ShardTask:
     """One output file of a v3 subset: a data file (``camera`` None) or one camera's video
-    file, with the episodes it holds, in output order (``eva.formats.base.ExportTask``)."""
+    file, with the episodes it holds, in output order (``eva.formats.tasks.ExportTask``)."""
 
     source: Path
     subset: str

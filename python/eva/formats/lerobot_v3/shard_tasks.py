@@ -20,7 +20,7 @@ from eva.dataset.columns import distinct_scalars
 from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import rewrite_index_columns
-from eva.formats.base import EpisodeResult, EpisodeTask, ExportOptions, ExportTask
+from eva.formats.base import ExportOptions
 from eva.formats.lerobot_v3.mux import VideoShardWriter
 from eva.formats.lerobot_v3.plan import ShardTask
 from eva.formats.lerobot_v3.shards import (
@@ -34,6 +34,7 @@ from eva.formats.lerobot_v3.shards import (
 from eva.formats.lerobot_v3.tables import DICTIONARY_COLUMNS, to_plain
 from eva.formats.lerobot_v3.video import EpisodeVideo, ParamsCache, VideoConcatError
 from eva.formats.options import LeRobotV3Options
+from eva.formats.tasks import EpisodeResult, EpisodeTask, ExportTask
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from eva.dataset import layout
 from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.stats import DEFAULT_QUANTILES, quantiles_from_histogram
 from eva.dataset.subset import SubsetMeta, write_common_meta, write_staged_json
-from eva.formats.base import EpisodeResult, ExportOptions, TaskFunctions
-from eva.formats.lerobot_v3.plan import plan_subset
+from eva.formats.base import ExportOptions
+from eva.formats.lerobot_v3.plan import ShardTask, plan_subset
 from eva.formats.lerobot_v3.shard_tasks import ShardResult, open_shard_writer
 from eva.formats.lerobot_v3.shards import QuantileCollector, column_matrix, numeric_vector_columns
 from eva.formats.lerobot_v3.tables import (
@@ -29,6 +29,7 @@ from eva.formats.lerobot_v3.tables import (
     write_parquet,
 )
 from eva.formats.options import LeRobotV3Options
+from eva.formats.tasks import EpisodeResult, TaskFunctions
 from eva.progress import ProgressSink
 
 
@@ -130,13 +131,13 @@ def file_numbers(path: str) -> tuple[int, int]:
     return int(chunk.removeprefix("chunk-")), int(name.removeprefix("file-").split(".")[0])
 
 
-# The v3 format's tasks (``eva.formats.base.TaskFormat``): one per planned data or video file,
+# The v3 format's tasks (``eva.formats.tasks.TaskFormat``): one per planned data or video file,
 # run by any executor; the driver finishes each subset. The default executor stays serial: the
 # files are packet copies, and a pool's start costs more than it saves. Two files at a time on
 # threads there: a video file's writes wait on the disk (GIL released) while the data file's
 # tables are built.
 SERIAL_THREADS = 2
-SHARDS = TaskFunctions(
+TASKS: TaskFunctions[ShardTask] = TaskFunctions(
     plan_subset,
     open_shard_writer,
     finish_subset,
@@ -144,4 +145,4 @@ SHARDS = TaskFunctions(
     pool_from_cores=1 << 30,
     serial_threads=SERIAL_THREADS,
 )
-write_subset = SHARDS.write_subset
+write_subset = TASKS.write_subset

@@ -19,7 +19,7 @@ as Annex B access units), ``foxglove_export`` (``write_foxglove_episode``, the s
 from __future__ import annotations
 
 from eva.formats.mcap.export import (
-    EPISODES,
+    TASKS,
     CameraFeed,
     McapEpisodeSession,
     camera_batches,
@@ -56,10 +56,8 @@ from eva.formats.mcap.writer import (
 )
 from eva.formats.options import McapOptions
 
-OPTIONS = McapOptions  # this format's options (eva.formats.base.FormatModule)
-
 __all__ = [
-    "EPISODES",
+    "TASKS",
     "COMPRESSIONS",
     "DATA_PATH",
     "DEFAULT_CHUNK_SIZE",
@@ -73,7 +71,6 @@ __all__ = [
     "LIBRARY",
     "MESSAGE_ENCODING",
     "MIN_CHUNK_SIZE",
-    "OPTIONS",
     "PROFILE",
     "ZSTD_LEVEL",
     "CameraFeed",

@@ -21,7 +21,6 @@ from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import encoded_ndarray_size, packb
 from eva.dataset.video import FrameSizeError
-from eva.formats.base import EpisodeFormat, EpisodeResult, EpisodeTask
 from eva.formats.mcap.layout import (
     EPISODE_SCHEMA_DATA,
     EPISODE_SCHEMA_ENCODING,
@@ -43,6 +42,7 @@ from eva.formats.mcap.writer import (
 )
 from eva.formats.options import FOXGLOVE_EXTRA_MISSING, McapOptions
 from eva.formats.options import FOXGLOVE_MODULES as FOXGLOVE_IMPORTS
+from eva.formats.tasks import EpisodeFormat, EpisodeResult, EpisodeTask
 
 if TYPE_CHECKING:
     from eva.dataset.reader import DatasetReader
@@ -392,12 +392,12 @@ def decoded_camera_warnings(meta: SubsetMeta, results: Sequence[EpisodeResult]) 
     ]
 
 
-# The subset as one task per episode file (eva.formats.base.EpisodeFormat); write_subset writes
+# The subset as one task per episode file (eva.formats.tasks.EpisodeFormat); write_subset writes
 # it serially with the profile, chunk compression, chunk size and decode batch size of
 # McapOptions (the foxglove profile: eva.formats.mcap.foxglove_export). One MCAP export already
 # decodes its cameras on a thread each and compresses chunks on another (two cores busy): a pool
 # is the default from 4 free cores (on 2 it measured slower than serial, bench/README.md).
-EPISODES = EpisodeFormat(
+TASKS = EpisodeFormat(
     path=episode_path,
     label="episode {index} (source episode {source_index})",
     open_episode_writer=open_episode_writer,
@@ -407,7 +407,7 @@ EPISODES = EpisodeFormat(
     pool_from_cores=4,
     renumber=renumber_episode,
 )
-write_subset = EPISODES.write_subset
+write_subset = TASKS.write_subset
 
 
 def camera_batches(

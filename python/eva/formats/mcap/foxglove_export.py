@@ -30,7 +30,6 @@ from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.fsafe import Readable
 from eva.dataset.mp4box import Mp4Error, VideoSamples, read_video_samples
-from eva.formats.base import EpisodeResult, EpisodeTask
 from eva.formats.mcap import foxglove, wire
 from eva.formats.mcap.export import (
     CameraFeed,
@@ -49,6 +48,7 @@ from eva.formats.mcap.writer import (
     McapEpisodeWriter,
     episode_file,
 )
+from eva.formats.tasks import EpisodeResult, EpisodeTask
 
 # The subset an episode the split rejects goes to (eva.quality's split names it).
 _, REJECTED_SUBSET = layout.SUBSETS

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from eva.dataset.reader import DatasetReader
 from eva.formats._renumber import Patch, copy_and_patch
-from eva.formats.base import EpisodeResult, EpisodeTask
 from eva.formats.mcap.layout import FOXGLOVE_PROFILE
 from eva.formats.mcap.spec import MAGIC, MESSAGE_OVERHEAD, Opcode
 from eva.formats.options import McapOptions
+from eva.formats.tasks import EpisodeResult, EpisodeTask
 
 _PREFIX = struct.Struct("<BQ")  # opcode, record length
 # A chunk's fields before its compression string: start, end, uncompressed size, CRC.
