@@ -241,7 +241,6 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
     few = max(1, episodes // 5)
     few_total = few * len(CAMERAS) * frames
     rows: list[dict[str, Any]] = []
-    hdf5.calibrate_yuv420p_luts()  # once per process: keep it out of the measured runs
     with (
         tempfile.TemporaryDirectory(prefix="eva-bench-hdf5-", dir=_output_root()) as tmp,
         tempfile.TemporaryDirectory(prefix="eva-bench-hdf5-disk-") as disk_tmp,

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import av
 import h5py
 import numpy as np
 import pyarrow as pa
@@ -18,7 +16,7 @@ from hypothesis import strategies as st
 from video_helpers import encode_video, pyav_decode
 
 from eva._native import load
-from eva.dataset import rgb
+from eva.dataset import rgb, swscale
 from eva.dataset.errors import DatasetError
 from eva.formats import hdf5
 
@@ -254,7 +252,7 @@ def test_pixels_equal_pyav_decode(
                 assert dataset.id.get_storage_size() < dataset.nbytes
     loaded = hdf5.read_episode(path, load_images=True)
     assert loaded.file is None and isinstance(loaded.images["cam/odd.size"], np.ndarray)
-    uses_native = native_convert and native_rgb is not None
+    uses_native = native_convert and native_rgb is not None and swscale.available()
     assert (writer.stats.native_frames > 0) == uses_native
     assert writer.stats.frames == 3 * 13
 
@@ -364,7 +362,7 @@ def test_batch_length_is_whole_chunks_and_bounded() -> None:
     assert hdf5.Hdf5Options(frames_per_chunk=200).batch_length(vga) == 200
 
 
-# ---- the native rgb kernel (eva.dataset.rgb) -------------------------------------------------------
+# ---- the native rgb kernel (eva.dataset.rgb) ---------------------------------------------
 
 
 def _kernel(native: object | None, name: str):  # noqa: ANN202 - picks native or reference
@@ -406,129 +404,3 @@ def test_pack_frame_rejects_bad_input(native: object | None) -> None:
         pack(np.zeros((4, 5, 3), dtype=np.uint8), batch, 0)
     with pytest.raises(IndexError):
         pack(np.zeros((4, 4, 3), dtype=np.uint8), batch, 2)
-
-
-def _random_tables(seed: int) -> rgb.YuvTables:
-    rng = np.random.default_rng(seed)
-    return rgb.YuvTables(
-        rng.integers(0, 256, 65536, dtype=np.uint8),
-        rng.integers(0, 256, 65536, dtype=np.uint8),
-        rng.integers(0, 256, (7, 256), dtype=np.uint8),
-        rng.integers(0, 9, 65536, dtype=np.uint16),  # 7 and 8 are out of range: clamped to 6
-    )
-
-
-@pytest.mark.kernels
-@pytest.mark.parametrize("native", KERNELS)
-@pytest.mark.parametrize(
-    ("width", "height", "pad"), [(8, 6, 0), (7, 5, 3), (1, 1, 0), (66, 50, 62)]
-)
-def test_yuv_kernel_matches_reference(
-    native: object | None, width: int, height: int, pad: int
-) -> None:
-    tables = _random_tables(width)
-    rng = np.random.default_rng(width)
-    cw, ch = (width + 1) // 2, (height + 1) // 2
-    y = rng.integers(0, 256, (height, width + pad), dtype=np.uint8)
-    u = rng.integers(0, 256, (ch, cw + pad), dtype=np.uint8)
-    v = rng.integers(0, 256, (ch, cw + pad), dtype=np.uint8)
-    batch = np.zeros((2, height, width, 3), dtype=np.uint8)
-    _kernel(native, "yuv420p_to_rgb24")(y, u, v, width, height, *tables, batch, 1)
-    # Independent per-pixel definition.
-    expected = np.zeros_like(batch)
-    for row in range(height):
-        for col in range(width):
-            yy, uu, vv = int(y[row, col]), int(u[row // 2, col // 2]), int(v[row // 2, col // 2])
-            green_row = min(int(tables.g_index[uu * 256 + vv]), len(tables.g_rows) - 1)
-            expected[1, row, col] = (
-                tables.lut_r[vv * 256 + yy],
-                tables.g_rows[green_row, yy],
-                tables.lut_b[uu * 256 + yy],
-            )
-    np.testing.assert_array_equal(batch, expected)
-
-
-@pytest.mark.kernels
-@pytest.mark.parametrize("native", KERNELS)
-def test_yuv_kernel_rejects_bad_tables(native: object | None) -> None:
-    tables = _random_tables(1)
-    planes = [np.zeros((4, 4), dtype=np.uint8)] * 3
-    batch = np.zeros((1, 4, 4, 3), dtype=np.uint8)
-    convert = _kernel(native, "yuv420p_to_rgb24")
-    with pytest.raises(ValueError):
-        convert(*planes, 4, 4, *tables._replace(g_rows=np.zeros((3, 255), np.uint8)), batch, 0)
-    with pytest.raises(ValueError):
-        convert(*planes, 4, 4, *tables._replace(g_rows=np.zeros((0, 256), np.uint8)), batch, 0)
-
-
-@pytest.mark.kernels
-@pytest.mark.parametrize("native", KERNELS)
-@pytest.mark.parametrize(("width", "height"), [(64, 48), (66, 50), (100, 36), (322, 242)])
-def test_calibrated_conversion_equals_pyav(native: object | None, width: int, height: int) -> None:
-    """The tables reproduce PyAV's own rgb24 conversion bit for bit, whatever the frame size."""
-    rng = np.random.default_rng(width * height)
-    y = rng.integers(0, 256, (height, width), dtype=np.uint8)
-    u = rng.integers(0, 256, (height // 2, width // 2), dtype=np.uint8)
-    v = rng.integers(0, 256, (height // 2, width // 2), dtype=np.uint8)
-    frame = av.VideoFrame.from_ndarray(
-        np.concatenate([y.ravel(), u.ravel(), v.ravel()]).reshape(-1, width), format="yuv420p"
-    )
-    planes = [np.frombuffer(p, np.uint8).reshape(-1, p.line_size) for p in frame.planes]
-    batch = np.zeros((1, height, width, 3), dtype=np.uint8)
-    tables = rgb.calibrate_yuv420p_luts(frame.colorspace, frame.color_range)
-    assert tables is not None and len(tables.g_rows) < 4096  # compact green table
-    _kernel(native, "yuv420p_to_rgb24")(*planes, width, height, *tables, batch, 0)
-    np.testing.assert_array_equal(batch[0], frame.to_ndarray(format="rgb24"))
-
-
-def test_distinct_rows_are_numbered_by_first_appearance() -> None:
-    """The calibration's vectorised dedupe of green rows equals a plain first-seen numbering."""
-    rng = np.random.default_rng(5)
-    pool = rng.integers(0, 256, (40, 256), dtype=np.uint8)
-    rows = pool[rng.integers(0, 40, 3000)]
-    ids, first = rgb._distinct_rows(rows)
-    seen: dict[bytes, int] = {}
-    want = np.array([seen.setdefault(r.tobytes(), len(seen)) for r in rows], np.uint16)
-    np.testing.assert_array_equal(ids, want)
-    assert ids.dtype == np.uint16
-    np.testing.assert_array_equal(
-        rows[first], rows[[list(want).index(i) for i in range(len(seen))]]
-    )
-
-
-def test_calibrated_tables_are_kept_between_processes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The tables are cached in the user's cache directory: a later process loads them instead
-    of calibrating; a damaged file is ignored and replaced; an unwritable one costs nothing."""
-    monkeypatch.setenv("EVA_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(rgb, "_yuv_tables", {})
-    fresh = rgb.calibrate_yuv420p_luts(1, 0)
-    path = rgb.tables_cache_path(1, 0)
-    assert fresh is not None and path is not None and path.is_file()
-    assert path.parent == tmp_path / "cache" and av.__version__ in path.name
-    code = (
-        "import sys, numpy as np\n"
-        "from eva.dataset import rgb\n"
-        "rgb.calibrate_yuv420p_luts = None  # a load must not calibrate\n"
-        "from eva.dataset.rgb import _load_tables, tables_cache_path\n"
-        "t = _load_tables(tables_cache_path(1, 0))\n"
-        "np.savez(sys.argv[1], *t)\n"
-    )
-    out = tmp_path / "loaded.npz"
-    subprocess.run([sys.executable, "-c", code, str(out)], check=True)
-    with np.load(out) as loaded:
-        for i, array in enumerate(fresh):
-            np.testing.assert_array_equal(loaded[f"arr_{i}"], array)
-    # damaged: one byte changed in the middle of the file
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
-    assert rgb._load_tables(path) is None
-    monkeypatch.setattr(rgb, "_yuv_tables", {})
-    again = rgb.calibrate_yuv420p_luts(1, 0)
-    assert again is not None and rgb._load_tables(path) is not None  # replaced
-    # unwritable: a file where the directory should be
-    monkeypatch.setenv("EVA_CACHE_DIR", str(tmp_path / "loaded.npz"))
-    monkeypatch.setattr(rgb, "_yuv_tables", {})
-    assert rgb.calibrate_yuv420p_luts(1, 0) is not None

@@ -68,10 +68,10 @@ def test_scaler_equals_pyav_at_widths_of_16_pixels(width: int, height: int) -> N
 
 
 @pytest.mark.parametrize(("width", "height"), ODD_SIZES)
-def test_other_widths_are_converted_another_way_with_pyav_pixels(width: int, height: int) -> None:
+def test_other_widths_are_converted_by_pyav_and_copied(width: int, height: int) -> None:
     assert not swscale.Rgb24Scaler.supports("yuv420p", width)
     converter = _convert_video([_frame(width, height), _frame(width, height, seed=1)])
-    assert converter._scaler is None
+    assert converter._scaler is None and converter.pyav_frames == 2
 
 
 @pytest.mark.parametrize(

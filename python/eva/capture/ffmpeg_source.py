@@ -245,7 +245,7 @@ def _decoded(
                     t = time.time()  # a file played at its pace: the frame "arrives" now
                 if (frame.width, frame.height) != (width, height):
                     frame = frame.reformat(width=width, height=height)  # scaled, same format
-                # into one reused buffer (libswscale or the LUT kernel when they match PyAV's)
+                # into one reused buffer (libswscale when it matches PyAV's, else PyAV's)
                 if started:
                     converter.convert(frame, buffer, 0)
                 else:

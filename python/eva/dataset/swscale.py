@@ -3,8 +3,7 @@
 ``frame.to_ndarray(format="rgb24")`` runs libswscale into a new frame, then the caller copies
 that frame into its batch: per 640x480 frame about 0.13 ms of conversion plus 0.2-0.35 ms of
 writing and re-reading 0.9 MB through the caches. Called here through ``ctypes`` with the batch
-slot as its destination, the same conversion costs 0.15 ms and nothing more (eva's own lookup
-table kernel, ``eva_fast.rgb.yuv420p_to_rgb24``, 0.5 ms). The library is the very one PyAV
+slot as its destination, the same conversion costs 0.15 ms and nothing more. The library is the very one PyAV
 uses (found among the process's mapped files after ``import av``), so the code that computes
 the pixels is PyAV's; ``FrameConverter`` still compares each video's first frame with
 ``to_ndarray`` and converts through PyAV when they differ, so a colour description this call

@@ -431,9 +431,9 @@ def iter_frame_batches(
         fill = out[:capacity]
         half = 0
         filled = 0
-        # Straight into the batch slot (no frame-sized temporary per frame): libswscale or the
-        # native yuv420p tables, each self-checked against PyAV on the first frame, or PyAV's
-        # own conversion for anything else (same pixels either way; rgb.FrameConverter).
+        # Straight into the batch slot (no frame-sized temporary per frame): libswscale,
+        # self-checked against PyAV on the first frame, or PyAV's own conversion and a copy
+        # for anything else (same pixels either way; rgb.FrameConverter).
         converter = FrameConverter()
         started = False
         try:

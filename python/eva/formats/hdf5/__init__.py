@@ -20,10 +20,10 @@ Speed: the export should run at about the speed of decoding the source videos. E
 decoded with PyAV codec threading, in a decode thread, into one of two reused batch buffers while
 this thread writes the other one's chunk-sized slices with direct chunk writes (no per-frame resize
 or write, never a whole episode in memory: two batches of at most 32 MiB each). When the
-native core is built, yuv420p frames are converted to RGB by the native ``rgb`` kernel straight into
-that buffer through lookup tables calibrated from PyAV's own conversion, so pixels are identical
-to ``frame.to_ndarray(format="rgb24")``; a self-check on each video's first frame falls back to
-PyAV for that video if they ever differ.
+native core is built, frames are converted to RGB by libswscale straight into that buffer
+(``eva.dataset.rgb.FrameConverter``), so pixels are identical to
+``frame.to_ndarray(format="rgb24")``; a self-check on each video's first frame falls back to
+PyAV's conversion and a copy for that video if they ever differ.
 
 Options: ``Hdf5Options`` (``eva.formats.options``). Frames per chunk (``hdf5_frames_per_chunk``): a chunk is the unit HDF5 reads, writes and
 compresses. One frame per chunk gives the cheapest random access (reading frame i touches exactly
@@ -43,11 +43,8 @@ or metadata items). Frames come from lossy H.264, so compression only trades CPU
 from eva.dataset.columns import column_values as column_value  # the `columns` group's values
 from eva.dataset.rgb import (  # re-exported: hdf5.<name> is used by tests and benches
     FrameConverter,
-    YuvTables,
-    calibrate_yuv420p_luts,
     pack_frame,
     pack_frame_reference,
-    yuv420p_to_rgb24_reference,
 )
 from eva.formats.hdf5.items import (
     EPISODE_PATH,
@@ -65,7 +62,7 @@ from eva.formats.hdf5.items import (
 from eva.formats.hdf5.reader import Hdf5Episode, read_episode
 from eva.formats.hdf5.verify import verify
 from eva.formats.hdf5.writer import (
-    TASKS,
+    EPISODES,
     BatchBuffers,
     EpisodeWriter,
     Hdf5EpisodeSession,
@@ -76,14 +73,17 @@ from eva.formats.hdf5.writer import (
 )
 from eva.formats.options import MAX_BATCH_BYTES, Hdf5Options, parse_compression
 
+OPTIONS = Hdf5Options  # this format's options (eva.formats.base.FormatModule)
+
 __all__ = [
-    "TASKS",
+    "EPISODES",
     "EPISODE_PATH",
     "FORMAT_NAME",
     "GROUPS",
     "ITEM_NAME",
     "KINDS",
     "MAX_BATCH_BYTES",
+    "OPTIONS",
     "BatchBuffers",
     "EpisodeWriter",
     "FrameConverter",
@@ -91,8 +91,6 @@ __all__ = [
     "Hdf5EpisodeSession",
     "Hdf5Options",
     "ImageWriteStats",
-    "YuvTables",
-    "calibrate_yuv420p_luts",
     "column_value",
     "decode_item",
     "encode_value",
@@ -108,5 +106,4 @@ __all__ = [
     "write_item",
     "write_mapping",
     "write_subset",
-    "yuv420p_to_rgb24_reference",
 ]
