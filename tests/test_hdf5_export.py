@@ -19,8 +19,8 @@ from eva.dataset import swscale
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.export.pipeline import export_dataset
-from eva.export.registry import ExportOptions
 from eva.formats import hdf5
+from eva.formats.base import ExportOptions
 from eva.formats.options import Hdf5Options
 
 CAMERAS = ["observation.images.front", "observation.images.wrist"]

@@ -62,7 +62,7 @@ from eva.formats.hdf5.items import (
 from eva.formats.hdf5.reader import Hdf5Episode, read_episode
 from eva.formats.hdf5.verify import verify
 from eva.formats.hdf5.writer import (
-    EPISODES,
+    TASKS,
     BatchBuffers,
     EpisodeWriter,
     Hdf5EpisodeSession,
@@ -73,17 +73,14 @@ from eva.formats.hdf5.writer import (
 )
 from eva.formats.options import MAX_BATCH_BYTES, Hdf5Options, parse_compression
 
-OPTIONS = Hdf5Options  # this format's options (eva.formats.base.FormatModule)
-
 __all__ = [
-    "EPISODES",
+    "TASKS",
     "EPISODE_PATH",
     "FORMAT_NAME",
     "GROUPS",
     "ITEM_NAME",
     "KINDS",
     "MAX_BATCH_BYTES",
-    "OPTIONS",
     "BatchBuffers",
     "EpisodeWriter",
     "FrameConverter",
