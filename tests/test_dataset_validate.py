@@ -86,10 +86,20 @@ def test_bad_codebase_version(raw: Path) -> None:
 
 
 def test_bad_dataset_format(raw: Path) -> None:
+    def codes() -> list[str]:
+        return sorted({p.code for p in validate_dataset(raw, dataset_format="lerobot_v21")})
+
     _edit_info(raw, dataset_format="lerobot_v3")
-    assert _codes(raw) == ["bad_dataset_format"]
+    assert codes() == ["bad_dataset_format"]
     _edit_info(raw, dataset_format="lerobot_v21")  # present and right: fine
-    assert _codes(raw) == []
+    assert codes() == []
+
+
+def test_eva_validate_checks_the_raw_layouts_format_name(raw: Path) -> None:
+    _edit_info(raw, dataset_format="lerobot_v3")
+    result = CliRunner().invoke(main, ["validate", str(raw)])
+    assert result.exit_code == 1
+    assert "dataset_format 'lerobot_v3' is not 'lerobot_v21'" in result.output
 
 
 def test_duplicate_episode_index(raw: Path) -> None:

@@ -163,8 +163,9 @@ def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
       eva validate demo-data/logs/pick_cube/raw --decode --json
     """
     from eva.dataset.validate import validate_dataset
+    from eva.formats import catalog
 
-    problems = validate_dataset(dataset, decode=decode)
+    problems = validate_dataset(dataset, decode=decode, dataset_format=catalog.source_entry().name)
     if as_json:
         emit_json(
             {

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 CODEBASE_VERSION = "v2.1"
-DATASET_FORMAT = "lerobot_v21"
 DEFAULT_CHUNKS_SIZE = 1000
 # LeRobot's feature names of the robot state and the commanded action.
 STATE = "observation.state"

@@ -125,6 +125,7 @@ def validate_dataset(
     on_episode: Callable[[int, int], None] | None = None,
     on_table: Callable[[int, pa.Table], None] | None = None,
     reader: DatasetReader | None = None,
+    dataset_format: str | None = None,
 ) -> list[Problem]:
     """All problems of the v2.1 dataset at ``root`` (empty list: valid).
 
@@ -134,12 +135,19 @@ def validate_dataset(
 
     ``decode=True`` also decodes every video to count its frames (slow, exact); otherwise the
     container's frame count is used. ``on_episode(done, total)`` reports progress.
+    ``dataset_format``: the name info.json's ``dataset_format`` must have where present (the
+    catalogue's raw layout; None: the field is not checked).
     ``on_table(episode, table)`` receives the index columns each check read (those of
     episode_index, task_index, index, frame_index, timestamp the file has), so a caller that needs
     them (the export's task remap) does not read every parquet a second time.
     """
     with start_validation(
-        root, decode, on_episode=on_episode, on_table=on_table, reader=reader
+        root,
+        decode,
+        on_episode=on_episode,
+        on_table=on_table,
+        reader=reader,
+        dataset_format=dataset_format,
     ) as validation:
         return validation.complete()
 
@@ -152,6 +160,7 @@ def start_validation(
     on_table: Callable[[int, pa.Table], None] | None = None,
     reader: DatasetReader | None = None,
     known_videos: Mapping[str, Any] | None = None,
+    dataset_format: str | None = None,
 ) -> Validation:
     """``validate_dataset``'s walk, returned as soon as only the MP4 inspections may still be
     running: a caller with other work (the export writing its staged pair) does it meanwhile,
@@ -173,7 +182,7 @@ def start_validation(
     info_path = root / layout.INFO
     info = read_meta(out, info_path, "info", lambda: reader.info)
     if info is not None:
-        check_info(info, info_path, out)
+        check_info(info, info_path, out, dataset_format)
     elif out.has("invalid_info"):
         more_info_problems(reader, info_path, out)
     episodes_path = root / layout.EPISODES

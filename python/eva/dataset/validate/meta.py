@@ -50,7 +50,11 @@ def read_meta(out: ProblemCollector, path: Path, what: str, read: Callable[[], A
         return None
 
 
-def check_info(info: dict[str, Any], path: Path, out: ProblemCollector) -> None:
+def check_info(
+    info: dict[str, Any], path: Path, out: ProblemCollector, dataset_format: str | None = None
+) -> None:
+    """The layout fields of ``info``; ``dataset_format``: the value the field must have where
+    present (the caller knows which format's name the v2.1 layout carries; None: not checked)."""
     version = info.get("codebase_version")
     if version != layout.CODEBASE_VERSION:
         out.add(
@@ -58,10 +62,11 @@ def check_info(info: dict[str, Any], path: Path, out: ProblemCollector) -> None:
             f"{path}: codebase_version {version!r} is not {layout.CODEBASE_VERSION!r}",
             path,
         )
-    if "dataset_format" in info and info["dataset_format"] != layout.DATASET_FORMAT:
+    found_format = info.get("dataset_format", dataset_format)
+    if dataset_format is not None and found_format != dataset_format:
         out.add(
             "bad_dataset_format",
-            f"{path}: dataset_format {info['dataset_format']!r} is not {layout.DATASET_FORMAT!r}",
+            f"{path}: dataset_format {found_format!r} is not {dataset_format!r}",
             path,
         )
     found = atomic.non_json_value(info)
