@@ -64,6 +64,23 @@ def rename_exchange(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> Non
         raise OSError(err, os.strerror(err), str(a))
 
 
+RENAME_NOREPLACE = 1  # renameat2 flag: fail with EEXIST rather than replace the target
+
+
+def rename_noreplace(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> None:
+    """Rename ``a`` to ``b`` only if ``b`` does not exist (``renameat2(RENAME_NOREPLACE)``):
+    ``OSError(EEXIST)`` naming ``b`` when it does, even an empty directory a plain rename would
+    replace. ``OSError(ENOSYS)`` when libc has no ``renameat2``; ``EINVAL`` where the
+    filesystem cannot honour the flag."""
+    function = _function("renameat2")
+    if function is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    rc = function(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_NOREPLACE)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(b))
+
+
 def mallopt(param: int, value: int) -> bool:
     """Set a glibc malloc parameter; False where ``mallopt`` is unavailable or refused it."""
     function = _function("mallopt")

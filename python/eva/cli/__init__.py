@@ -56,6 +56,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "upload_command",
         "Upload the current accepted export of DATASET over SFTP.",
     ),
+    "merge": (
+        "eva.cli.merge_command",
+        "merge_command",
+        "Merge raw SESSIONS of one rig into a new raw dataset; the sessions are never changed.",
+    ),
     "info": (
         "eva.cli.dataset_commands",
         "info_command",

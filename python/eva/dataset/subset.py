@@ -138,7 +138,7 @@ def _task_remap(
     return task_remap
 
 
-def _renumbered_stats(
+def renumbered_stats(
     source_stats: Mapping[str, Any],
     new: int,
     offset: int,
@@ -158,7 +158,7 @@ def _renumbered_stats(
     return ep_stats
 
 
-def _subset_info(
+def subset_info(
     source_info: Mapping[str, Any], n: int, frames: int, tasks: int, video_keys: list[str]
 ) -> dict[str, Any]:
     """The source's info.json with the subset's totals (``n`` episodes)."""
@@ -216,7 +216,7 @@ def build_subset_meta(
         lengths.append(length)
         offsets.append(offset)
 
-        episodes_stats[new] = _renumbered_stats(
+        episodes_stats[new] = renumbered_stats(
             source_episodes_stats.get(src, {}),
             new,
             offset,
@@ -236,7 +236,7 @@ def build_subset_meta(
     video_keys = [
         k for k, f in source_info.get("features", {}).items() if f.get("dtype") == "video"
     ]
-    info = _subset_info(source_info, len(source_indices), int(sum(lengths)), len(tasks), video_keys)
+    info = subset_info(source_info, len(source_indices), int(sum(lengths)), len(tasks), video_keys)
     return SubsetMeta(
         subset=subset,
         source_episode_indices=source_indices,

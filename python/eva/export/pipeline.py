@@ -97,6 +97,11 @@ def quality_split_record(
         "tool": "eva",
         "tool_version": __version__,
     }
+    # A merged source (eva merge) names each episode's recording: the export passes it on.
+    sessions = [row.get("source_session") for row in meta.episodes]
+    if any(session is not None for session in sessions):
+        record["source_sessions"] = sessions
+    return record
 
 
 def _one_line(error: BaseException) -> str:
