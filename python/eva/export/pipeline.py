@@ -82,7 +82,7 @@ class ExportResult:
 def quality_split_record(
     meta: SubsetMeta, *, source: Path, fmt: str, export_id: str, plan: SplitPlan
 ) -> dict[str, Any]:
-    return {
+    record: dict[str, Any] = {
         "source_dir": str(source),
         "subset": meta.subset,
         "dataset_format": fmt,
