@@ -12,7 +12,7 @@ from terminal_helpers import run_on_a_terminal
 
 from eva.cli import COMMANDS, main
 
-WORKFLOW = ["collect", "qc", "export", "verify", "upload"]
+WORKFLOW = ["collect", "qc", "edit", "export", "verify", "upload"]
 
 
 def test_top_level_help_lists_commands_in_workflow_order() -> None:

@@ -41,6 +41,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "qc_command",
         "Review episodes: set a verdict and/or note, or --list the review and resulting split.",
     ),
+    "edit": (
+        "eva.cli.edit_command",
+        "edit_command",
+        "Edit episodes for export: trim, replace the task, drop; the recording is never touched.",
+    ),
     "export": (
         "eva.cli.export_commands",
         "export_command",
@@ -161,7 +166,7 @@ def main() -> None:
 
 # Commands after which `run` may end the process at once (see there); the commands they run
 # (RAN, the last one counts).
-FAST_EXIT_COMMANDS = frozenset({"export", "validate", "verify", "info", "qc", "cleanup"})
+FAST_EXIT_COMMANDS = frozenset({"export", "validate", "verify", "info", "qc", "edit", "cleanup"})
 RAN: list[str] = []
 
 

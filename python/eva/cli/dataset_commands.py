@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,8 @@ def _info_lines(s: dict[str, Any]) -> list[str]:
         f"cameras   {cameras or '-'}{images}",
         f"vectors   {vectors or '-'}",
         f"tasks     {len(s['tasks'])}: " + "; ".join(map(printable, s["tasks"])),
-        f"quality   green {q['green']}, red {q['red']}; qc pass {v['pass']}, fail {v['fail']}",
+        f"quality   green {q['green']}, red {q['red']}; qc pass {v['pass']}, fail {v['fail']}"
+        + _edit_counts_text(s.get("edits", {})),
         f"size      {human_bytes(s['size_bytes'])} in {s['files']} files",
     ]
     if s["kind"] == "export":
@@ -74,8 +76,16 @@ def _info_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _edit_counts_text(counts: dict[str, int]) -> str:
+    """``; edits: trim 2, task 1, drop 1`` for ``eva info`` (nothing when no episode has one)."""
+    shown = [f"{key.removeprefix('edit_')} {n}" for key, n in counts.items() if n]
+    return f"; edits: {', '.join(shown)}" if shown else ""
+
+
 def _episode_lines(rows: list[dict[str, Any]]) -> list[str]:
-    header = ("ep", "frames", "seconds", "quality", "verdict", "subset", "issues")
+    from eva.cli.edit_command import edit_summary
+
+    header = ("ep", "frames", "seconds", "quality", "verdict", "subset", "issues", "edits")
     cells = [
         (
             str(r["episode_index"]),
@@ -85,11 +95,12 @@ def _episode_lines(rows: list[dict[str, Any]]) -> list[str]:
             str(r["qc_verdict"] or "-"),
             str(r["subset"]),
             ",".join(r["issues"]) or "-",
+            edit_summary(r.get("edits", {})),
         )
         for r in rows
     ]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
-    right = (True, True, True, False, False, False, False)
+    right = (True, True, True, False, False, False, False, False)
 
     def line(row: tuple[str, ...]) -> str:
         return "  ".join(
@@ -205,8 +216,10 @@ QC_COLUMNS = ("ep", "frames", "quality", "verdict", "subset", "reason")
 
 def _qc_table_lines(table: list[dict[str, Any]]) -> list[str]:
     """``--list`` as aligned columns sized to their content; each episode's issues (code and
-    detail, e.g. "frozen_camera: camera observation.images.wrist frozen from frame 19") and the
-    note close its line."""
+    detail, e.g. "frozen_camera: camera observation.images.wrist frozen from frame 19"), the
+    note and the edits (eva edit) close its line."""
+    from eva.cli.edit_command import edit_summary
+
     rows = [
         (
             str(e["episode_index"]),
@@ -217,6 +230,7 @@ def _qc_table_lines(table: list[dict[str, Any]]) -> list[str]:
             str(e["reason"]),
             "; ".join(e["issue_details"]) or "-",
             f"note: {e['qc_note']}" if e["qc_note"] else "",
+            f"edits: {edit_summary(e['edits'])}" if e["edits"] else "",
         )
         for e in table
     ]
@@ -230,7 +244,7 @@ def _qc_table_lines(table: list[dict[str, Any]]) -> list[str]:
         ]
         return ("  ".join(parts) + "  " + last).rstrip()
 
-    out = [line(QC_COLUMNS, "issues, note")]
+    out = [line(QC_COLUMNS, "issues, note, edits")]
     out += [line(r[:6], "  ".join(x for x in r[6:] if x)) for r in rows]
     return out
 
@@ -317,7 +331,7 @@ def qc_command(
         )
     except DatasetError as e:
         fail(str(e))
-    _show_updates(dataset, updates, as_json)
+    show_updates(dataset, updates, as_json, _review_line)
 
 
 def _show_review(dataset: Path, as_json: bool) -> None:
@@ -331,16 +345,25 @@ def _show_review(dataset: Path, as_json: bool) -> None:
         return
     for text in _qc_table_lines(table):
         say(text)
-    accepted = sum(1 for e in table if e["subset"] == "accepted")
-    click.echo(f"accepted {accepted}, rejected {len(table) - accepted}")
+    counts = {s: sum(1 for e in table if e["subset"] == s) for s in ("accepted", "rejected")}
+    dropped = len(table) - sum(counts.values())
+    click.echo(
+        f"accepted {counts['accepted']}, rejected {counts['rejected']}"
+        + (f", dropped {dropped}" if dropped else "")
+    )
 
 
-def _show_updates(dataset: Path, updates: list[ReviewUpdate], as_json: bool) -> None:
-    """Each updated episode's review and subset, and the exports the change made stale."""
+def show_updates(
+    dataset: Path,
+    updates: list[ReviewUpdate],
+    as_json: bool,
+    line: Callable[[dict[str, Any]], str],
+) -> None:
+    """Each updated episode (``line`` of its row, e.g. its verdict and note) with its subset,
+    then a warning for each export of ``dataset`` the change made stale (eva qc, eva edit)."""
     from eva.quality.verdicts import subset_of
 
-    changed = any(u.changed for u in updates)
-    stale = _stale_exports(dataset) if changed else []
+    stale = _stale_exports(dataset) if any(u.changed for u in updates) else []
     for update in updates:
         row = update.row
         if as_json:
@@ -353,17 +376,20 @@ def _show_updates(dataset: Path, updates: list[ReviewUpdate], as_json: bool) -> 
                 }
             )
         else:
-            say(
-                f"episode {row.get('episode_index')}: verdict {row.get('qc_verdict') or '-'}, "
-                f"note {row.get('qc_note')!r} -> {subset_of(row)}"
-                + ("" if update.changed else " (unchanged)")
-            )
+            say(f"{line(row)} -> {subset_of(row)}" + ("" if update.changed else " (unchanged)"))
     for entry in stale:
         say(
             f"eva: warning: the {entry['format']} export {entry['export_root']} is now stale "
             f"({entry['detail']}): export again before uploading",
             err=True,
         )
+
+
+def _review_line(row: dict[str, Any]) -> str:
+    return (
+        f"episode {row.get('episode_index')}: verdict {row.get('qc_verdict') or '-'}, "
+        f"note {row.get('qc_note')!r}"
+    )
 
 
 def _stale_exports(dataset: Path) -> list[dict[str, str]]:

@@ -59,6 +59,7 @@ def _tree_size(root: Path) -> tuple[int, int]:
 
 
 def _episode_rows(rows: list[dict[str, Any]], fps: float | None) -> list[dict[str, Any]]:
+    from eva.dataset.edits import EDIT_FIELDS
     from eva.quality.verdicts import episode_order, quality_issues, subset_of
 
     out = []
@@ -78,9 +79,17 @@ def _episode_rows(rows: list[dict[str, Any]], fps: float | None) -> list[dict[st
                 ],
                 "tasks": row.get("tasks") or [],
                 "started_at": row.get("started_at"),
+                "edits": {k: row[k] for k in EDIT_FIELDS if k in row},  # as stored
             }
         )
     return out
+
+
+def _edit_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many episodes have each edit (``eva.dataset.edits``: edit_trim, edit_task, edit_drop)."""
+    from eva.dataset.edits import EDIT_FIELDS
+
+    return {key: sum(1 for r in rows if r.get(key) not in (None, False)) for key in EDIT_FIELDS}
 
 
 def _marker_state(directory: Path, split: dict[str, Any]) -> dict[str, Any]:
@@ -198,6 +207,7 @@ def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str,
         "tasks": tasks,
         "quality": {"green": quality.count("green"), "red": quality.count("red")},
         "qc_verdict": {"pass": verdicts.count("pass"), "fail": verdicts.count("fail")},
+        "edits": _edit_counts(rows),
         "files": files,
         "size_bytes": size,
     }

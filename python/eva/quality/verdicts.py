@@ -21,19 +21,21 @@ lock, which every rewrite of episodes.jsonl holds, so no live rewrite loses its 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eva.dataset import fsafe, layout
 from eva.dataset.atomic import atomic_write_jsonl, parse_jsonl, remove_stale_temporaries
+from eva.dataset.edits import EDIT_DROP, EDIT_FIELDS
 from eva.dataset.errors import DatasetError
 from eva.dataset.layout import META_LOCK as META_LOCK  # re-exported: the lock qc shares
 from eva.dataset.layout import WRITER_LOCK
 from eva.dataset.locks import is_flocked, meta_lock
 
 ACCEPTED, REJECTED = layout.SUBSETS  # the subsets' names are their directories' names
+DROPPED = "dropped"  # an episode the operator dropped (edit_drop): in neither subset
 VERDICTS = layout.QC_VERDICTS
 RULE = (
     "qc_verdict pass -> accepted; qc_verdict fail -> rejected; otherwise quality red -> rejected; "
@@ -47,7 +49,10 @@ def _lower(value: Any) -> str | None:
 
 def subset_of(row: Mapping[str, Any]) -> str:
     """``"accepted"`` or ``"rejected"`` for one episodes.jsonl row: verdict pass, verdict fail,
-    then quality red, else accepted."""
+    then quality red, else accepted; ``"dropped"`` before all of them for an episode the
+    operator dropped (``edit_drop`` true, ``eva.dataset.edits``)."""
+    if row.get(EDIT_DROP) is True:
+        return DROPPED
     verdict = _lower(row.get("qc_verdict"))
     if verdict == "pass":
         return ACCEPTED
@@ -60,6 +65,8 @@ def subset_of(row: Mapping[str, Any]) -> str:
 
 def reason_of(row: Mapping[str, Any]) -> str:
     """Which rule decided the subset (for ``eva qc --list``)."""
+    if row.get(EDIT_DROP) is True:
+        return "edit drop"
     verdict = _lower(row.get("qc_verdict"))
     if verdict in VERDICTS:
         overrides = verdict == "pass" and _lower(row.get("quality")) == "red"
@@ -148,27 +155,50 @@ def review_episodes(
         raise DatasetError("qc: note: control characters (newlines) are not allowed")
     if not episode_indices:
         raise DatasetError("qc: no episode given")
+
+    def change(row: dict[str, Any]) -> None:
+        if verdict is not None:
+            row["qc_verdict"] = verdict
+        elif clear_verdict:
+            row.pop("qc_verdict", None)
+        if note is not None:
+            row["qc_note"] = note
+
+    return update_episode_rows(root, episode_indices, change, "review")
+
+
+def update_episode_rows(
+    root: Path,
+    episode_indices: Sequence[int],
+    change: Callable[[dict[str, Any]], None],
+    what: str,
+) -> list[ReviewUpdate]:
+    """Apply ``change`` to the rows of ``episode_indices`` in one atomic rewrite of
+    episodes.jsonl under the meta lock: all of them or none. An unknown or still-saving episode,
+    or a ``DatasetError`` from ``change`` (which sees each row in turn, before anything is
+    written), refuses the whole update and leaves the file as it was. ``what`` names the
+    operation in the message of an episode being saved ("review", "edit")."""
+    root = Path(root)
     fsafe.check_dataset_tree(root)
     if not (root / layout.EPISODES).is_file():
         raise DatasetError(f"{root / layout.EPISODES}: missing (not a v2.1 dataset?)")
     try:
-        return _review_locked(root, episode_indices, verdict, note, clear_verdict)
+        return _update_locked(root, episode_indices, change, what)
     except OSError as e:  # read-only tree, full disk, unreadable file: one line naming the path
         raise fsafe.os_error(e) from None
 
 
-def _review_locked(
+def _update_locked(
     root: Path,
     episode_indices: Sequence[int],
-    verdict: str | None,
-    note: str | None,
-    clear_verdict: bool,
+    change: Callable[[dict[str, Any]], None],
+    what: str,
 ) -> list[ReviewUpdate]:
     for episode_index in episode_indices:
         if is_being_saved(root, episode_index):
             raise DatasetError(
                 f"{root / layout.EPISODES}: episode {episode_index} is still being saved; "
-                "review it after the save worker finishes"
+                f"{what} it after the save worker finishes"
             )
     with meta_lock(root):
         # A killed qc's copies of episodes.jsonl; only rewrites under this lock make them.
@@ -195,12 +225,7 @@ def _review_locked(
                 )
             row = rows[matches[0]]
             before = dict(row)
-            if verdict is not None:
-                row["qc_verdict"] = verdict
-            elif clear_verdict:
-                row.pop("qc_verdict", None)
-            if note is not None:
-                row["qc_note"] = note
+            change(row)
             updates.append(ReviewUpdate(row=row, changed=row != before))
         if any(u.changed for u in updates):
             atomic_write_jsonl(root / layout.EPISODES, rows)
@@ -247,6 +272,7 @@ def review_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "qc_note": row.get("qc_note"),
                 "subset": subset_of(row),
                 "reason": reason_of(row),
+                "edits": {k: row[k] for k in EDIT_FIELDS if k in row},  # as stored
             }
         )
     return table

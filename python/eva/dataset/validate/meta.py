@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from eva.dataset import atomic, fsafe, layout
+from eva.dataset.edits import EDIT_DROP, EDIT_TASK, EDIT_TRIM, edit_problems
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.validate.problems import ProblemCollector
@@ -130,6 +131,14 @@ def check_text(
             out.add("invalid_text", f"{where}: task_index {index}: task {found[1]}", where)
 
 
+# How ``eva edit`` replaces or removes each edit field.
+_EDIT_FIXES = {
+    EDIT_TRIM: "--trim START:END or --clear-trim",
+    EDIT_TASK: "--task TEXT or --clear-task",
+    EDIT_DROP: "--drop or --undrop",
+}
+
+
 def check_review_fields(root: Path, row: Mapping[str, Any], ep: int, out: ProblemCollector) -> None:
     """The fields of one episodes.jsonl row that decide and describe its subset. A verdict the
     accept/reject rule does not know ("failed", "reject", 0) would read as no verdict and send an
@@ -157,6 +166,9 @@ def check_review_fields(root: Path, row: Mapping[str, Any], ep: int, out: Proble
         not isinstance(issues, list) or not all(isinstance(i, dict) for i in issues)
     ):
         found.append(f"field quality_issues {issues!r} is not a list of objects")
+    # An edit the writer would refuse (eva.dataset.edits), with the command that replaces it.
+    for field, message in edit_problems(row):
+        found.append(f"{message} (replace it: eva edit {root} {ep} {_EDIT_FIXES[field]})")
     not_json = atomic.non_json_value(row)
     if not_json is not None:  # eva qc / the console would refuse to rewrite the file
         found.append(f"field {not_json[0]} {not_json[1]} (write a number or null)")
