@@ -86,7 +86,6 @@ class ConsoleSession:
         self.source = open_source(config, source, seed=seed)
         self.config: CollectionConfig = self.source.config
         self.source_note = self.source.note
-        self.source_spec = source
         try:
             _, self.sftp = load_upload_config(self.config_path)
         except UploadConfigError as e:
@@ -150,6 +149,9 @@ class ConsoleSession:
 
     def set_review(self, name: str, index: Any, body: Mapping[str, Any]) -> dict[str, Any]:
         return self.review.set_review(name, index, body)
+
+    def set_edits(self, name: str, index: Any, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.review.set_edits(name, index, body)
 
     def video_fd(self, name: str, index: Any, key: str) -> int:
         return self.review.video_fd(name, index, key)

@@ -132,7 +132,6 @@ class RowSpool:
         self._writer = pa.ipc.new_stream(self._sink, self.schema)
         self._pending: list[tuple[np.ndarray, Mapping[str, np.ndarray]]] = []
         self._written_at = time.monotonic()
-        self.rows_written = 0
 
     def add(self, capture_time: np.ndarray, vectors: Mapping[str, np.ndarray]) -> None:
         self._pending.append((capture_time, vectors))
@@ -149,7 +148,6 @@ class RowSpool:
             values = np.concatenate([v[name] for _, v in self._pending]).astype(np.float32)
             columns.append(pa.FixedSizeListArray.from_arrays(values.reshape(-1), dim))
         self._writer.write_batch(pa.record_batch(columns, schema=self.schema))
-        self.rows_written += len(times)
         self._pending = []
 
     def close(self) -> None:

@@ -53,7 +53,6 @@ class VideoShardWriter:
         self.splice = splice  # False: FFmpeg muxes every shard (the tests' reference)
         self.params: StreamParams | None = None
         self.episodes = 0
-        self.payload_bytes = 0
         self._container: av.container.OutputContainer | None = None
         self._stream: av.video.stream.VideoStream | None = None
         # A shard whose first episode the box parser vouches for is spliced (sample tables
@@ -300,7 +299,6 @@ class VideoShardWriter:
         assert self.params is not None
         self._next_start = end
         self.episodes += 1
-        self.payload_bytes += payload
         tb = self.params.time_base
         return AppendedEpisode(
             from_timestamp=float(start * tb),

@@ -39,8 +39,6 @@ from eva.formats.lerobot_v3.video import EpisodeVideo, ParamsCache, StreamParams
 from eva.formats.options import LeRobotV3Options
 from eva.formats.tasks import EpisodeTask, subset_episode_tasks
 
-DATA, VIDEO = "data", "video"
-
 
 @dataclass(frozen=True)
 class ShardTask:

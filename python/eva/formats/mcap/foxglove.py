@@ -51,7 +51,6 @@ PROTOBUF_ENCODING = MessageEncoding.Protobuf
 PROTOBUF_SCHEMA_ENCODING = SchemaEncoding.Protobuf
 VIDEO_SCHEMA = CompressedVideo.DESCRIPTOR.full_name  # "foxglove.CompressedVideo"
 RAW_IMAGE_SCHEMA = RawImage.DESCRIPTOR.full_name
-LOG_SCHEMA = Log.DESCRIPTOR.full_name
 RAW_IMAGE_ENCODING = "rgb8"
 VIDEO_FORMAT = "h264"
 LOG_NAME = "eva.quality"

@@ -38,7 +38,6 @@ _native = load("mcap_chunk")
 H264_FOURCCS = (b"avc1", b"avc3")
 START_CODE = b"\x00\x00\x00\x01"
 NAL_SPS = 7
-NAL_PPS = 8
 _START_CODE = np.frombuffer(START_CODE, np.uint8)
 _LENGTH_BYTES = np.arange(4)
 # Bytes of samples read per pread (a sample larger than this is read alone).

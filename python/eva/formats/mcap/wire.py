@@ -106,11 +106,6 @@ def varints(values: np.ndarray) -> Padded:
     return Padded(matrix, lengths)
 
 
-def varint_length(values: np.ndarray) -> np.ndarray:
-    """Bytes of each value's varint."""
-    return varints(values).lengths
-
-
 def tag(number: int, wire_type: int) -> bytes:
     """A field's key: its number and wire type as a varint (fields 1-15 take one byte)."""
     key = number << 3 | wire_type
@@ -140,12 +135,6 @@ def interleave(columns: Sequence[Ragged]) -> Ragged:
     starts = np.stack([c.starts + base for c, base in zip(columns, bases, strict=True)], axis=1)
     lengths = np.stack([c.lengths for c in columns], axis=1).ravel()
     return Ragged(gather(flat, starts.ravel(), lengths), lengths)
-
-
-def join_columns(columns: Sequence[Ragged]) -> Ragged:
-    """Row *i* of every column, in order, as one row *i* (all columns of the same length)."""
-    taken = interleave(columns)
-    return Ragged(taken.flat, taken.lengths.reshape(-1, len(columns)).sum(axis=1))
 
 
 def gather(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
