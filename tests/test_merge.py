@@ -58,7 +58,7 @@ def sessions(tmp_path: Path) -> tuple[Path, Path]:
         qc_verdicts=["pass", None, "fail"],
         qc_notes=[None, "wobbly", None],
         tasks=["pick", "place"],
-        extra_rows=[{"trim": [1, 8], "lab_field": {"x": 1}}, None, {"drop": True}],
+        extra_rows=[{"edit_trim": [1, 8], "lab_field": {"x": 1}}, {"edit_task": "stack"}, {"edit_drop": True}],
     )
     b = write_synthetic_dataset(
         tmp_path / "b" / "raw",

@@ -15,14 +15,16 @@ OLD when no session is named.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import av
+import numpy as np
 
-from eva.dataset import fsafe, layout, video
+from eva.dataset import fsafe, layout, mp4box, video
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 
@@ -132,8 +134,8 @@ def parse_renames(
 
 
 def probe_camera(source: fsafe.Readable) -> CameraLayout:
-    """The layout of one MP4: codec parameters as FFmpeg opened them, and whether the first
-    packets come out of decode order (B-frames)."""
+    """The layout of one MP4 as FFmpeg opens it: codec parameters, and whether the first
+    packets' presentation times come out of decode order (B-frames)."""
     path = fsafe.name_of(source)
     with video.open_input(source) as container:
         if not container.streams.video:
@@ -142,7 +144,7 @@ def probe_camera(source: fsafe.Readable) -> CameraLayout:
         ctx = stream.codec_context
         if ctx is None:
             raise DatasetError(f"{path}: the video stream has no decoder")
-        reordered = bool(ctx.has_b_frames)
+        reordered = False
         latest: int | None = None
         try:
             for n, packet in enumerate(container.demux(stream)):
@@ -164,6 +166,29 @@ def probe_camera(source: fsafe.Readable) -> CameraLayout:
         )
 
 
+def camera_layouts(reader: DatasetReader, key: str) -> dict[int, CameraLayout]:
+    """Every episode's layout of camera ``key``. The codec parameters follow from the MP4's
+    sample entry (``mp4box``: codec, resolution, and the parameter sets that give profile and
+    pixel format), so FFmpeg opens one file per distinct entry; the B-frame layout of each file
+    is its sample table's presentation order (the validation just parsed those tables). A file
+    the box parser cannot vouch for is opened by FFmpeg."""
+    by_entry: dict[bytes, CameraLayout] = {}
+    layouts: dict[int, CameraLayout] = {}
+    for ep in reader.episode_indices:
+        source = reader.video_file(ep, key)
+        try:
+            samples = mp4box.read_video_samples(source)
+        except mp4box.Mp4Error:
+            layouts[ep] = probe_camera(source)
+            continue
+        params = by_entry.get(samples.entry.key)
+        if params is None:
+            params = by_entry[samples.entry.key] = probe_camera(source)
+        reordered = bool(np.any(np.diff(samples.pts) < 0))
+        layouts[ep] = dataclasses.replace(params, b_frames=reordered)
+    return layouts
+
+
 def rig_of(name: str, reader: DatasetReader, renames: Mapping[str, str]) -> Rig:
     """Session ``name`` (``reader``'s dataset, validated) as it compares with the others."""
     features: dict[str, dict[str, Any]] = {}
@@ -172,9 +197,7 @@ def rig_of(name: str, reader: DatasetReader, renames: Mapping[str, str]) -> Rig:
         features[renames.get(key, key)] = kept
     cameras: dict[str, dict[int, CameraLayout]] = {}
     for key in reader.video_keys:
-        cameras[renames.get(key, key)] = {
-            ep: probe_camera(reader.video_file(ep, key)) for ep in reader.episode_indices
-        }
+        cameras[renames.get(key, key)] = camera_layouts(reader, key)
     return Rig(name, reader.info.get("fps"), reader.info.get("robot_type"), features, cameras)
 
 
