@@ -567,6 +567,85 @@ def test_issue_frames_and_review_keys(
     assert browser_errors(d) == []
 
 
+def scrub_to(driver: WebDriver, frame: int) -> None:
+    driver.execute_script(
+        "const s = document.getElementById('scrubber'); s.value = arguments[0];"
+        "s.dispatchEvent(new Event('input'))",
+        frame,
+    )
+    wait_all_on_frame(driver, frame, f"frame {frame}")
+
+
+def trim_range(driver: WebDriver) -> dict[str, Any]:
+    return driver.execute_script(
+        "const r = document.getElementById('trim-range');"
+        "return {hidden: r.hidden, start: r.dataset.start, end: r.dataset.end,"
+        " width: r.getBoundingClientRect().width,"
+        " bar: r.parentElement.getBoundingClientRect().width}"
+    )
+
+
+def test_trim_marks_task_and_drop(console: Console, browser: WebDriver, artifacts: Path) -> None:
+    """Keys [ and ] set the trim at the replay's frame, shown on the scrubber and the list;
+    the task and DROP are one request each, and every edit is undone from the panel."""
+    d = browser
+    open_console(d, console)
+    open_episode(d, "sort_parts", 0)
+    wait_all_on_frame(d, 0, "frame 0 after loading")
+    assert trim_range(d)["hidden"] and text(d, "trim-label") == "no trim"
+
+    scrub_to(d, 5)
+    press(d, "[")  # keep from frame 5
+    wait_until(d, lambda: trim_range(d)["start"] == "5", "the in mark")
+    assert trim_range(d)["end"] == "40"
+    scrub_to(d, 24)
+    press(d, "]")  # up to and including frame 24
+    wait_until(d, lambda: trim_range(d)["end"] == "25", "the out mark")
+    shown = trim_range(d)
+    assert not shown["hidden"] and shown["start"] == "5"
+    assert abs(shown["width"] / shown["bar"] - 20 / 40) < 0.02, shown  # 20 of 40 frames
+    assert "trim 5–25 (keeps 20 of 40 frames)" in text(d, "trim-label")
+    wait_until(d, lambda: episode_attr(d, 0, "data-trim") == "5:25", "the list's trim")
+    row = console.api.get("/api/datasets/sort_parts/episodes").json()["episodes"][0]
+    assert row["edit_trim"] == [5, 25]
+    # The plots shade the frames the trim leaves out: the left edge of a plot is dark now.
+    dark = d.execute_script(
+        "const c = document.querySelector('#plots canvas');"
+        "const p = c.getContext('2d').getImageData(48, 40, 1, 1).data; return p[0] + p[1] + p[2]"
+    )
+    assert dark < 3 * 0x20, dark
+    screenshot(d, artifacts, "quality-trim")
+
+    # The task: typed into its field, Enter saves; keys there are text ("[" sets no mark).
+    by_id(d, "edit-task").click()
+    press(d, "sort [red] parts\n")
+    wait_until(
+        d,
+        lambda: (
+            console.api.get("/api/datasets/sort_parts/episodes").json()["episodes"][0]["edit_task"]
+            == "sort [red] parts"
+        ),
+        "the task saved",
+    )
+    assert trim_range(d)["start"] == "5"
+    press(d, Keys.ESCAPE)
+    by_id(d, "drop").click()
+    wait_until(d, lambda: episode_attr(d, 0, "data-subset") == "dropped", "DROP")
+    assert "dropped 1: [0]" in text(d, "split")
+    assert by_id(d, "drop").text == "UNDROP"
+
+    # Undone from the panel: UNDROP, clear task, clear trim.
+    by_id(d, "drop").click()
+    wait_until(d, lambda: episode_attr(d, 0, "data-subset") == "accepted", "UNDROP")
+    by_id(d, "clear-task").click()
+    by_id(d, "clear-trim").click()
+    wait_until(d, lambda: trim_range(d)["hidden"], "the trim cleared")
+    wait_until(d, lambda: episode_attr(d, 0, "data-trim") == "", "the list's trim cleared")
+    row = console.api.get("/api/datasets/sort_parts/episodes").json()["episodes"][0]
+    assert row["edit_trim"] is None and row["edit_task"] is None and row["edit_drop"] is False
+    assert browser_errors(d) == []
+
+
 def test_collect_keys_cancel_and_api_errors(console: Console, browser: WebDriver) -> None:
     d = browser
     open_console(d, console)

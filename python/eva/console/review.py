@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,8 +19,13 @@ from eva.console.http_values import episode_index, typed_text
 from eva.console.jobs import export_states
 from eva.dataset import fsafe, layout
 from eva.dataset.atomic import NotJSONError
+from eva.dataset.edits import EpisodeEdits
 from eva.dataset.errors import DatasetError, UnsafePathError
 from eva.dataset.identity import Identity, file_identity
+
+if TYPE_CHECKING:
+    from eva.quality.edits import EditRequest
+    from eva.quality.verdicts import ReviewUpdate
 
 MAX_SERIES_POINTS = 2000
 
@@ -43,6 +48,61 @@ def _texts(value: object) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
+def _edit_fields(edits: EpisodeEdits) -> dict[str, Any]:
+    """An episode's edits as the page shows them (null / false: none)."""
+    return {
+        "edit_trim": list(edits.trim) if edits.trim is not None else None,
+        "edit_task": edits.task,
+        "edit_drop": edits.drop,
+    }
+
+
+def edit_request(body: object) -> EditRequest:
+    """An edit request's body as an ``EditRequest``; 400 naming the field for anything else."""
+    from eva.dataset.edits import task_problem, trim_syntax_problem
+    from eva.quality.edits import EditRequest
+
+    check_body(body, ("trim", "task", "drop"))
+    assert isinstance(body, Mapping)
+    if not body:
+        raise bad_request("bad_field", "trim: give trim, task or drop", "trim")
+    trim: str | tuple[int, int] | None = None
+    if "trim" in body and body["trim"] is not None:
+        trim = _trim(body["trim"])
+    task = body.get("task")
+    if task is not None:
+        problem = task_problem(typed_text(task, "task"))
+        if problem is not None:
+            raise bad_request("bad_field", f"task: {problem}", "task")
+    drop = body.get("drop")
+    if "drop" in body and not isinstance(drop, bool):
+        raise bad_request("bad_field", f"drop: {drop!r} is not true or false", "drop")
+    if isinstance(trim, str):
+        problem = trim_syntax_problem(trim)
+        if problem is not None:
+            raise bad_request("bad_field", problem, "trim")
+    return EditRequest(
+        trim=trim,
+        clear_trim="trim" in body and body["trim"] is None,
+        task=task,
+        clear_task="task" in body and task is None,
+        drop=drop,
+    )
+
+
+def _trim(value: object) -> str | tuple[int, int]:
+    if isinstance(value, str):
+        return typed_text(value, "trim")
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) for b in value)
+    ):
+        return (value[0], value[1])
+    shown = repr(value)[:60]
+    raise bad_request("bad_field", f'trim: {shown} is not [start, end], "A:B" or null', "trim")
+
+
 class EpisodeReview:
     """Review of the datasets' episodes; ``changed`` is called when a verdict or note changed."""
 
@@ -52,6 +112,7 @@ class EpisodeReview:
         self._videos: dict[tuple[str, str, str], tuple[Any, str]] = {}
 
     def episodes(self, name: str) -> dict[str, Any]:
+        from eva.dataset.edits import episode_edits
         from eva.quality.split import plan_split
         from eva.quality.verdicts import quality_issues, read_episode_rows, reason_of, subset_of
 
@@ -63,6 +124,10 @@ class EpisodeReview:
             rows = read_episode_rows(root)
         except DatasetError as e:
             raise conflict("bad_dataset", str(e)) from None
+        try:  # before the rows: a malformed edit names its episode and field here
+            plan = plan_split(rows)
+        except DatasetError as e:
+            raise conflict("bad_dataset", f"{root / layout.EPISODES}: {e}") from None
         episodes = []
         for row in sorted(rows, key=lambda r: r["episode_index"]):
             issues = []
@@ -83,14 +148,18 @@ class EpisodeReview:
                     "video_keys": _texts(row.get("video_keys")),
                     "started_at": row.get("started_at"),
                     "duration_seconds": row.get("duration_seconds"),
+                    **_edit_fields(episode_edits(row)),
                 }
             )
-        plan = plan_split(rows)
         return {
             "dataset": name,
             "dir": str(root),
             "episodes": episodes,
-            "split": {"accepted": plan.accepted, "rejected": plan.rejected},
+            "split": {
+                "accepted": plan.accepted,
+                "rejected": plan.rejected,
+                "dropped": plan.dropped,
+            },
             "stale": [f for f, e in export_states(root, plan).items() if e.get("stale")],
         }
 
@@ -116,23 +185,16 @@ class EpisodeReview:
             note = typed_text(note, "note")
         root = self.dirs.checked_root(name)
         episode = self._episode_index(root, index)
-        try:
-            update = review_episode(
+        update = self._update(
+            "review_failed",
+            lambda: review_episode(
                 root,
                 episode,
                 verdict=verdict,
                 note=note,
                 clear_verdict="verdict" in body and verdict is None,
-            )
-        except NotJSONError as e:  # a hand-edited NaN in a row: the file is kept as it is
-            raise conflict("invalid_episode_row", str(e)) from None
-        except DatasetError as e:
-            text = str(e)
-            if "being saved" in text or "not saved yet" in text:
-                raise conflict("episode_saving", text) from None
-            raise conflict("review_failed", text) from None
-        if update.changed:
-            self.changed()
+            ),
+        )
         row = update.row
         return {
             "episode_index": episode,
@@ -141,6 +203,46 @@ class EpisodeReview:
             "subset": subset_of(row),
             "changed": update.changed,
         }
+
+    def set_edits(self, name: str, index: Any, body: Mapping[str, Any]) -> dict[str, Any]:
+        """One edit request (docs/console.md): ``trim`` ([start, end] frames, "A:B" frames or
+        seconds, or null to clear), ``task`` (text, or null to clear), ``drop`` (true/false);
+        the same ``eva.quality.edits`` call, lock and rule as ``eva edit``."""
+        from eva.dataset.edits import episode_edits
+        from eva.quality.edits import edit_episodes
+        from eva.quality.verdicts import subset_of
+
+        request = edit_request(body)
+        root = self.dirs.checked_root(name)
+        episode = self._episode_index(root, index)
+        update = self._update("edit_failed", lambda: edit_episodes(root, [episode], request)[0])
+        row = update.row
+        return {
+            "episode_index": episode,
+            **_edit_fields(episode_edits(row)),
+            "subset": subset_of(row),
+            "changed": update.changed,
+        }
+
+    def _update(self, failed: str, run: Callable[[], ReviewUpdate]) -> ReviewUpdate:
+        """``run()`` (one rewrite of episodes.jsonl), its refusals as HTTP errors (``failed``:
+        the code of one the others do not name), and ``changed`` called when the file changed."""
+        from eva.dataset.edits import EditError
+
+        try:
+            update = run()
+        except NotJSONError as e:  # a hand-edited NaN in a row: the file is kept as it is
+            raise conflict("invalid_episode_row", str(e)) from None
+        except EditError as e:  # a well-formed edit whose trim does not fit the episode
+            raise bad_request("bad_field", str(e), "trim") from None
+        except DatasetError as e:
+            text = str(e)
+            if "being saved" in text or "not saved yet" in text:
+                raise conflict("episode_saving", text) from None
+            raise conflict(failed, text) from None
+        if update.changed:
+            self.changed()
+        return update
 
     def _episode_index(self, root: Path, index: Any) -> int:
         from eva.quality.verdicts import read_episode_rows

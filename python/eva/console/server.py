@@ -287,6 +287,11 @@ class _Endpoints:
         p = request.path_params
         return JSONResponse(await _call(self.session.set_review, p["name"], p["index"], body))
 
+    async def edit(self, request: Request) -> Response:
+        body = await _body(request)
+        p = request.path_params
+        return JSONResponse(await _call(self.session.set_edits, p["name"], p["index"], body))
+
     async def video(self, request: Request) -> Response:
         p = request.path_params
         fd = await _call(self.session.video_fd, p["name"], p["index"], p["video_key"])
@@ -388,6 +393,7 @@ def _routes(endpoints: _Endpoints) -> list[BaseRoute]:
         Route("/api/preview/{camera}", h(e.preview), methods=["GET"]),
         Route("/api/datasets/{name}/episodes", h(e.episodes), methods=["GET"]),
         Route("/api/datasets/{name}/episodes/{index}/qc", h(e.review), methods=["PUT"]),
+        Route("/api/datasets/{name}/episodes/{index}/edit", h(e.edit), methods=["PUT"]),
         Route(
             "/api/datasets/{name}/episodes/{index}/video/{video_key}", h(e.video), methods=["GET"]
         ),

@@ -150,6 +150,9 @@ class ConsoleSession:
     def set_review(self, name: str, index: Any, body: Mapping[str, Any]) -> dict[str, Any]:
         return self.review.set_review(name, index, body)
 
+    def set_edits(self, name: str, index: Any, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.review.set_edits(name, index, body)
+
     def video_fd(self, name: str, index: Any, key: str) -> int:
         return self.review.video_fd(name, index, key)
 

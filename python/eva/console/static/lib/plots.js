@@ -26,14 +26,15 @@ function xOf(plot, frame, length) {
   return PAD.left + (length > 1 ? (frame / (length - 1)) * w : 0);
 }
 
-// Fit each plot to its box's width and draw its lines again (an episode of ``length`` frames).
-export function redrawPlots(plots, length, frame) {
+// Fit each plot to its box's width and draw its lines again (an episode of ``length`` frames;
+// ``trim``: the kept frames [start, end), or null).
+export function redrawPlots(plots, length, frame, trim = null) {
   for (const plot of plots) {
     const width = Math.max(200, plot.canvas.parentElement.clientWidth || 600);
     plot.canvas.width = width;
     plot.base = renderPlotBase(plot, length);
   }
-  drawCursors(plots, length, frame);
+  drawCursors(plots, length, frame, trim);
 }
 
 function valueRange(series) {
@@ -95,11 +96,13 @@ function renderPlotBase(plot, length) {
   return base;
 }
 
-export function drawCursors(plots, length, frame) {
+// The frame cursor over each plot, and the frames a trim leaves out shaded.
+export function drawCursors(plots, length, frame, trim = null) {
   for (const plot of plots) {
     if (!plot.base) continue;
     const ctx = plot.canvas.getContext("2d");
     ctx.drawImage(plot.base, 0, 0);
+    if (trim) shadeTrimmed(plot, ctx, length, trim);
     const x = Math.round(xOf(plot, frame, length)) + 0.5;
     ctx.strokeStyle = "#ffffff";
     ctx.lineWidth = 1;
@@ -108,4 +111,16 @@ export function drawCursors(plots, length, frame) {
     ctx.lineTo(x, plot.canvas.height - PAD.bottom);
     ctx.stroke();
   }
+}
+
+function shadeTrimmed(plot, ctx, length, [start, end]) {
+  const top = PAD.top;
+  const height = plot.canvas.height - PAD.top - PAD.bottom;
+  const half = length > 1 ? (plot.canvas.width - PAD.left - PAD.right) / (length - 1) / 2 : 0;
+  const from = xOf(plot, start, length) - half;
+  const to = xOf(plot, end - 1, length) + half;
+  ctx.fillStyle = "rgba(0, 0, 0, 0.6)";
+  if (from > PAD.left) ctx.fillRect(PAD.left, top, from - PAD.left, height);
+  const right = plot.canvas.width - PAD.right;
+  if (to < right) ctx.fillRect(to, top, right - to, height);
 }

@@ -5,6 +5,7 @@ import { refreshDataset, setDataset } from "../lib/datasets.js";
 import { $, badge, el, plural, toast, unchanged } from "../lib/dom.js";
 import { showPanel } from "../lib/panels.js";
 import { ui } from "../lib/state.js";
+import { onEditKey, renderEdits, setupEdits, trimText } from "./edits.js";
 import {
   clearReplay, loadReplay, pauseReplay, redrawReplayPlots, seekAll, setupReplay, step, togglePlay,
 } from "./replay.js";
@@ -24,12 +25,15 @@ function renderEpisodes() {
     list.replaceChildren(...episodes.map((ep) => el("li", {
       class: `episode${ep.episode_index === ui.selected ? " selected" : ""}`,
       "data-index": ep.episode_index, "data-subset": ep.subset,
-      "data-verdict": ep.qc_verdict || "", onclick: () => selectEpisode(ep.episode_index),
+      "data-verdict": ep.qc_verdict || "", "data-trim": ep.edit_trim ? ep.edit_trim.join(":") : "",
+      onclick: () => selectEpisode(ep.episode_index),
     },
     badge(ep.quality), " ", el("b", { text: `#${ep.episode_index}` }),
     ` ${plural(ep.length ?? 0, "frame")} `,
     el("span", { class: `verdict ${ep.qc_verdict || "none"}`, text: ep.qc_verdict || "–" }), " ",
     el("span", { class: `subset ${ep.subset}`, text: ep.subset }),
+    ep.edit_trim ? el("span", { class: "edit muted", text: ` ${trimText(ep.edit_trim)}` }) : null,
+    ep.edit_task ? el("div", { class: "edit muted", text: `task: ${ep.edit_task}` }) : null,
     ep.qc_note ? el("div", { class: "note muted", text: ep.qc_note }) : null)));
   }
   const split = $("split");
@@ -38,7 +42,9 @@ function renderEpisodes() {
       el("span", { class: "subset accepted", id: "split-accepted",
         text: `accepted ${data.split.accepted.length}: [${data.split.accepted.join(", ")}]` }), " ",
       el("span", { class: "subset rejected", id: "split-rejected",
-        text: `rejected ${data.split.rejected.length}: [${data.split.rejected.join(", ")}]` }));
+        text: `rejected ${data.split.rejected.length}: [${data.split.rejected.join(", ")}]` }),
+      (data.split.dropped || []).length ? el("span", { class: "subset dropped", id: "split-dropped",
+        text: ` dropped ${data.split.dropped.length}: [${data.split.dropped.join(", ")}]` }) : "");
   } else split.textContent = "";
   const stale = data ? data.stale || [] : [];
   $("stale-warning").hidden = !stale.length;
@@ -60,6 +66,7 @@ function renderEpisodeDetail(ep) {
   $("episode-title").textContent =
     `episode ${ep.episode_index} · ${plural(ep.length ?? 0, "frame")} · ${(ep.tasks || []).join(", ")}`;
   renderVerdict(ep);
+  renderEdits(ep);
   $("note").value = ep.qc_note || "";
   const issues = ep.quality_issues || [];
   if (!issues.length) {
@@ -135,6 +142,7 @@ async function saveReview(verdict) {
 
 function onKey(e) {
   const key = e.key;
+  if (onEditKey(e)) return true;
   if (!e.repeat && key === "p") saveReview("pass");
   else if (!e.repeat && key === "f") saveReview("fail");
   else if (!e.repeat && key === "x") saveReview(null);
@@ -161,6 +169,7 @@ export const qualityPanel = {
       saveReview(undefined);
     });
     setupReplay();
+    setupEdits({ current: currentEpisode, saved: renderEpisodes });
     window.addEventListener("resize", () => { if (ui.panel === "quality") redrawReplayPlots(); });
   },
   show() {
@@ -171,13 +180,14 @@ export const qualityPanel = {
   onKey,
   onDataset() {
     clearReplay();
+    renderEdits(null);
     renderEpisodes();
   },
   onEpisodes() {
     renderEpisodes();
     const ep = currentEpisode();
-    if (ep) renderVerdict(ep);
-    else if (ui.selected !== null) { ui.selected = null; clearReplay(); }
+    if (ep) { renderVerdict(ep); renderEdits(ep); }
+    else if (ui.selected !== null) { ui.selected = null; clearReplay(); renderEdits(null); }
     if (ui.panel === "quality") selectFirstEpisode();
   },
 };

@@ -7,7 +7,24 @@ import { buildPlots, drawCursors, redrawPlots } from "../lib/plots.js";
 import { ui } from "../lib/state.js";
 
 const replay = { generation: 0, fps: 30, length: 0, frame: 0, videos: [], master: null,
-  playing: false, plots: [] };
+  playing: false, plots: [], trim: null };
+
+export const replayFrame = () => replay.frame;
+export const replayLength = () => replay.length;
+
+// The kept frames [start, end) of the episode's trim (null: all) on the scrubber and the plots.
+export function setReplayTrim(trim) {
+  replay.trim = trim || null;
+  const range = $("trim-range");
+  range.hidden = !replay.trim || !replay.length;
+  if (!range.hidden) {
+    range.style.left = `${(100 * replay.trim[0]) / replay.length}%`;
+    range.style.width = `${(100 * (replay.trim[1] - replay.trim[0])) / replay.length}%`;
+  }
+  range.dataset.start = replay.trim ? String(replay.trim[0]) : "";
+  range.dataset.end = replay.trim ? String(replay.trim[1]) : "";
+  drawCursors(replay.plots, replay.length, replay.frame, replay.trim);
+}
 
 export function clearReplay() {
   pauseReplay();
@@ -17,6 +34,7 @@ export function clearReplay() {
   replay.master = null;
   replay.length = 0;
   replay.plots = [];
+  setReplayTrim(null);
   $("videos").replaceChildren();
   $("plots").replaceChildren();
   $("issues").replaceChildren();
@@ -47,6 +65,7 @@ export async function loadReplay(ep) {
   const scrubber = $("scrubber");
   scrubber.max = String(replay.length - 1);
   replay.plots = buildPlots($("plots"), series);
+  setReplayTrim(ep.edit_trim);
   redrawReplayPlots();
   seekAll(0);
 }
@@ -91,7 +110,7 @@ function showCursor(frame) {
   scrubber.value = String(frame);
   scrubber.dataset.frame = String(frame);
   $("frame-label").textContent = `frame ${frame} / ${replay.length - 1}`;
-  drawCursors(replay.plots, replay.length, replay.frame);
+  drawCursors(replay.plots, replay.length, replay.frame, replay.trim);
 }
 
 function onMasterFrame(frame) {
@@ -150,7 +169,7 @@ export function step(delta) {
 }
 
 export function redrawReplayPlots() {
-  redrawPlots(replay.plots, replay.length, replay.frame);
+  redrawPlots(replay.plots, replay.length, replay.frame, replay.trim);
 }
 
 // The transport row's buttons and scrubber.
