@@ -10,7 +10,8 @@
 * the metadata work a naive writer would add per append at 200 episodes (re-reading
   episodes.jsonl + episodes_stats.jsonl and re-merging all stats), against the append itself.
 * one jsonl row appended to a 2000-row episodes_stats.jsonl in place (what the writer does)
-  against copy + rename (``atomic.atomic_append_lines``), whose cost grows with the file.
+  against copy + rename (``append_by_copy``, the way eva no longer appends), whose cost grows
+  with the file.
 * reader side: ``iter_frame_batches`` at 640x480 (decode, rgb24, copy into the reused buffer)
   against decoding alone (no pixel conversion).
 * ``count_frames`` (MP4 box parse, what the validator calls per camera per episode) against
@@ -189,6 +190,15 @@ def frame_count_rows(tmp: Path, frames: int) -> list[dict[str, Any]]:
     ]
 
 
+def append_by_copy(path: Path, rows: list[dict[str, Any]], *, durable: bool) -> None:
+    """The baseline: the whole file and the new lines written to a temporary, renamed over it
+    (no reader sees a partial line, at a cost that grows with the file)."""
+    data = path.read_bytes()
+    atomic.atomic_write_bytes(
+        path, data + b"".join(atomic.jsonl_line(r) for r in rows), durable=durable
+    )
+
+
 def jsonl_append_rows(tmp: Path, root: Path, rows_in_file: int) -> list[dict[str, Any]]:
     """One per-episode stats row appended to a ``rows_in_file``-row episodes_stats.jsonl."""
     line = (root / layout.EPISODES_STATS).read_bytes().splitlines(keepends=True)[0]
@@ -196,12 +206,7 @@ def jsonl_append_rows(tmp: Path, root: Path, rows_in_file: int) -> list[dict[str
     times = {}
     for name, append in (
         ("in place", atomic.append_jsonl_inplace),
-        (
-            "copy+rename",
-            lambda path, rows, durable: atomic.atomic_append_lines(
-                path, b"".join(atomic.jsonl_line(r) for r in rows), durable=durable
-            ),
-        ),
+        ("copy+rename", append_by_copy),
     ):
         path = tmp / f"stats-{name.replace(' ', '_').replace('+', '_')}.jsonl"
         path.write_bytes(line * rows_in_file)

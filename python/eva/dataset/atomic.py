@@ -1,11 +1,11 @@
 """Crash-safe file updates: write a temporary sibling, fsync it, rename it over the target.
 
 A reader therefore sees either the old file or the new one, never a torn one. Appending lines to
-a small file can be done the same way (``atomic_append_lines``: copy + new lines + rename), so a
-crash can never leave half a line; its cost grows with the file.
+a file that way (copy + new lines + rename) costs time that grows with the file, so files that
+grow are appended to in place instead (bench/bench_dataset.py measures both).
 
-``append_jsonl_inplace`` is the O(1) alternative for files that grow by one row per episode
-(the dataset writer's episodes.jsonl / episodes_stats.jsonl / tasks.jsonl): one ``write`` of
+``append_jsonl_inplace`` appends in O(1), for files that grow by one row per episode (the
+dataset writer's episodes.jsonl / episodes_stats.jsonl / tasks.jsonl): one ``write`` of
 complete lines to an ``O_APPEND`` descriptor, then fsync. A line only counts once its ``\n`` is
 there: ``read_jsonl`` ignores an unterminated final fragment that does not parse (an append in
 progress, or one cut short by a crash), and ``heal_jsonl_tail`` / the next in-place append drop
@@ -199,19 +199,6 @@ def jsonl_bytes(path: Path, rows: Iterable[Any]) -> bytes:
 
 def atomic_write_jsonl(path: Path, rows: Iterable[Any], *, durable: bool = True) -> None:
     atomic_write_bytes(path, jsonl_bytes(path, rows), durable=durable)
-
-
-def atomic_append_lines(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Append complete lines (``data``) to a small text file by copy + rename, so no reader ever
-    sees a partial line; a final line that lacks its newline is terminated first."""
-    path = Path(path)
-    try:
-        old = fsafe.read_bytes(path)
-    except FileNotFoundError:
-        old = b""
-    if old and not old.endswith(b"\n"):
-        old += b"\n"
-    atomic_write_bytes(path, old + data, durable=durable)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
