@@ -49,6 +49,11 @@ for fmt in lerobot_v21 lerobot_v3 hdf5 mcap; do
   $EVA verify "$DEMO/logs/pick_cube/export/$fmt/accepted"
   $EVA verify "$DEMO/logs/pick_cube/export/$fmt/rejected"
 done
+echo "== merge: a second session of 2 episodes, then both sessions into one dataset =="
+$EVA collect "$DEMO/collect.toml" --episodes 2 --seconds 2 --source sim --dataset pick_cube_2
+$EVA merge "$RAW" "$DEMO/logs/pick_cube_2/raw" --into "$DEMO/logs/pick_cube_all/raw"
+$EVA validate "$DEMO/logs/pick_cube_all/raw"
+
 echo
 echo "demo done: raw dataset in $RAW, exports in $DEMO/logs/pick_cube/export/"
 echo "review it in the browser: $EVA console $DEMO/collect.toml   (prints http://127.0.0.1:8750/?token=...)"

@@ -49,7 +49,8 @@ def _all_examples() -> list[tuple[str, str]]:
 @pytest.fixture
 def demo(tmp_path: Path, sshd_server: SshdServer) -> Path:
     """The layout scripts/demo.sh makes, built quickly: the same config (plus an SFTP server),
-    a 3-episode 3-camera dataset with episode 1 judged "fail", exported in every format."""
+    a 3-episode 3-camera dataset with episode 1 judged "fail", exported in every format, and a
+    second 2-episode session of the same rig."""
     remote = tmp_path / "remote"
     remote.mkdir()
     known_hosts = sshd_server.write_known_hosts(tmp_path / "known_hosts")
@@ -86,6 +87,17 @@ def demo(tmp_path: Path, sshd_server: SshdServer) -> Path:
     )
     for fmt in FORMATS:
         export_dataset(raw, fmt)
+    write_synthetic_dataset(  # a second session of the same rig, for eva merge
+        demo / "logs" / "pick_cube_2" / "raw",
+        episodes=2,
+        frames=[30, 33],
+        cameras=CAMERAS,
+        width=160,
+        height=120,
+        action_dim=14,
+        tasks=["pick up the red cube and place it in the bin"],
+        seed=2,
+    )
     return tmp_path
 
 

@@ -47,10 +47,12 @@ def merge_command(
     is written, when the sessions differ in fps, robot type, features or any camera's encoding
     (one line per difference). Exit 0 merged, 1 refused (data), 2 usage.
 
+    --map b/raw:observation.images.high=observation.images.top renames a camera of session b/raw
+    (without "b/raw:", of every session that has it).
+
     \b
-    Examples:
-      eva merge logs/pick/raw logs/pick_day2/raw --into logs/pick_all/raw
-      eva merge a/raw b/raw --into ab/raw --map b/raw:observation.images.high=observation.images.top
+    Example:
+      eva merge demo-data/logs/pick_cube/raw demo-data/logs/pick_cube_2/raw --into demo-data/logs/pick_cube_all/raw
     """
     from eva.dataset.errors import DatasetError
     from eva.dataset.merge import MergeUsageError, RigMismatch, merge_sessions
