@@ -828,10 +828,10 @@ def report(quick: bool = False) -> list[dict[str, Any]]:
 
 def test_encode_preview_jpeg(benchmark: Any) -> None:
     from eva.capture.synthetic import SyntheticScene
-    from eva.console.jpeg import encode_jpeg
+    from eva.console.jpeg import JpegEncoder
 
     frame = SyntheticScene(240, 320, seed=0).frames(0, 1)[0]
-    benchmark(encode_jpeg, frame)
+    benchmark(JpegEncoder(frame.shape[1], frame.shape[0]).encode, frame)
 
 
 def test_status_uncached(benchmark: Any, tmp_path: Path) -> None:

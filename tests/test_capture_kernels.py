@@ -250,15 +250,11 @@ def test_hold_and_interp_basics(native: bool) -> None:
     assert mixed[:, 0].tolist() == out[:, 0].tolist()
 
 
-def test_grid_bounds_and_length() -> None:
-    assert align.grid_bounds([0.1, 0.3, 0.2], [5.0, 4.0, 4.5]) == (0.3, 4.0)
-    assert align.grid_bounds([2.0, 0.0], [3.0, 1.0]) is None
-    assert align.grid_bounds([], []) is None
+def test_grid_length() -> None:
     assert align.grid_length(0.0, 1.0, 30) == 31
     assert align.grid_length(0.0, 1.0 - 1e-9, 30) == 30
     assert align.grid_length(1.0, 0.5, 30) == 0
     assert align.grid_length(2.0, 2.0, 30) == 1
-    assert align.default_tolerance(30) == pytest.approx(1 / 58)
 
 
 @st.composite

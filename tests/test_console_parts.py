@@ -17,7 +17,7 @@ from eva.capture.preview import PreviewTap
 from eva.capture.recorder import Recorder
 from eva.cli import main
 from eva.config import config_from_dict
-from eva.console.jpeg import encode_jpeg
+from eva.console.jpeg import JpegEncoder
 from eva.dataset.errors import DatasetError
 from eva.export.options import describe_options, parse_options
 from eva.export.pipeline import export_dataset
@@ -108,7 +108,7 @@ def test_jpeg_preview_decodes_to_the_frame() -> None:
     image = np.zeros((120, 161, 3), np.uint8)
     image[:, :80] = (200, 30, 30)
     image[:, 80:] = (20, 40, 220)
-    data = encode_jpeg(image)
+    data = JpegEncoder(161, 120).encode(image)
     assert data[:2] == b"\xff\xd8" and data[-2:] == b"\xff\xd9"
     with av.open(io.BytesIO(data)) as container:
         decoded = next(container.decode(video=0)).to_ndarray(format="rgb24")

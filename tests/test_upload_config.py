@@ -9,7 +9,7 @@ import pytest
 from eva.upload.config import (
     DEFAULT_PORT,
     UploadConfigError,
-    load_sftp_config,
+    load_upload_config,
     parse_sftp_config,
     validate_remote_dir,
 )
@@ -123,7 +123,7 @@ def test_load_from_toml_file(tmp_path: Path) -> None:
         '[collection.storage.sftp]\nhost = "127.0.0.1"\nport = 2022\n'
         'identity_file = "id_key"\nremote_dir = "/srv/up"\n'
     )
-    config = load_sftp_config(path)
+    _, config = load_upload_config(path)
     assert config is not None
     assert (config.host, config.port, config.remote_dir) == ("127.0.0.1", 2022, "/srv/up")
     assert config.identity_file == tmp_path / "id_key"
@@ -132,16 +132,16 @@ def test_load_from_toml_file(tmp_path: Path) -> None:
 def test_file_errors_name_the_file(tmp_path: Path) -> None:
     missing = tmp_path / "missing.toml"
     with pytest.raises(UploadConfigError, match="missing.toml: config file not found"):
-        load_sftp_config(missing)
+        load_upload_config(missing)
     broken = tmp_path / "broken.toml"
     broken.write_text("[collection\n")
     with pytest.raises(UploadConfigError, match="broken.toml: invalid TOML"):
-        load_sftp_config(broken)
+        load_upload_config(broken)
     bad = tmp_path / "bad.toml"
     bad.write_text('[collection.storage.sftp]\nhost = "h"\nremote_dir = "rel"\n')
     with pytest.raises(UploadConfigError, match=r"bad.toml: collection.storage.sftp.remote_dir"):
-        load_sftp_config(bad)
+        load_upload_config(bad)
     no_collection = tmp_path / "empty.toml"
     no_collection.write_text("")
     with pytest.raises(UploadConfigError, match=r"no \[collection\] table"):
-        load_sftp_config(no_collection)
+        load_upload_config(no_collection)

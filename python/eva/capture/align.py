@@ -3,7 +3,8 @@
 - The grid starts at the latest first sample over all required streams and ends at the earliest
   last sample: ``t_k = start + k / fps`` for every ``t_k <= end``.
 - Images take the nearest sample, the earlier one on a tie; a nearest sample farther than the skew
-  tolerance (default ``1 / (2 (fps - 1))`` s) is a skew violation.
+  tolerance (default ``1 / (2 (fps - 1))`` s: ``CollectionConfig.skew_tolerance``) is a skew
+  violation.
 - Vectors are linearly interpolated between neighbouring samples; discrete dimensions (grippers)
   hold the latest sample at or before the grid instant.
 
@@ -23,24 +24,6 @@ from eva._native import load
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
-
-
-def default_tolerance(fps: float) -> float:
-    """Default image skew tolerance: half the grid period of ``fps - 1``, i.e.
-    ``1 / (2 (fps - 1))`` s."""
-    if fps <= 1:
-        raise ValueError(f"fps must be > 1, got {fps}")
-    return 1.0 / (2.0 * (fps - 1.0))
-
-
-def grid_bounds(
-    first_times: Sequence[float], last_times: Sequence[float]
-) -> tuple[float, float] | None:
-    """(start, end) of the shared span of all required streams, or None when they do not overlap."""
-    if not first_times or not last_times:
-        return None
-    start, end = max(first_times), min(last_times)
-    return (start, end) if end >= start else None
 
 
 def grid_length(start: float, end: float, fps: float) -> int:

@@ -35,8 +35,3 @@ class JpegEncoder:
             self._pts += 1
             packets = self._codec.encode(video)
         return b"".join(bytes(p) for p in packets)
-
-
-def encode_jpeg(frame: np.ndarray, quality: int = 5) -> bytes:
-    """One frame as a JPEG (a fresh encoder: for one-off use; previews keep a JpegEncoder)."""
-    return JpegEncoder(frame.shape[1], frame.shape[0], quality).encode(frame)

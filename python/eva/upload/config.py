@@ -154,8 +154,3 @@ def load_upload_config(path: Path) -> tuple[dict[str, Any], SftpConfig | None]:
         return collection, parse_sftp_config(collection, base_dir=path.resolve().parent)
     except UploadConfigError as e:
         raise UploadConfigError(f"{path}: {e}") from None
-
-
-def load_sftp_config(path: Path) -> SftpConfig | None:
-    """Parse ``collection.storage.sftp`` from a config file; None when it is not configured."""
-    return load_upload_config(path)[1]
