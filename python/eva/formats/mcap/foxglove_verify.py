@@ -112,8 +112,8 @@ def _check_order(
         next_sequence[channel.topic] = seq + 1
         expected = times.setdefault(seq, message.log_time)
         if message.log_time != expected or message.publish_time != expected:
-            problem("timestamps", f"frame {seq}: {channel.topic} at {message.log_time} ns, other "
-                    f"topics at {expected} ns")  # fmt: skip
+            at = f"{channel.topic} at {message.log_time} ns"
+            problem("timestamps", f"frame {seq}: {at}, other topics at {expected} ns")
             return
     ordered = [times[i] for i in range(rows) if i in times]
     if len(ordered) == rows and any(b <= a for a, b in zip(ordered, ordered[1:], strict=False)):
