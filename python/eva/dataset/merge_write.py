@@ -141,7 +141,7 @@ def _write_table(
     )
     dest = merging.path("data_path")
     with naming_write_errors(dest):
-        pq.write_table(table, dest)
+        pq.write_table(table, dest, use_dictionary=False)  # as the v2.1 export writes them
     fsafe.make_read_only(dest)
     return np.asarray(tasks if tasks is not None else [], dtype=np.int64)
 
