@@ -7,6 +7,12 @@ Everything here works on plain dicts and arrow tables, so every format module ca
 
 - ``build_subset_meta(...)`` -> ``SubsetMeta`` (renumbered rows, task table and remap, renumbered
   per-episode stats, merged stats, v2.1 info with subset totals);
+- ``build_subset_meta(..., edits=, kept_stats=)`` applies the operator's edits
+  (``SplitPlan.edits``) once for every format (``eva.dataset.subset_edits``): a trimmed
+  episode's length is its kept frames', its stats and pixel histograms are ``kept_stats[src]``
+  (computed over the kept frames by the caller, ``eva.export.source.kept_frame_stats``), an
+  edited task joins the subset's task table; the exported row holds the edited ``length`` and
+  ``tasks`` and no ``edit_*`` field (the subset's ``quality_split.json`` records the edits);
 - ``rewrite_index_columns(table, episode_index, index_offset, task_remap)``: pyarrow compute, no
   per-row Python;
 - ``write_common_meta(dest, meta, info)``: info.json, episodes.jsonl, episodes_stats.jsonl,
@@ -17,6 +23,7 @@ Everything here works on plain dicts and arrow tables, so every format module ca
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,9 +35,14 @@ import pyarrow as pa
 
 from eva.dataset import layout
 from eva.dataset.atomic import json_file_bytes, jsonl_bytes
+from eva.dataset.edits import EDIT_FIELDS, EpisodeEdits
 from eva.dataset.errors import DatasetError, naming_write_errors
+from eva.dataset.subset_edits import edited_task_table
 
 Stats = dict[str, dict[str, list[Any]]]
+# An edited episode's stats over its kept frames and its cameras' pixel histograms (the
+# caller computes them: eva.export.source)
+KeptStats = tuple["Stats", dict[str, np.ndarray]]
 
 
 @dataclass
@@ -55,6 +67,20 @@ class SubsetMeta:
     # output episode -> {video_key: (3, 256) pixel counts} from the source's sidecar, for the
     # episodes that have one (eva-written sources; empty for LeRobot-written ones)
     image_histograms: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    # the operator's edits (eva.dataset.subset_edits), per output episode: its kept raw frames
+    # [start, end) (None: every frame) and, for an edited task, its own task remap
+    trims: dict[int, tuple[int, int]] = field(default_factory=dict)
+    source_lengths: dict[int, int] = field(default_factory=dict)  # the trimmed ones' recorded
+    episode_task_remaps: dict[int, dict[int, int]] = field(default_factory=dict)
+
+    def trim_of(self, output_episode: int) -> tuple[int, int] | None:
+        """The raw frames ``[start, end)`` output episode keeps (None: all of them)."""
+        return self.trims.get(output_episode)
+
+    def task_remap_of(self, output_episode: int) -> dict[int, int]:
+        """Source task index -> subset task index for the episode's rows (an edited task
+        maps every source task to the edited string's index)."""
+        return self.episode_task_remaps.get(output_episode, self.task_remap)
 
     def has_all_image_histograms(self) -> bool:
         """True when every episode has a recorded histogram for every camera (exact quantiles)."""
@@ -181,6 +207,8 @@ def build_subset_meta(
     task_index_values: Mapping[int, np.ndarray],
     merge: Any = None,
     source_image_histograms: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+    edits: Mapping[int, EpisodeEdits] | None = None,
+    kept_stats: Mapping[int, KeptStats] | None = None,
 ) -> SubsetMeta:
     """Describe the subset made of ``source_indices`` (in that order) of a v2.1 source.
 
@@ -190,13 +218,16 @@ def build_subset_meta(
     stats (the caller fills features missing there from the table). ``merge`` is the stats merge
     function (defaults to ``eva.dataset.stats.merge_stats``). ``source_image_histograms`` maps
     source episode index -> its recorded pixel histograms (``DatasetReader.all_image_histograms``).
+    ``edits`` (source index -> its edits) and ``kept_stats``: see the module doc.
     """
     if merge is None:
         from eva.dataset.stats_merge import merge_stats as merge
 
     source_indices = [int(i) for i in source_indices]
-    task_remap = _task_remap(source_indices, source_tasks, task_index_values)
-    tasks = {new: source_tasks[old] for old, new in task_remap.items()}
+    edits = _applied_edits(edits or {}, source_indices, source_episodes, task_index_values)
+    task_remap, tasks, episode_remaps, task_index_values = _task_table(
+        source_indices, source_tasks, task_index_values, edits
+    )
 
     episodes: list[dict[str, Any]] = []
     lengths: list[int] = []
@@ -205,31 +236,27 @@ def build_subset_meta(
     image_histograms: dict[int, dict[str, np.ndarray]] = {}
     offset = 0
     for new, src in enumerate(source_indices):
-        # Shallow copies: only top-level keys are replaced, nested values are written unchanged.
-        row = dict(source_episodes[src])
-        length = int(row.get("length", len(task_index_values[src])))
+        row, length = _exported_row(
+            source_episodes[src], len(task_index_values[src]), edits.get(src)
+        )
+        source_stats = source_episodes_stats.get(src, {})
+        histograms = (source_image_histograms or {}).get(src)
+        if src in edits and edits[src].trim is not None:
+            source_stats, histograms = (kept_stats or {})[src]
         row["episode_index"] = new
         episodes.append(row)
         lengths.append(length)
         offsets.append(offset)
-
+        task_values = np.asarray(task_index_values[src], dtype=np.int64)
+        remap = episode_remaps.get(src, task_remap)
         episodes_stats[new] = renumbered_stats(
-            source_episodes_stats.get(src, {}),
-            new,
-            offset,
-            length,
-            np.asarray(task_index_values[src], dtype=np.int64),
-            task_remap,
+            source_stats, new, offset, length, task_values, remap
         )
-        histograms = (source_image_histograms or {}).get(src)
         if histograms:
             image_histograms[new] = dict(histograms)
         offset += length
 
-    stats: Stats = (
-        merge([episodes_stats[i] for i in range(len(source_indices))]) if episodes else {}
-    )
-
+    stats: Stats = merge(list(episodes_stats.values())) if episodes else {}
     video_keys = [
         k for k, f in source_info.get("features", {}).items() if f.get("dtype") == "video"
     ]
@@ -247,7 +274,104 @@ def build_subset_meta(
         info=info,
         video_keys=video_keys,
         image_histograms=image_histograms,
+        **_edit_fields(source_indices, source_episodes, edits, episode_remaps),
     )
+
+
+def _task_table(
+    source_indices: Sequence[int],
+    source_tasks: Mapping[int, str],
+    task_index_values: Mapping[int, np.ndarray],
+    edits: Mapping[int, EpisodeEdits],
+) -> tuple[dict[int, int], dict[int, str], dict[int, dict[int, int]], Mapping[int, np.ndarray]]:
+    """The subset's task remap and table, the edited-task episodes' own remaps (by source
+    index) and each episode's ``task_index`` values of its kept rows."""
+    if not edits:
+        task_remap = _task_remap(source_indices, source_tasks, task_index_values)
+        return (
+            task_remap,
+            {new: source_tasks[old] for old, new in task_remap.items()},
+            {},
+            task_index_values,
+        )
+    kept_values = {src: _kept(task_index_values[src], edits.get(src)) for src in source_indices}
+    used = {src: _ordered_unique(v) for src, v in kept_values.items()}
+    task_remap, tasks, episode_remaps = edited_task_table(source_indices, source_tasks, used, edits)
+    return task_remap, tasks, episode_remaps, kept_values
+
+
+def _edit_fields(
+    source_indices: Sequence[int],
+    source_episodes: Mapping[int, Mapping[str, Any]],
+    edits: Mapping[int, EpisodeEdits],
+    episode_remaps: Mapping[int, dict[int, int]],
+) -> dict[str, Any]:
+    """``SubsetMeta``'s fields of the edits, by output episode: trims, the trimmed episodes'
+    recorded lengths and the edited tasks' remaps."""
+    trims: dict[int, tuple[int, int]] = {}
+    source_lengths: dict[int, int] = {}
+    for new, src in enumerate(source_indices):
+        trim = edits[src].trim if src in edits else None
+        if trim is not None:
+            trims[new] = trim
+            source_lengths[new] = int(source_episodes[src].get("length", trim[1]))
+    remaps = {
+        new: dict(episode_remaps[src])
+        for new, src in enumerate(source_indices)
+        if src in episode_remaps
+    }
+    return {"trims": trims, "source_lengths": source_lengths, "episode_task_remaps": remaps}
+
+
+def _applied_edits(
+    edits: Mapping[int, EpisodeEdits],
+    source_indices: Sequence[int],
+    source_episodes: Mapping[int, Mapping[str, Any]],
+    task_index_values: Mapping[int, np.ndarray],
+) -> dict[int, EpisodeEdits]:
+    """The subset's episodes' edits that change something: a trim that keeps every frame is
+    none (the episode is exported as it would be without it)."""
+    applied: dict[int, EpisodeEdits] = {}
+    for src in source_indices:
+        edit = edits.get(src)
+        if edit is None:
+            continue
+        length = int(source_episodes[src].get("length", len(task_index_values[src])))
+        if edit.trim is not None and not edit.cuts(length):
+            edit = dataclasses.replace(edit, trim=None)
+        if edit.trim is not None or edit.task is not None:
+            applied[src] = edit
+    return applied
+
+
+def _kept(values: Any, edit: EpisodeEdits | None) -> np.ndarray:
+    """An episode's ``task_index`` values of its kept rows."""
+    array: np.ndarray = np.asarray(values)
+    if edit is None or edit.trim is None:
+        return array
+    return array[edit.trim[0] : edit.trim[1]]
+
+
+def _exported_row(
+    source_row: Mapping[str, Any], rows: int, edit: EpisodeEdits | None
+) -> tuple[dict[str, Any], int]:
+    """An episodes.jsonl row as exported, and its length (its ``length``, else its ``rows``).
+    Edited, its length is the kept frames' and its ``tasks`` the edited task; the edits are
+    applied (quality_split.json records them), so the row keeps no ``edit_*`` field."""
+    # Shallow copies: only top-level keys are replaced, nested values are written unchanged.
+    row = dict(source_row)
+    length = int(row.get("length", rows))
+    if edit is None:
+        return row, length
+    for key in EDIT_FIELDS:
+        row.pop(key, None)
+    if edit.trim is not None:
+        length = edit.kept_length(length)
+        row["length"] = length
+    if edit.task is not None:
+        recorded = row.get("tasks")
+        row["tasks"] = edit.tasks(recorded if isinstance(recorded, list) else [])
+    return row, length
 
 
 def _replace_column(table: pa.Table, name: str, values: np.ndarray) -> pa.Table:

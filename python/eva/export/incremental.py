@@ -155,6 +155,8 @@ def episode_content(context: SourceContext, reader: DatasetReader, task: Episode
             "video_keys": task.video_keys,
             "fps": task.fps,
             "files": source_files(reader, task),
+            # the kept frames of a trimmed episode (an untrimmed one's fingerprint is as before)
+            **({"trim": list(task.trim)} if task.trim is not None else {}),
         }
     )
 

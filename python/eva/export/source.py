@@ -18,7 +18,7 @@ from eva.dataset import layout
 from eva.dataset.columns import fixed_size_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
-from eva.dataset.subset import SubsetMeta, build_subset_meta
+from eva.dataset.subset import KeptStats, SubsetMeta, build_subset_meta
 from eva.formats import catalog
 from eva.quality.split import SplitPlan, plan_split
 
@@ -203,6 +203,38 @@ def complete_episode_stats(reader: DatasetReader, episode: int) -> dict[str, Any
     return stats
 
 
+def kept_frame_stats(reader: DatasetReader, episode: int, trim: tuple[int, int]) -> KeptStats:
+    """A trimmed episode's stats over its kept frames ``[start, end)`` only, and its cameras'
+    pixel histograms: every numeric column from the kept rows as the exported table holds them
+    (``frame_index`` and ``timestamp`` from 0), each camera's from its kept frames decoded from
+    the recorded MP4 (the recorder's histograms cover the whole take, and no per-frame record of
+    them is kept). A feature neither is possible for (a string, an inline image) keeps its
+    recorded stats."""
+    from eva.dataset.stats import ImageStats
+    from eva.dataset.subset_edits import kept_frames, trim_table
+
+    recorded = complete_episode_stats(reader, episode)
+    where = f"{reader.data_path(episode)}: episode {episode}"
+    table = trim_table(reader.read_table(episode), trim, reader.fps, where)
+    stats: dict[str, Any] = {}
+    histograms: dict[str, np.ndarray] = {}
+    for name, value in recorded.items():
+        dtype = reader.features.get(name, {}).get("dtype")
+        if dtype == "video":
+            image = ImageStats()
+            for batch in kept_frames(reader.iter_frames(episode, name), trim):
+                image.update(batch)
+            stats[name], histograms[name] = image.result(), image.histogram()
+        elif dtype != "image" and name in table.column_names:
+            try:
+                stats[name] = _column_stats(table.column(name), f"{where}: field {name!r}")
+            except DatasetError:
+                stats[name] = value  # not numeric: nothing to recompute
+        else:
+            stats[name] = value
+    return stats, histograms
+
+
 def prepare(
     source: Path,
     *,
@@ -257,6 +289,11 @@ def _describe(
             task_values[ep] = np.zeros(0, np.int64)
         # Unknown task_index values were refused by the validation (unknown_task_index).
         complete_stats[ep] = complete_episode_stats(reader, ep)
+    kept_stats = {
+        ep: kept_frame_stats(reader, ep, edit.trim)
+        for ep, edit in sorted(plan.edits.items())
+        if edit.trim is not None and edit.cuts(int(rows[ep].get("length", -1)))
+    }
     metas = {
         subset: build_subset_meta(
             subset,
@@ -267,6 +304,8 @@ def _describe(
             source_indices=plan.indices(subset),
             task_index_values=task_values,
             source_image_histograms=reader.all_image_histograms,
+            edits=plan.edits,
+            kept_stats=kept_stats,
         )
         for subset in SUBSETS
     }

@@ -3,7 +3,9 @@
 1. ``meta/quality_split.json`` on its own: ``subset`` is accepted or rejected (and matches the
    directory when that is named like a subset), ``dataset_format`` is known (and matches the
    format the path or ``--format`` names), its totals agree with ``source_episode_indices`` and
-   with the subset's ``meta/info.json``.
+   with the subset's ``meta/info.json``; the edits it records (``edits``) against the subset's
+   episodes (a trimmed one's length, a re-tasked one's task) and, with a source, against the
+   source's current edits.
 2. Against the source, when one is known: the ``--source`` given, else the dataset the export's
    place derives (``<parent>/export/<fmt>/<subset>`` -> ``<parent>/raw``, ``<name>_export`` ->
    ``<name>``) if it exists. ``source_dir`` must be that source and ``source_episode_indices``
@@ -171,6 +173,7 @@ def verify_export_report(
         return report
 
     _check_marker_totals(export_dir, marker, problem)
+    _check_edits(export_dir, marker, problem)
     report.source = _compare_with_source(export_dir, marker, subset, source_dir, problem)
     try:
         module = entry.load()
@@ -239,7 +242,8 @@ def _compare_with_source(
         else:
             indices = marker.get("source_episode_indices")
             try:
-                expected = plan_split(read_episode_rows(source)).indices(subset)
+                plan = plan_split(read_episode_rows(source))
+                expected = plan.indices(subset)
             except (DatasetError, KeyError, ValueError) as e:
                 problem("source_dir", f"cannot read the source review: {e}")
             else:
@@ -248,6 +252,12 @@ def _compare_with_source(
                         "source_episode_indices",
                         f"field 'source_episode_indices' {indices} but the current review of the "
                         f"source gives {expected} (re-export after review changes)",
+                    )
+                elif marker.get("edits", {}) != plan.provenance(expected).get("edits", {}):
+                    problem(
+                        "edits",
+                        "field 'edits' is not what the source's current edits give "
+                        "(re-export after edits)",
                     )
     if subset is not None:
         # The sibling belongs to the same run: required at home, checked when a copy kept it.
@@ -262,6 +272,47 @@ def _compare_with_source(
                 if other.get("export_id") != marker.get("export_id"):
                     problem("pair", f"{sibling.name} belongs to another export run", sibling)
     return source
+
+
+def _check_edits(export_dir: Path, marker: dict[str, Any], problem: Callable[..., None]) -> None:
+    """The edits the marker records (``edits``: source episode -> its trim and task) against
+    the subset's episodes: a trimmed episode's ``length`` is its kept frames' (the format's
+    verify checks its rows and frames against that length), a re-tasked one's ``tasks`` is the
+    edited task alone, and that task is in the subset's task table."""
+    edits = marker.get("edits", {})
+    indices = marker.get("source_episode_indices")
+    if not edits:
+        return
+    if not isinstance(edits, dict) or not isinstance(indices, list):
+        problem("edits", f"field 'edits' {edits!r} is not an object of source episodes")
+        return
+    try:
+        rows = list(read_jsonl(export_dir / layout.EPISODES))
+        tasks = {row.get("task") for row in read_jsonl(export_dir / layout.TASKS)}
+    except (OSError, ValueError, DatasetError):
+        return  # the format's verify names unreadable metadata
+    output = {source: new for new, source in enumerate(indices)}
+    for key, edit in edits.items():
+        new = output.get(int(key)) if str(key).isdigit() else None
+        if new is None or new >= len(rows) or not isinstance(edit, dict):
+            problem("edits", f"field 'edits': {key!r} is not an episode of this subset")
+            continue
+        row, where = rows[new], f"episode {new} (source episode {key})"
+        trim = edit.get("trim")
+        if isinstance(trim, list) and len(trim) == 2 and row.get("length") != trim[1] - trim[0]:
+            problem(
+                "edits",
+                f"{where}: length {row.get('length')} but its trim {trim} keeps "
+                f"{trim[1] - trim[0]} frames",
+                export_dir / layout.EPISODES,
+            )
+        task = edit.get("task")
+        if task is not None and (row.get("tasks") != [task] or task not in tasks):
+            problem(
+                "edits",
+                f"{where}: tasks {row.get('tasks')!r} but its edited task is {task!r}",
+                export_dir / layout.EPISODES,
+            )
 
 
 def _meta_shape_problems(export_dir: Path) -> list[Problem]:

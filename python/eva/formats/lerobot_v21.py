@@ -32,6 +32,7 @@ from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.share import share_file
 from eva.dataset.subset import SubsetMeta, rewrite_index_columns
+from eva.dataset.subset_edits import trim_table
 from eva.dataset.validate import Problem
 from eva.formats._decode import first_frame
 from eva.formats._verify import (
@@ -109,6 +110,17 @@ def episode_videos(index: int, chunks_size: int, video_keys: tuple[str, ...]) ->
     )
 
 
+def cut_video(source: fsafe.Readable, dest: Path, task: EpisodeTask, key: str) -> None:
+    """A trimmed episode's MP4 of camera ``key``: only its kept frames ``task.trim``, cut by
+    ``eva.dataset.video_cut.cut_episode_video`` (copied GOPs where it can, re-encoded at the
+    cuts); its frame count is the kept rows'."""
+    from eva.dataset.video_cut import cut_episode_video  # PyAV encoders: only when cutting
+
+    assert task.trim is not None
+    # in the staging directory: made durable with the pair, at publication
+    cut_episode_video(source, dest, task.trim[0], task.trim[1], durable=False)
+
+
 class EpisodeCopier:
     """A session (``eva.formats.base.EpisodeWriterSession``): stateless, so the serial
     executor's threads share it."""
@@ -123,6 +135,7 @@ class EpisodeCopier:
         src_file = reader.data_file(src)
         src_path = src_file.path
         table = reader.read_table(src)  # opened beneath the root; the validation's read reused
+        table = trim_table(table, task.trim, task.fps, f"{src_path}: episode {src}")
         if table.num_rows == 0:
             raise DatasetError(f"{src_path}: episode {src}: empty episode (no rows)")
         if table.num_rows != task.length:
@@ -132,7 +145,9 @@ class EpisodeCopier:
             )
         dest = task.subset_dir / task.path
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if _numbering_unchanged(table, new, task.index_offset, task.task_remap):
+        if task.trim is None and _numbering_unchanged(
+            table, new, task.index_offset, task.task_remap
+        ):
             # Renumbering would write the same values (an episode that keeps its place, as in
             # an all-accepted export): the source file is shared like the MP4s, not rewritten.
             with naming_write_errors(dest):
@@ -151,7 +166,10 @@ class EpisodeCopier:
             video_dest = task.subset_dir / rel
             video_dest.parent.mkdir(parents=True, exist_ok=True)
             with naming_write_errors(video_dest):
-                link_or_copy(video_src, video_dest, link=self.link)
+                if task.trim is None:
+                    link_or_copy(video_src, video_dest, link=self.link)
+                else:
+                    cut_video(video_src, video_dest, task, key)
             size += video_dest.stat().st_size
         files = 1 + len(task.other_files)
         current = f"{task.subset} episode {new}"

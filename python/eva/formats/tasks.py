@@ -49,6 +49,10 @@ class EpisodeTask:
     fps: int | float | None  # the subset info's fps, as stored (None: the source reader's)
     options: ExportOptions
     other_files: tuple[str, ...] = ()  # the task's other output files (v2.1: its MP4s)
+    # the raw frames [start, end) the episode keeps (its edit_trim; None: every frame):
+    # ``length`` counts the kept ones (eva.dataset.subset_edits)
+    trim: tuple[int, int] | None = None
+    source_length: int | None = None  # a trimmed episode's recorded frames (else ``length``)
 
 
 class ExportTask(Protocol):
@@ -180,11 +184,13 @@ def subset_episode_tasks(
             subset_dir=Path(subset_dir),
             length=meta.lengths[new],
             index_offset=meta.index_offsets[new],
-            task_remap=dict(meta.task_remap),
+            task_remap=dict(meta.task_remap_of(new)),
             row=dict(meta.episodes[new]),
             video_keys=tuple(meta.video_keys),
             fps=fps if isinstance(fps, int | float) and not isinstance(fps, bool) else None,
             options=options,
+            trim=meta.trim_of(new),
+            source_length=meta.source_lengths.get(new),
         )
         for new, src in enumerate(meta.source_episode_indices)
     ]

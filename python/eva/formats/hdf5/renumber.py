@@ -24,8 +24,10 @@ import numpy as np
 import pyarrow as pa
 
 from eva.dataset.columns import column_values
+from eva.dataset.errors import DatasetError
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import rewrite_index_columns
+from eva.dataset.subset_edits import trim_table
 from eva.formats._renumber import Patch, copy_and_patch
 from eva.formats.hdf5.items import encode_value, iter_items
 from eva.formats.tasks import EpisodeResult, EpisodeTask
@@ -94,6 +96,10 @@ def renumber_episode(
     from eva.formats.hdf5.writer import episode_metadata
 
     table = reader.read_table(task.source_index)
+    try:
+        table = trim_table(table, task.trim, task.fps, task.label)
+    except DatasetError:
+        return None
     if table.num_rows != task.length:
         return None
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import re
@@ -195,11 +196,13 @@ class EpisodeWriter:
         videos: Mapping[str, Readable],
         metadata: Mapping[str, Any],
         label: str,
+        trim: tuple[int, int] | None = None,
     ) -> int:
         """Write one episode file at ``path`` (via a temporary sibling); return its size in bytes.
 
         ``columns``: a Parquet table (one row per frame) or a mapping of ready values; every video
-        in ``videos`` must decode to exactly as many frames as there are rows.
+        in ``videos`` must decode to exactly as many frames as there are rows (``trim``: its
+        frames ``[start, end)``, as many as the rows).
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -234,7 +237,7 @@ class EpisodeWriter:
                         item = images.create_group(ITEM_NAME.format(index))
                         item.attrs["key"] = key
                         item.attrs["kind"] = "array"
-                        self._write_camera(item, key, video, rows, label, tmp)
+                        self._write_camera(item, key, video, rows, label, tmp, trim)
                     write_mapping(h5.create_group("metadata"), metadata)
                     reserve_space(h5)
                 except BaseException:
@@ -254,8 +257,16 @@ class EpisodeWriter:
             raise
         return path.stat().st_size
 
+    # Not cut: the decode thread's hand-off (queues, buffers, stop event) is one try/finally
     def _write_camera(
-        self, item: h5py.Group, key: str, source: Readable, rows: int, label: str, file: Path
+        self,
+        item: h5py.Group,
+        key: str,
+        source: Readable,
+        rows: int,
+        label: str,
+        file: Path,
+        trim: tuple[int, int] | None = None,
     ) -> None:
         """Decode ``source`` (a dataset's MP4: opened beneath its root) into ``item/value``
         (rows, H, W, 3).
@@ -283,7 +294,9 @@ class EpisodeWriter:
         written = 0
         try:
             use_decode_threads(stream)
-            frames = container.decode(stream)
+            frames: Iterator[av.VideoFrame] = container.decode(stream)
+            if trim is not None:  # the kept frames only (decoded up to the last kept one)
+                frames = itertools.islice(frames, trim[0], trim[1])
             first = _first_frame(frames, where, video, rows)
             shape = (first.height, first.width)
             dataset = self._create_value(item, shape, rows, where)
@@ -479,9 +492,10 @@ class Hdf5EpisodeSession:
 
     def write(self, task: EpisodeTask) -> EpisodeResult:
         from eva.dataset.subset import rewrite_index_columns
+        from eva.dataset.subset_edits import trim_table
 
         reader, src, new = self.reader, task.source_index, task.index
-        table = reader.read_table(src)
+        table = trim_table(reader.read_table(src), task.trim, task.fps, task.label)
         if table.num_rows != task.length:
             raise DatasetError(
                 f"{reader.data_path(src)}: episode {src}: {table.num_rows} rows but "
@@ -495,6 +509,7 @@ class Hdf5EpisodeSession:
             videos=videos,
             metadata=episode_metadata(reader, task),
             label=task.label,
+            trim=task.trim,
         )
         return EpisodeResult(task.subset, new, task.path, size, f"{task.subset}/{task.path}")
 

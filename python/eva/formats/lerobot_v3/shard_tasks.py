@@ -20,6 +20,7 @@ from eva.dataset.columns import distinct_scalars
 from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import rewrite_index_columns
+from eva.dataset.subset_edits import trim_table
 from eva.formats.base import ExportOptions
 from eva.formats.lerobot_v3.mux import VideoShardWriter
 from eva.formats.lerobot_v3.plan import ShardTask
@@ -146,6 +147,7 @@ def episode_table(reader: DatasetReader, episode: EpisodeTask) -> pa.Table:
     source = episode.source_index
     table = reader.read_table(source)  # the one validation read, while the file is unchanged
     where = f"{reader.data_path(source)}: episode {source}"
+    table = trim_table(table, episode.trim, episode.fps, where)
     n = table.num_rows
     if n == 0:
         raise DatasetError(f"{where}: empty episode (0 rows) cannot be exported")
@@ -258,6 +260,11 @@ def append_video(
         video = EpisodeVideo(src_file, params_cache)
     except VideoConcatError as e:
         raise DatasetError(f"episode {source}, camera {key}: {e}") from None
+    # a trimmed episode's shard holds every recorded frame: its from/to timestamps select the
+    # kept ones (no re-encoding)
+    trim = episode.trim
+    raw_rows = episode.source_length if trim is not None and episode.source_length else rows
+    rows = raw_rows
     with video:
         info = video.info
         if info.frames and info.frames != rows:
@@ -276,6 +283,12 @@ def append_video(
             f"the table has {rows} rows"
         )
     sample = (info.params, kept) if kept is not None else None
+    start, end = appended.from_timestamp, appended.to_timestamp
+    if trim is not None:
+        # frame k of the episode is shown at start + k * (end - start) / frames: the kept
+        # frames' span (LeRobot decodes frame i at from_timestamp + i / fps)
+        frame = (end - start) / raw_rows
+        start, end = start + trim[0] * frame, start + trim[1] * frame
     return PlacedEpisode(
-        episode.index, appended.from_timestamp, appended.to_timestamp, rows, sample
+        episode.index, start, end, episode.length, sample, cut=raw_rows - episode.length
     )

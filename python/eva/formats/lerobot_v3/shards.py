@@ -42,6 +42,7 @@ class PlacedEpisode:
     to_timestamp: float
     frames: int
     keyframes: tuple[StreamParams, list[bytes]] | None = None
+    cut: int = 0  # recorded frames of the shard its trim leaves out (outside from..to)
 
 
 class KeyframeHistograms:
@@ -87,15 +88,16 @@ def decode_shard(path: Path, key: str, placed: list[PlacedEpisode]) -> dict[int,
     must equal its rows) and return each episode's exact pixel histogram."""
     stats = {ep.episode: ImageStats() for ep in placed}
     counts = dict.fromkeys(stats, 0)
-    # Episode boundaries, shifted half a frame down so float rounding never moves a frame across.
-    starts = np.asarray(
-        [ep.from_timestamp - (ep.to_timestamp - ep.from_timestamp) / ep.frames / 2 for ep in placed]
-    )
+    # Episode boundaries, shifted half a frame down so float rounding never moves a frame across;
+    # a trimmed episode's cut frames lie outside its [from, to) and belong to none.
+    halves = [(ep.to_timestamp - ep.from_timestamp) / ep.frames / 2 for ep in placed]
+    starts = np.asarray([ep.from_timestamp - h for ep, h in zip(placed, halves, strict=True)])
+    ends = [ep.to_timestamp - h for ep, h in zip(placed, halves, strict=True)]
     order = [ep.episode for ep in placed]
-    stray = 0
+    stray = -sum(ep.cut for ep in placed)
     for t, frame in decode_frames(path):
         slot = int(np.searchsorted(starts, t, side="right")) - 1
-        if slot < 0:
+        if slot < 0 or t >= ends[slot]:
             stray += 1
             continue
         episode = order[slot]

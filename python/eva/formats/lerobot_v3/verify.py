@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +108,30 @@ def verify(export_dir: Path) -> list[Problem]:
             "tasks_index", "tasks.parquet lacks the pandas index metadata", root / TASKS_PARQUET
         )
     check_data_files(problem, root, data_tpl, locators, features, fps)
+    trimmed = trimmed_episodes(root)
     for cam in video_keys:
-        check_video_shards(problem, root, video_tpl, locators, cam, features[cam], fps)
+        check_video_shards(problem, root, video_tpl, locators, cam, features[cam], fps, trimmed)
     return problem.problems
+
+
+def trimmed_episodes(root: Path) -> set[int]:
+    """The subset's episodes its export trimmed (``quality_split.json``'s ``edits``): their
+    shards hold every recorded frame, and their from/to timestamps select the kept ones."""
+    from eva.dataset.atomic import read_json_object
+
+    try:
+        marker = read_json_object(root / layout.QUALITY_SPLIT)
+    except (OSError, ValueError):
+        return set()
+    edits, indices = marker.get("edits"), marker.get("source_episode_indices")
+    if not isinstance(edits, dict) or not isinstance(indices, list):
+        return set()
+    output = {str(source): new for new, source in enumerate(indices)}
+    return {
+        output[key]
+        for key, edit in edits.items()
+        if key in output and isinstance(edit, dict) and edit.get("trim") is not None
+    }
 
 
 def check_data_files(
@@ -241,9 +262,10 @@ def check_video_shards(
     cam: str,
     feature: Mapping[str, Any],
     fps: float,
+    trimmed: Collection[int] = (),
 ) -> None:
-    """One camera's shards: episodes abut from 0, the sample count equals their rows, and one
-    frame per episode decodes at its from_timestamp."""
+    """One camera's shards: episodes abut from 0 (but for ``trimmed`` ones' cut frames), the
+    sample count equals their rows (or exceeds them by the cut), one frame decodes per episode."""
     shards: dict[tuple[int, int], list[int]] = {}
     for ep, row in enumerate(locators):
         try:
@@ -264,7 +286,8 @@ def check_video_shards(
             problem("unreadable_video", f"camera {cam!r}: {e}", path, eps[0])
             continue
         want = sum(int(locators[ep]["length"]) for ep in eps)
-        if shard.frames != want:
+        cut = not set(trimmed).isdisjoint(eps)
+        if shard.frames != want and not (cut and shard.frames > want):
             problem(
                 "frame_count",
                 f"camera {cam!r}: {shard.frames} frames, its episodes have {want} rows",
@@ -279,8 +302,8 @@ def check_video_shards(
             )
             n = int(row["length"])
             # Episodes follow each other; a B-frame stream's reorder delay (at most 16
-            # frames in H.264) leaves a gap.
-            max_gap = 16 / fps if fps else 1.0
+            # frames in H.264) leaves a gap, and a trim's cut frames any.
+            max_gap = float("inf") if cut else 16 / fps if fps else 1.0
             if not expected_from - TIMESTAMP_TOLERANCE_S <= t0 <= expected_from + max_gap:
                 problem(
                     "timestamp_range",

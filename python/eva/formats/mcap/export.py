@@ -20,6 +20,7 @@ import pyarrow as pa
 from eva.dataset.columns import column_values
 from eva.dataset.errors import DatasetError
 from eva.dataset.msgpack_codec import encoded_ndarray_size, packb
+from eva.dataset.subset_edits import kept_frames
 from eva.dataset.video import FrameSizeError
 from eva.formats.mcap.layout import (
     EPISODE_SCHEMA_DATA,
@@ -301,9 +302,12 @@ def episode_table(reader: DatasetReader, task: EpisodeTask) -> pa.Table:
 
 
 def renumbered_table(table: pa.Table, task: EpisodeTask) -> pa.Table:
-    """``table`` (the task's source rows) with its index columns numbered as ``task`` says."""
+    """``table`` (the task's source rows) cut to its kept rows and with its index columns
+    numbered as ``task`` says."""
     from eva.dataset.subset import rewrite_index_columns
+    from eva.dataset.subset_edits import trim_table
 
+    table = trim_table(table, task.trim, task.fps, task.label)
     return rewrite_index_columns(table, task.index, task.index_offset, dict(task.task_remap))
 
 
@@ -341,7 +345,14 @@ class McapEpisodeSession:
         buffers = self.camera_buffers(task)
         batches = {
             key: camera_batches(
-                reader, task.source_index, key, opts.batch_size, buffers, task.label, alternate=True
+                reader,
+                task.source_index,
+                key,
+                opts.batch_size,
+                buffers,
+                task.label,
+                alternate=True,
+                trim=task.trim,
             )
             for key in task.video_keys
         }
@@ -419,12 +430,14 @@ def camera_batches(
     label: str,
     *,
     alternate: bool = False,
+    trim: tuple[int, int] | None = None,
 ) -> Iterator[np.ndarray]:
     """reader.iter_frames into this camera's decode buffer, which every episode reuses
-    (``alternate``: a buffer of two batches, filled in turn)."""
+    (``alternate``: a buffer of two batches, filled in turn); ``trim``: the kept frames only."""
     out = buffers.get(key)
     try:
-        yield from reader.iter_frames(episode_index, key, batch_size, out=out, alternate=alternate)
+        batches = reader.iter_frames(episode_index, key, batch_size, out=out, alternate=alternate)
+        yield from kept_frames(batches, trim)
     except FrameSizeError as e:
         # The reused buffer has the info.json shape; this video has another frame size.
         raise DatasetError(

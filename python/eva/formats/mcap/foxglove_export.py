@@ -380,6 +380,9 @@ class FoxgloveEpisodeSession(McapEpisodeSession):
                 why = carry_problem(samples)
             except Mp4Error:
                 why = "its MP4 sample table needs FFmpeg to read"
+            if task.trim is not None:
+                # the carried stream would start at a frame that needs the cut-off ones
+                why = "the episode is trimmed"
             if why is None:
                 cameras[key] = CarriedVideo(path, samples)
                 continue
@@ -391,6 +394,7 @@ class FoxgloveEpisodeSession(McapEpisodeSession):
                 opts.batch_size,
                 self.camera_buffers(task),
                 task.label,
+                trim=task.trim,
             )
         content = EpisodeContent(
             episode_table(reader, task),

@@ -113,7 +113,7 @@ def renumber_episode(
         return None
     images = [k for k, f in reader.features.items() if f.get("dtype") == "image"]
     table = reader.read_table(task.source_index)
-    if table.num_rows != task.length:
+    if table.num_rows != (task.source_length or task.length):
         return None
     old, new = (
         episode_payload(renumbered_table(table, t), t.row, reader.fps, images)
