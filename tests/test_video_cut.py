@@ -273,3 +273,34 @@ def test_any_trim_boundaries(
     assert len(out) == end - start
     _check_frames(out, small[2], start)
     assert decode_check.inspect_video(dest) == end - start
+
+
+def test_a_trimmed_v21_export_passes_eva_validation(tmp_path: Path) -> None:
+    """A v2.1 export with trimmed episodes: the cut MP4s pass eva's own episode checks
+    (``validate_dataset`` with a full decode, ``eva verify``); an untrimmed episode's MP4 is the
+    raw file's bytes."""
+    from eva.capture.synthetic import write_synthetic_dataset
+    from eva.dataset import layout
+    from eva.dataset.atomic import atomic_write_jsonl, read_jsonl
+    from eva.dataset.validate import validate_dataset
+    from eva.export.pipeline import export_dataset
+    from eva.export.verify import verify_export
+
+    raw_root = tmp_path / "raw"
+    write_synthetic_dataset(raw_root, episodes=3, frames=[70, 50, 40], cameras=1)
+    rows = read_jsonl(raw_root / layout.EPISODES)
+    rows[0]["edit_trim"] = [7, 63]  # both cuts inside a GOP, whole GOPs between
+    rows[2]["edit_trim"] = [39, 40]  # the last frame alone
+    atomic_write_jsonl(raw_root / layout.EPISODES, rows)
+    out = export_dataset(raw_root, "lerobot_v21").accepted_dir
+    assert validate_dataset(out, decode=True) == []
+    assert verify_export(out) == []
+    rel = "videos/chunk-000/{}/episode_{:06d}.mp4"
+    camera = next(p.name for p in (out / "videos/chunk-000").iterdir())
+    assert (out / rel.format(camera, 1)).read_bytes() == (
+        raw_root / rel.format(camera, 1)
+    ).read_bytes()
+    for episode, (start, end) in ((0, (7, 63)), (2, (39, 40))):
+        cut = _decode(out / rel.format(camera, episode))
+        assert len(cut) == end - start
+        _check_frames(cut, _decode(raw_root / rel.format(camera, episode)), start)

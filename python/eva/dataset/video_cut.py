@@ -110,12 +110,20 @@ class CutResult:
 
 
 def cut_episode_video(
-    source: fsafe.Readable, dest: Path, start: int, end: int, *, durable: bool = True
+    source: fsafe.Readable,
+    dest: Path,
+    start: int,
+    end: int,
+    *,
+    durable: bool = True,
+    smart: bool = True,
 ) -> CutResult:
     """Write to ``dest`` an MP4 of exactly the frames ``[start, end)`` of ``source``.
 
     ``DatasetError`` naming the source (or ``dest`` for a write failure) when the range is not
-    inside the video or the video cannot be read; ``dest`` is then left as it was."""
+    inside the video or the video cannot be read; ``dest`` is then left as it was.
+    ``smart=False`` re-encodes every kept frame (the baseline ``bench/bench_video_cut.py``
+    measures the smart cut against)."""
     path = fsafe.name_of(source)
     index = index_source(source)
     if not 0 <= start < end <= index.frames:
@@ -129,7 +137,7 @@ def cut_episode_video(
         b_frames=any(g.delay for g in index.gops),
         profile=index.profile,
     )
-    avcc = _smart_avcc(index, settings)
+    avcc = _smart_avcc(index, settings) if smart else None
     dest = Path(dest)
     with _staged(dest, durable=durable) as out_path:
         try:
@@ -412,7 +420,7 @@ class _Span:
         for packet in self._packets:
             sample = av.Packet(length_prefixed(annexb_units(bytes(packet))))
             sample.is_keyframe = packet.is_keyframe
-            output.mux(sample, self.index.shown(_pts(packet.pts)))
+            output.mux(sample, _pts(packet.pts) // self.index.frame_duration)
         self._packets = []
 
 
@@ -423,9 +431,10 @@ def _pts(pts: int | None) -> int:
 
 
 def _fresh(frame: av.VideoFrame, shown: int, index: SourceIndex) -> av.VideoFrame:
-    """``frame`` to encode as source frame ``shown``: its own timestamp, and no picture type
+    """``frame`` to encode as source frame ``shown`` (stamped ``shown`` frame durations, read
+    back from its packet), and no picture type
     (libx264 would otherwise copy the source's I/P/B decisions)."""
-    frame.pts = index.first_pts + shown * index.frame_duration
+    frame.pts = shown * index.frame_duration
     frame.time_base = index.time_base
     frame.pict_type = av.video.frame.PictureType.NONE
     return frame
@@ -482,17 +491,19 @@ def _write_reencoded(
         ostream.time_base = index.time_base
         ostream.codec_context.time_base = index.time_base
         use_decode_threads(stream)
+        # decode timestamps set here too: an encoder's own are guesses for a clip this short
+        output = _Output(out, ostream, index, settings.max_b_frames, start)
         written = 0
         for frame in container.decode(stream):
             shown = index.shown(_pts(frame.pts))
             if start <= shown < end:
-                fresh = _fresh(frame, shown - start, index)
-                fresh.pts = (shown - start) * index.frame_duration
-                out.mux(ostream.encode(fresh))
+                for packet in ostream.encode(_fresh(frame, shown, index)):
+                    output.mux(packet, _pts(packet.pts) // index.frame_duration)
                 written += 1
                 if written == end - start:
                     break
-        out.mux(ostream.encode(None))
+        for packet in ostream.encode(None):
+            output.mux(packet, _pts(packet.pts) // index.frame_duration)
     if written != end - start:
         raise DatasetError(
             f"{fsafe.name_of(source)}: decoded {written} of the {end - start} frames to keep"
