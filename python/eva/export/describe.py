@@ -155,6 +155,54 @@ def _check_totals(
     )
 
 
+def _read_meta(
+    root: Path, split: dict[str, Any] | None
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """info.json, the episode rows and the task texts of ``root``: an export's (``split``, its
+    marker: v3, HDF5 and MCAP are no v2.1 the reader reads) or a raw dataset's (the v2.1 reader
+    checks its metadata and names what is wrong)."""
+    if split is not None:
+        info = _json(root / layout.INFO)
+        if not isinstance(info, dict):
+            raise DatasetError(f"{root / layout.INFO}: not a JSON object")
+        tasks = [str(r.get("task")) for r in _jsonl(root / layout.TASKS)]
+        return info, _jsonl(root / layout.EPISODES), tasks
+    from eva.dataset.reader import DatasetReader
+
+    reader = DatasetReader(root)
+    return reader.info, reader.episodes, [reader.tasks[i] for i in sorted(reader.tasks)]
+
+
+def _describe_raw(
+    root: Path, info: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]
+) -> None:
+    """A raw dataset's own parts of its summary: totals, recoveries pending, stale exports."""
+    _check_totals(root, info, rows, summary)
+    from eva.dataset.recover import find_spools
+
+    # Recordings a crash cut short: their spools wait in the work dir for eva recover.
+    summary["awaiting_recovery"] = len(find_spools(root / layout.WORK_DIR))
+    from eva.export.staleness import stale_exports
+
+    try:
+        summary["stale_exports"] = [
+            {"format": s.format, "export_root": str(s.export_root), "detail": s.describe()}
+            for s in stale_exports(root)
+        ]
+    except DatasetError:
+        summary["stale_exports"] = []
+
+
+def _describe_export(root: Path, split: dict[str, Any], fmt: str, summary: dict[str, Any]) -> None:
+    """An export subset's own parts of its summary: its marker and whether it is stale."""
+    summary["subset"] = split.get("subset")
+    summary["source_dir"] = split.get("source_dir")
+    summary["export_id"] = split.get("export_id")
+    summary["source_episode_indices"] = split.get("source_episode_indices")
+    summary["marker"] = _marker_state(root, split)
+    summary["staleness"] = _staleness(split, fmt)
+
+
 def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str, Any]:
     """A summary of ``root``: a raw dataset or an export subset (see the module docstring).
     ``episodes``: also one row per episode. ``DatasetError`` when it is neither."""
@@ -163,18 +211,7 @@ def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str,
     # lexists, not is_file: a marker that is a link or a FIFO is refused (by fsafe), not taken
     # for "no marker, so a raw dataset".
     split = _json(split_path) if os.path.lexists(split_path) else None
-    if isinstance(split, dict):  # an export: v3, HDF5 and MCAP are no v2.1 the reader reads
-        info = _json(root / layout.INFO)
-        if not isinstance(info, dict):
-            raise DatasetError(f"{root / layout.INFO}: not a JSON object")
-        rows = _jsonl(root / layout.EPISODES)
-        tasks = [str(r.get("task")) for r in _jsonl(root / layout.TASKS)]
-    else:  # a raw dataset: the v2.1 reader checks its metadata and names what is wrong
-        from eva.dataset.reader import DatasetReader
-
-        reader = DatasetReader(root)
-        info, rows = reader.info, reader.episodes
-        tasks = [reader.tasks[i] for i in sorted(reader.tasks)]
+    info, rows, tasks = _read_meta(root, split if isinstance(split, dict) else None)
     fmt = catalog.format_of_info(info)
     raw_features = info.get("features")
     features: dict[str, Any] = raw_features if isinstance(raw_features, dict) else {}
@@ -211,28 +248,10 @@ def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str,
         "files": files,
         "size_bytes": size,
     }
-    if not isinstance(split, dict):
-        _check_totals(root, info, rows, summary)
-        from eva.dataset.recover import find_spools
-
-        # Recordings a crash cut short: their spools wait in the work dir for eva recover.
-        summary["awaiting_recovery"] = len(find_spools(root / layout.WORK_DIR))
-        from eva.export.staleness import stale_exports
-
-        try:
-            summary["stale_exports"] = [
-                {"format": s.format, "export_root": str(s.export_root), "detail": s.describe()}
-                for s in stale_exports(root)
-            ]
-        except DatasetError:
-            summary["stale_exports"] = []
     if isinstance(split, dict):
-        summary["subset"] = split.get("subset")
-        summary["source_dir"] = split.get("source_dir")
-        summary["export_id"] = split.get("export_id")
-        summary["source_episode_indices"] = split.get("source_episode_indices")
-        summary["marker"] = _marker_state(root, split)
-        summary["staleness"] = _staleness(split, fmt)
+        _describe_export(root, split, fmt, summary)
+    else:
+        _describe_raw(root, info, rows, summary)
     if episodes:
         summary["episode_rows"] = _episode_rows(rows, fps)
     return summary
