@@ -133,7 +133,6 @@ def _functions(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef]
     return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
 
 
-@pytest.mark.xfail(strict=False, reason="issue 28 in progress")
 def test_fmt_skip_packs_no_function_and_stays_rare() -> None:
     """``# fmt: skip`` packs code past the formatter; cut at a seam instead."""
     markers: list[str] = []
@@ -157,7 +156,6 @@ def test_fmt_skip_packs_no_function_and_stays_rare() -> None:
     assert len(markers) <= MAX_FMT_SKIPS, markers
 
 
-@pytest.mark.xfail(strict=False, reason="issue 28 in progress")
 def test_long_functions_say_why_they_are_not_cut() -> None:
     long = []
     for path in _modules():
