@@ -117,12 +117,14 @@ bench-corpus: build
 
 compat: build
 	bash scripts/compat.sh
+	bash scripts/compat_trim.sh
 
 # compat plus LeRobot 0.6.1 (Python 3.12; builds a 5 GB venv in /tmp the first time): its reader
 # on every v3 export, and its lerobot-edit-dataset merge / delete_episodes on a merged dataset's export.
 compat-06: build
 	bash $${EVA_ORACLE_DIR:-../shared/oracle}/setup_lerobot06_venv.sh
 	bash scripts/compat.sh
+	bash scripts/compat_trim.sh
 	bash scripts/compat_merge06.sh
 
 lint: venv
