@@ -21,7 +21,7 @@ $(PY):
 # relies on their internals or exact output: see the comments there).
 $(VENV)/.eva-deps: pyproject.toml | $(PY)
 	$(PIP) install -q numpy "pyarrow>=15,<27" "av>=14,<19" "h5py>=3.10,<4" "mcap>=1.2,<2" zstandard lz4 msgpack "paramiko>=3.4,<6" click rich starlette "uvicorn>=0.30,<0.56" "httptools>=0.6,<1" uvloop pyzmq \
-	    foxglove-schemas-protobuf mcap-protobuf-support ray \
+	    foxglove-schemas-protobuf mcap-protobuf-support ray "zarr>=2.18,<3" \
 	    cython scikit-build-core cmake ninja pytest pytest-benchmark hypothesis ruff mypy types-paramiko httpx selenium
 	touch $@
 

@@ -24,7 +24,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
 BLOCK = re.compile(r"^```(python[^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 LEROBOT_PYTHON = Path(os.environ.get("LEROBOT_V3_PYTHON", "/tmp/lerobot-v3-venv/bin/python"))
 ORACLE_DIR = os.environ.get("EVA_ORACLE_DIR")
-FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
+FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap", "zarr")
 
 
 def _blocks(kind: str) -> list[str]:
@@ -69,6 +69,7 @@ def test_the_page_has_an_example_per_format() -> None:
         "make_reader",
         "quality_split.json",
         "mcap_protobuf",
+        "episode_ends",
     )
     for needle in needles:
         assert needle in code

@@ -34,6 +34,8 @@ EXPECTED_OPTIONS = {
     "--video-file-size-mb": ("video_files_size_in_mb", "float range", 200.0),
     "--image-quantiles": ("image_quantiles", "choice", "keyframes"),
     "--image-quantile-keyframes": ("image_quantile_keyframes", "integer range", 1),
+    "--zarr-image-compressor": ("zarr_image_compressor", "choice", "none"),
+    "--zarr-compression-level": ("zarr_compression_level", "integer range", 3),
     "--allow-non-finite": ("allow_non_finite", "boolean", False),
 }
 

@@ -33,7 +33,13 @@ from eva._native import NativeCoreError
 from eva.dataset.errors import DatasetError
 from eva.dataset.layout import SUBSETS
 from eva.formats.base import ExportOptions, OptionError, OptionField, Options
-from eva.formats.options import Hdf5Options, LeRobotV3Options, LeRobotV21Options, McapOptions
+from eva.formats.options import (
+    Hdf5Options,
+    LeRobotV3Options,
+    LeRobotV21Options,
+    McapOptions,
+    ZarrOptions,
+)
 
 if TYPE_CHECKING:
     from eva.dataset.reader import DatasetReader
@@ -226,6 +232,12 @@ BUILTIN = (
         McapOptions,
         "MCAP: one file per episode, EVA messages or the foxglove profile",
     ),
+    FormatEntry(
+        "zarr",
+        "eva.formats.zarr",
+        ZarrOptions,
+        "Zarr: one store per subset, diffusion_policy's ReplayBuffer layout (the zarr extra)",
+    ),
 )
 
 
@@ -364,9 +376,10 @@ def help_line() -> str:
 
 
 if TYPE_CHECKING:  # mypy checks each built-in format's module against Format
-    from eva.formats import hdf5, lerobot_v3, lerobot_v21, mcap
+    from eva.formats import hdf5, lerobot_v3, lerobot_v21, mcap, zarr
 
     _LEROBOT_V21: Format = lerobot_v21
     _LEROBOT_V3: Format = lerobot_v3
     _HDF5: Format = hdf5
     _MCAP: Format = mcap
+    _ZARR: Format = zarr

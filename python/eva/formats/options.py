@@ -221,3 +221,34 @@ def missing_foxglove_modules() -> list[str]:
         if not found:
             missing.append(name)
     return missing
+
+
+@dataclass(frozen=True)
+class ZarrOptions(Options):
+    """The zarr knobs (``eva.formats.zarr``): how the camera arrays are stored."""
+
+    COMPRESSORS: ClassVar[tuple[str, ...]] = ("none", "zstd")
+    MAX_LEVEL: ClassVar[int] = 9  # Blosc's levels are 1-9 (0 stores the bytes as they are)
+
+    # none by default, as for HDF5 and MCAP: the frames come from lossy MP4s, and Blosc/zstd on
+    # decoded frames costs more CPU than the decode itself.
+    image_compressor: str = option(
+        "none",
+        name="zarr_image_compressor",
+        choices=COMPRESSORS,
+        help="camera chunk compressor: none (fastest), or zstd (Blosc with zstd, byte shuffle).",
+    )
+    compression_level: int = option(
+        3,
+        name="zarr_compression_level",
+        minimum=1,
+        maximum=MAX_LEVEL,
+        help="the zstd level of --zarr-image-compressor zstd (1 fastest, 9 smallest).",
+    )
+    # Frames decoded per camera before they are written: bounds memory per camera.
+    batch_frames: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_frames < 1:
+            raise OptionError("batch_frames", f"{self.batch_frames!r} must be >= 1")
