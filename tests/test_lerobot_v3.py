@@ -94,7 +94,7 @@ def test_locators_lead_to_every_source_frame_and_row(source: Path, tmp_path: Pat
         source, dest, [3, 0, 2], data_files_size_in_mb=0.004, video_files_size_in_mb=0.03
     )
     info = info_of(dest)
-    assert info["codebase_version"] == "v3.0" and info["dataset_format"] == "lerobot_v3"
+    assert info["codebase_version"] == "v3.0" and "dataset_format" not in info
     assert info["data_path"] == "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
     assert info["video_path"] == (
         "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
@@ -460,6 +460,30 @@ def test_pipeline_publishes_both_subsets_or_nothing(tmp_path: Path) -> None:
         p.name for p in (tmp_path / "export").iterdir() if p.name.startswith(".eva-staging")
     ]
     assert leftovers == []
+
+
+def test_info_json_holds_only_lerobot_keys_and_old_exports_still_verify(tmp_path: Path) -> None:
+    """LeRobot 0.6 warns of every info.json key its schema lacks: the format's name is in the
+    marker only. An older export (``dataset_format`` in info.json too) still verifies and is
+    described as v3; a wrong name there is still refused."""
+    from eva.export.describe import describe_directory
+    from eva.export.pipeline import export_dataset
+    from eva.export.verify import verify_export
+
+    src = write_synthetic_dataset(tmp_path / "raw", episodes=2, frames=[8, 9], cameras=CAMS[:1])
+    out = export_dataset(src, "v3").accepted_dir
+    lerobot_keys = {
+        *("codebase_version", "fps", "features", "total_episodes", "total_frames", "total_tasks"),
+        *("chunks_size", "data_files_size_in_mb", "video_files_size_in_mb", "data_path"),
+        *("video_path", "robot_type", "splits"),
+    }
+    assert set(info_of(out)) <= lerobot_keys
+    assert describe_directory(out)["format"] == "lerobot_v3"
+    for tagged, codes in (("lerobot_v3", []), ("hdf5", ["wrong_format"])):
+        info = {**info_of(out), "dataset_format": tagged}
+        (out / "meta/info.json").write_text(json.dumps(info))
+        assert [p.code for p in verify_export(out)] == codes
+        assert describe_directory(out)["format"] == "lerobot_v3"
 
 
 def test_lerobot_written_av1_fixture_exports(tmp_path: Path) -> None:

@@ -212,7 +212,9 @@ def describe_directory(root: Path | str, *, episodes: bool = False) -> dict[str,
     # for "no marker, so a raw dataset".
     split = _json(split_path) if os.path.lexists(split_path) else None
     info, rows, tasks = _read_meta(root, split if isinstance(split, dict) else None)
-    fmt = catalog.format_of_info(info)
+    # An export's marker names its format (a v3 export's info.json no longer does).
+    marker_entry = catalog.named(split.get("dataset_format")) if isinstance(split, dict) else None
+    fmt = marker_entry.name if marker_entry is not None else catalog.format_of_info(info)
     raw_features = info.get("features")
     features: dict[str, Any] = raw_features if isinstance(raw_features, dict) else {}
     fps = info.get("fps") if isinstance(info.get("fps"), (int, float)) else None

@@ -192,11 +192,13 @@ def tasks_table(tasks: Mapping[int, str]) -> pa.Table:
 
 
 def v3_info(meta: SubsetMeta, settings: LeRobotV3Options) -> dict[str, Any]:
-    """v3.0 info.json from the subset's v2.1 info (LeRobot's convert_info, plus eva's keys)."""
+    """v3.0 info.json from the subset's v2.1 info (LeRobot's convert_info). Only keys LeRobot's
+    schema knows: LeRobot 0.6 warns of any other key on every load, so eva's own (the format's
+    name) live in quality_split.json."""
     info: dict[str, Any] = json.loads(json.dumps(meta.info))  # deep copy of JSON data
     fps = info.get("fps")
     info["codebase_version"] = CODEBASE_VERSION
-    info["dataset_format"] = DATASET_FORMAT
+    info.pop("dataset_format", None)
     info.pop("total_chunks", None)
     info.pop("total_videos", None)
     info["fps"] = int(fps) if fps is not None and float(fps).is_integer() else fps

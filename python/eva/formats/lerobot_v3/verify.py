@@ -74,7 +74,8 @@ def verify(export_dir: Path) -> list[Problem]:
         check_unreadable_meta(problem, root, e)
         return problem.problems
     check_version(problem, info, CODEBASE_VERSION, info_path)
-    if info.get("dataset_format") != DATASET_FORMAT:
+    # Older exports named their format in info.json too (now only quality_split.json does).
+    if info.get("dataset_format", DATASET_FORMAT) != DATASET_FORMAT:
         problem("wrong_format", f"dataset_format {info.get('dataset_format')!r}", info_path)
     fps = float(info.get("fps") or 0)
     features = info.get("features", {})
