@@ -115,9 +115,14 @@ bench-corpus: build
 	$(PY) bench/corpus.py --episodes 1 high
 	$(PY) bench/corpus.py --quick
 
+# compat: eva's exports in the real readers (offline, CPU): LeRobot's (scripts/compat.sh,
+# compat_trim.sh), and the trainers' (scripts/compat_zarr.sh: diffusion_policy's ReplayBuffer, run
+# unmodified from a git snapshot of its repository, DIFFUSION_POLICY_REPO, with zarr 2.x, and zarr 3,
+# in the venvs the oracle's setup_trainer_oracles.sh builds in /tmp/trainer-oracles).
 compat: build
 	bash scripts/compat.sh
 	bash scripts/compat_trim.sh
+	bash scripts/compat_zarr.sh
 
 # compat plus LeRobot 0.6.1 (Python 3.12; builds a 5 GB venv in /tmp the first time): its reader
 # on every v3 export, and its lerobot-edit-dataset merge / delete_episodes on a merged dataset's export.
@@ -125,6 +130,7 @@ compat-06: build
 	bash $${EVA_ORACLE_DIR:-../shared/oracle}/setup_lerobot06_venv.sh
 	bash scripts/compat.sh
 	bash scripts/compat_trim.sh
+	bash scripts/compat_zarr.sh
 	bash scripts/compat_merge06.sh
 
 lint: venv
