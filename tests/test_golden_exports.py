@@ -26,8 +26,8 @@ import pytest
 from eva.export.pipeline import export_dataset
 
 MANIFEST = Path(__file__).parent / "fixtures" / "golden_exports.json"
-FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
-LIBRARIES = ("pyarrow", "h5py", "mcap", "av", "numpy", "msgpack", "zstandard")
+FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap", "zarr")
+LIBRARIES = ("pyarrow", "h5py", "mcap", "av", "numpy", "msgpack", "zstandard", "zarr", "numcodecs")
 RUN_RECORDS = {"job.json", ".eva-complete", "fingerprints.json", "video_checks.json"}
 RUN_FIELDS = {"created_at", "export_id", "source_dir"}
 
