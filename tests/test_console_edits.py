@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,6 +59,23 @@ def error_of(response: httpx.Response, status: int) -> dict:
 
 
 URL = "/api/datasets/pick/episodes/{}/edit"
+KEPT_HISTOGRAMS = "meta/eva_kept_histograms.jsonl"
+
+
+def kept_histogram_trims(raw: Path, want: dict[int, list[int]]) -> dict[int, list[int]]:
+    """The trims of the kept-histogram cache once they are ``want`` (the console records them
+    after answering, on its own thread; every later run of it can only agree with the edits)."""
+    path = raw / KEPT_HISTOGRAMS
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+        except FileNotFoundError:
+            rows = []
+        got = {r["episode_index"]: r["trim"] for r in rows}
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
 
 
 def test_trim_task_and_drop_are_one_request_each(api: httpx.Client, raw: Path) -> None:
@@ -81,6 +99,7 @@ def test_trim_task_and_drop_are_one_request_each(api: httpx.Client, raw: Path) -
     assert listing["split"] == {"accepted": [0, 1], "rejected": [], "dropped": [2]}
     rows = {r["episode_index"]: r for r in read_episode_rows(raw)}
     assert rows[0]["edit_trim"] == [15, 30] and rows[2]["edit_drop"] is True
+    assert kept_histogram_trims(raw, {0: [15, 30]}) == {0: [15, 30]}
 
     # Undone, one request each: the fields are gone.
     assert api.put(URL.format(0), json={"trim": None}).json()["edit_trim"] is None
@@ -89,6 +108,7 @@ def test_trim_task_and_drop_are_one_request_each(api: httpx.Client, raw: Path) -
     again = api.put(URL.format(2), json={"drop": False}).json()
     assert again["changed"] is False
     assert not any(k.startswith("edit_") for r in read_episode_rows(raw) for k in r)
+    assert kept_histogram_trims(raw, {}) == {}
     assert {k: v for k, v in tree_digest(raw).items() if k != "meta/episodes.jsonl"} == recorded
 
 
@@ -101,6 +121,7 @@ def test_an_edit_marks_the_export_stale(api: httpx.Client, raw: Path) -> None:
     assert api.get("/api/datasets/pick/episodes").json()["stale"] == ["hdf5"]
     api.put(URL.format(1), json={"trim": None})
     assert api.get("/api/datasets/pick/episodes").json()["stale"] == []
+    assert kept_histogram_trims(raw, {}) == {}
 
 
 @pytest.mark.parametrize(

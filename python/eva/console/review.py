@@ -22,6 +22,7 @@ from eva.dataset.atomic import NotJSONError
 from eva.dataset.edits import EpisodeEdits
 from eva.dataset.errors import DatasetError, UnsafePathError
 from eva.dataset.identity import Identity, file_identity
+from eva.dataset.kept_histograms import BackgroundRecorder
 
 if TYPE_CHECKING:
     from eva.quality.edits import EditRequest
@@ -110,6 +111,8 @@ class EpisodeReview:
         self.dirs = dirs
         self.changed = changed
         self._videos: dict[tuple[str, str, str], tuple[Any, str]] = {}
+        # a trim's kept frames decoded after the answer, not while the operator waits
+        self.histograms = BackgroundRecorder()
 
     def episodes(self, name: str) -> dict[str, Any]:
         from eva.dataset.edits import episode_edits
@@ -215,7 +218,10 @@ class EpisodeReview:
         request = edit_request(body)
         root = self.dirs.checked_root(name)
         episode = self._episode_index(root, index)
-        update = self._update("edit_failed", lambda: edit_episodes(root, [episode], request)[0])
+        update = self._update(
+            "edit_failed",
+            lambda: edit_episodes(root, [episode], request, record=self.histograms.submit)[0],
+        )
         row = update.row
         return {
             "episode_index": episode,

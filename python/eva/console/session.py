@@ -127,6 +127,7 @@ class ConsoleSession:
                 self.recorder.cancel()
         self.source.close()
         self.recorder.close()
+        self.review.histograms.close()
         logging.getLogger("eva.capture").removeHandler(self.warnings)
         active = self.background.active()
         if active is not None:

@@ -32,6 +32,9 @@ QUALITY_SPLIT = "meta/quality_split.json"
 # pixel counts}} of the frames given to the writer (exact image quantiles without decoding). Kept
 # out of episodes_stats.jsonl: LeRobot 0.3.3 asserts image stats have shape (3, 1, 1).
 IMAGE_HISTOGRAMS = "meta/eva_image_histograms.jsonl"
+# eva-owned cache: each trimmed episode's cameras' pixel histograms over its kept frames,
+# decoded when the trim is set (eva.dataset.kept_histograms), so that exports need not.
+KEPT_HISTOGRAMS = "meta/eva_kept_histograms.jsonl"
 
 # The values of an episodes.jsonl row's review fields (compared case-insensitively; absent or
 # null: not set): the operator's qc_verdict and the capture's automatic quality flag.

@@ -299,6 +299,12 @@ class DatasetReader:
         known = set(self.episode_indices)
         return {ep: h for ep, h in out.items() if ep in known}
 
+    @cached_property
+    def kept_histogram_rows(self) -> list[dict[str, Any]]:
+        """The rows of eva's cache ``meta/eva_kept_histograms.jsonl`` as read (empty if absent;
+        ``eva.dataset.kept_histograms`` decides which rows still hold)."""
+        return self._jsonl(layout.KEPT_HISTOGRAMS, required=False)
+
     def image_histograms(self, episode_index: int) -> dict[str, np.ndarray] | None:
         """The episode's recorded per-camera pixel histograms, or None when it has none."""
         return self.all_image_histograms.get(int(episode_index))

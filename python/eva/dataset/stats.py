@@ -56,6 +56,7 @@ __all__ = [
     "quantile_key",
     "quantiles_from_histogram",
     "finite_rows",
+    "image_stats_from_histogram",
     "vector_quantile_table",
     "vector_quantiles",
 ]
@@ -290,6 +291,14 @@ def _image_result_from_histogram(
         "std": _image_nested(std),
         "count": [int(frame_count)],
     }
+
+
+def image_stats_from_histogram(
+    histogram: np.ndarray, frame_count: int
+) -> dict[str, list[list[list[float]]] | list[int]]:
+    """The image stats of ``frame_count`` frames whose (3, 256) pixel histogram is
+    ``histogram``: the same result ``ImageStats.result()`` gives after those frames."""
+    return _image_result_from_histogram(histogram, frame_count)
 
 
 class ReferenceImageStats:

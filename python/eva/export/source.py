@@ -206,25 +206,25 @@ def complete_episode_stats(reader: DatasetReader, episode: int) -> dict[str, Any
 def kept_frame_stats(reader: DatasetReader, episode: int, trim: tuple[int, int]) -> KeptStats:
     """A trimmed episode's stats over its kept frames ``[start, end)`` only, and its cameras'
     pixel histograms: every numeric column from the kept rows as the exported table holds them
-    (``frame_index`` and ``timestamp`` from 0), each camera's from its kept frames decoded from
-    the recorded MP4 (the recorder's histograms cover the whole take, and no per-frame record of
-    them is kept). A feature neither is possible for (a string, an inline image) keeps its
-    recorded stats."""
-    from eva.dataset.stats import ImageStats
-    from eva.dataset.subset_edits import kept_frames, trim_table
+    (``frame_index`` and ``timestamp`` from 0), each camera's from its kept frames as decoded
+    from the recorded MP4 (``eva.dataset.kept_histograms``: decoded when the trim was set, else
+    now; the recorder's histograms cover the whole take before encoding). A feature neither is
+    possible for (a string, an inline image) keeps its recorded stats."""
+    from eva.dataset.kept_histograms import kept_histograms
+    from eva.dataset.stats import image_stats_from_histogram
+    from eva.dataset.subset_edits import trim_table
 
     recorded = complete_episode_stats(reader, episode)
     where = f"{reader.data_path(episode)}: episode {episode}"
     table = trim_table(reader.read_table(episode), trim, reader.fps, where)
+    kept = kept_histograms(reader, episode, trim)
     stats: dict[str, Any] = {}
     histograms: dict[str, np.ndarray] = {}
     for name, value in recorded.items():
         dtype = reader.features.get(name, {}).get("dtype")
         if dtype == "video":
-            image = ImageStats()
-            for batch in kept_frames(reader.iter_frames(episode, name), trim):
-                image.update(batch)
-            stats[name], histograms[name] = image.result(), image.histogram()
+            histograms[name] = kept[name].histogram
+            stats[name] = image_stats_from_histogram(kept[name].histogram, kept[name].frames)
         elif dtype != "image" and name in table.column_names:
             try:
                 stats[name] = _column_stats(table.column(name), f"{where}: field {name!r}")

@@ -1,12 +1,14 @@
 """Operator edits (``eva edit``, the console's QUALITY CHECK): trim, task and drop, written into
 ``meta/episodes.jsonl`` beside the verdicts with the same lock, atomic rewrite and all-or-none
 rule (``eva.quality.verdicts.update_episode_rows``). The stored form and its rule are
-``eva.dataset.edits``; the recorded frames and videos are never touched.
+``eva.dataset.edits``; the recorded frames and videos are never touched. A trim also records its
+kept frames' pixel histograms in eva's cache (``eva.dataset.kept_histograms``), decoded here
+once rather than by every export.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from eva.dataset.edits import (
 )
 from eva.dataset.errors import DatasetError
 from eva.dataset.info_fields import info_field_problems
+from eva.dataset.kept_histograms import record_kept_histograms
 from eva.quality.verdicts import ReviewUpdate, update_episode_rows
 
 
@@ -63,12 +66,18 @@ class EditRequest:
 
 
 def edit_episodes(
-    root: Path, episode_indices: Sequence[int], request: EditRequest
+    root: Path,
+    episode_indices: Sequence[int],
+    request: EditRequest,
+    *,
+    record: Callable[[Path, Sequence[int]], object] = record_kept_histograms,
 ) -> list[ReviewUpdate]:
     """Apply ``request`` to every episode of ``episode_indices`` or to none: each episode's trim
     is checked against its own length before anything is written, and the first refusal (an
     unknown episode, an empty or out-of-range trim) is a ``DatasetError`` naming the file,
-    episode and field; the file is then left as it was."""
+    episode and field; the file is then left as it was. ``record``: how a trim's kept frames'
+    histograms are recorded once the edit is written (the console queues them,
+    ``BackgroundRecorder.submit``)."""
     root = Path(root)
     problem = request.problem()
     if problem is not None:
@@ -84,7 +93,11 @@ def edit_episodes(
         except EditError as e:
             raise EditError(f"{where}: episode {row['episode_index']}: {e}") from None
 
-    return update_episode_rows(root, episode_indices, change, "edit")
+    updates = update_episode_rows(root, episode_indices, change, "edit")
+    if request.trim is not None or request.clear_trim:
+        # the kept frames' pixel histograms, decoded now so that no export has to
+        record(root, episode_indices)
+    return updates
 
 
 def _apply(row: dict[str, Any], request: EditRequest, fps: int) -> None:
