@@ -29,6 +29,9 @@ EXPECTED_OPTIONS = {
     "--mcap-profile": ("mcap_profile", "choice", "eva-client"),
     "--hdf5-compression": ("hdf5_compression", "text", "none"),
     "--hdf5-frames-per-chunk": ("hdf5_frames_per_chunk", "integer range", 1),
+    "--hdf5-layout": ("hdf5_layout", "choice", "eva"),
+    "--hdf5-map": ("hdf5_map", "text", ()),
+    "--valid-fraction": ("hdf5_valid_fraction", "float range", 0.1),
     "--verify-decode": ("verify_decode", "boolean", False),
     "--data-file-size-mb": ("data_files_size_in_mb", "float range", 100.0),
     "--video-file-size-mb": ("video_files_size_in_mb", "float range", 200.0),
@@ -125,3 +128,49 @@ def test_every_format_module_satisfies_the_interface() -> None:
 
     with pytest.raises(DatasetError, match=r"write_subset\(reader, meta\) is not .*lacks verify"):
         check_format_module("hdf5", Incomplete())
+
+
+@pytest.mark.parametrize(
+    ("fmt", "args", "flag"),
+    [
+        ("mcap", ["--hdf5-layout", "aloha"], "--hdf5-layout"),
+        ("mcap", ["--hdf5-map", "action=action"], "--hdf5-map"),
+        ("hdf5", ["--mcap-compression", "zstd"], "--mcap-compression"),
+        ("v3", ["--valid-fraction", "0.2"], "--valid-fraction"),
+        ("v21", ["--verify-decode"], "--verify-decode"),
+    ],
+)
+def test_an_option_of_another_format_is_a_usage_error(
+    fmt: str, args: list[str], flag: str
+) -> None:
+    # refused on the command line, before the source is even looked at (it does not exist)
+    result = CliRunner().invoke(main, ["export", "/nonexistent/raw", "--format", fmt, *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "an option of --format" in lines[0]
+
+
+def test_a_mapping_option_takes_pairs_each_key_once() -> None:
+    spec = next(f for f in Hdf5Options.option_fields() if f.name == "hdf5_map")
+    assert spec.type == "mapping" and spec.as_dict()["default"] == ""
+    for given in ("a=qpos, b=action", {"a": "qpos", "b": "action"}, ["a=qpos", ["b", "action"]]):
+        options = Hdf5Options.from_values({"hdf5_layout": "aloha", "hdf5_map": given})
+        assert options.feature_map == (("a", "qpos"), ("b", "action"))
+    for bad, reason in [
+        ("a=qpos, a=qvel", "a: given twice"),
+        ("a", "is not KEY=VALUE"),
+        ({"a": 1}, "is not KEY=VALUE"),
+        ("a=qpos, b=qpos", "b: 'qpos' is already the name of a"),
+        ("a=../x", "is not a name"),
+    ]:
+        with pytest.raises(OptionError, match=reason):
+            Hdf5Options.from_values({"hdf5_layout": "aloha", "hdf5_map": bad})
+    with pytest.raises(OptionError, match="^options.hdf5_layout: eva keeps every key"):
+        Hdf5Options(feature_map=(("a", "qpos"),))
+    result = CliRunner().invoke(
+        main,
+        ["export", "/nonexistent/raw", "--format", "hdf5", "--hdf5-layout", "aloha"]
+        + ["--hdf5-map", "a=qpos", "--hdf5-map", "b=qpos"],
+    )
+    assert result.exit_code == 2
+    assert result.output.strip() == "eva: error: --hdf5-map: b: 'qpos' is already the name of a"

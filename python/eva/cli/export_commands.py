@@ -12,6 +12,7 @@ import click
 
 from eva.cli.output import (
     EXIT_INVALID,
+    EXIT_USAGE,
     FormatChoice,
     detail,
     emit_json,
@@ -27,7 +28,14 @@ from eva.cli.output import (
 )
 from eva.cli.progress import ProgressBar
 from eva.formats import catalog
-from eva.formats.base import ExportOptions, OptionError, OptionField, Options, check_range
+from eva.formats.base import (
+    ExportOptions,
+    OptionError,
+    OptionField,
+    Options,
+    check_range,
+    parse_pairs,
+)
 from eva.formats.catalog import FormatEntry
 
 if TYPE_CHECKING:
@@ -48,8 +56,12 @@ def _generated_option(
         try:
             if spec.type in ("int", "float"):
                 check_range(spec, value)  # type: ignore[arg-type]
+            if spec.type == "mapping":  # the flag once per pair: a tuple of KEY=VALUE texts
+                value = parse_pairs(spec.name, value)
             cls(**{spec.field_name: value})
         except OptionError as e:
+            if e.option != spec.name:  # a combination: refused when the options are built
+                return value
             raise click.BadParameter(e.reason) from None
         return value
 
@@ -61,6 +73,16 @@ def _generated_option(
     if spec.type == "bool":
         return click.option(
             spec.flag, spec.name, is_flag=True, default=spec.default, help=help_text, callback=check
+        )
+    if spec.type == "mapping":
+        return click.option(
+            spec.flag,
+            spec.name,
+            multiple=True,
+            default=spec.default,
+            metavar=spec.info.metavar or "KEY=VALUE",
+            help=help_text,
+            callback=check,
         )
     if spec.type == "choice":
         kind = click.Choice(list(spec.info.choices))
@@ -99,15 +121,39 @@ def _format_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
+def _refuse_other_formats_options(fmt: FormatEntry) -> None:
+    """An option of another format given on the command line (or from the environment) is a
+    usage error naming it: it would otherwise be silently ignored."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    own = {spec.name for spec in fmt.option_fields()}
+    for entry in catalog.entries():
+        if entry.name == fmt.name:
+            continue
+        for spec in entry.options.option_fields():
+            if spec.name in own:  # shared with fmt
+                continue
+            source = ctx.get_parameter_source(spec.name)
+            if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+                fail(
+                    f"{spec.flag}: an option of --format {entry.name}, not of {fmt.name}",
+                    EXIT_USAGE,
+                )
+
+
 def _export_options(fmt: FormatEntry, values: dict[str, Any]) -> ExportOptions:
     """The typed options of an ``eva export`` of ``fmt`` from the generated options' values
-    (another format's options are not used; a format registered after this command was made
-    has no options here, so its defaults)."""
+    (another format's options are refused before: ``_refuse_other_formats_options``; a format
+    registered after this command was made has no options here, so its defaults)."""
     own = {
         spec.field_name: values.get(spec.name, spec.default) for spec in fmt.options.option_fields()
     }
     common = {spec.field_name: values[spec.name] for spec in ExportOptions.option_fields()}
-    return ExportOptions(**common, format=fmt.options(**own))
+    try:
+        return ExportOptions(**common, format=fmt.options(**own))
+    except OptionError as e:  # options each fine alone, not together
+        fail(_option_message(fmt, e), EXIT_USAGE)
 
 
 @click.command("export")
@@ -188,6 +234,7 @@ def export_command(
 
     if ray_address and executor not in (None, "ray"):
         raise click.UsageError(f"--ray-address is for --executor ray, not {executor}")
+    _refuse_other_formats_options(fmt)
     on_interrupt(
         "the published pair is unchanged; the next export (or eva cleanup) removes the staging"
     )
@@ -206,6 +253,12 @@ def export_command(
             incremental=incremental,
             ray_address=ray_address,
         )
+    except OptionError as e:  # an option the source refuses (--hdf5-map naming no feature)
+        bar.close()
+        message = _option_message(fmt, e)
+        if json_lines:
+            emit_json({"event": "failed", "error": message})
+        fail(message, EXIT_USAGE)
     except DatasetError as e:
         bar.close()
         if json_lines:
@@ -221,6 +274,14 @@ def export_command(
         bar.close()
         raise
     _report_export(result, fmt, incremental, json_lines)
+
+
+def _option_message(fmt: FormatEntry, error: OptionError) -> str:
+    """``<flag>: <reason>`` for an option of ``fmt`` refused by the export (else the error)."""
+    for spec in fmt.option_fields():
+        if spec.name == error.option:
+            return f"{spec.flag}: {error.reason}"
+    return str(error)
 
 
 def _progress_printer(bar: ProgressBar, json_lines: bool) -> Callable[[Any, Any], None]:

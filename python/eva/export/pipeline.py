@@ -219,6 +219,7 @@ def export_dataset(
         raise
     late = prepared[3]
     try:
+        _check_source(module, prepared[0], prepared[2], options)
         run = ExportRun(executor, workers, incremental, ray_address)
         call = _ExportCall(module, source, root, fmt, options, on_progress, exchange, job_id, run)
         return _export_prepared(call, prepared[:3], late, before)
@@ -232,6 +233,17 @@ def export_dataset(
     finally:
         if late is not None:
             late.close()
+
+
+def _check_source(
+    module: Format, reader: DatasetReader, metas: dict[str, SubsetMeta], options: ExportOptions
+) -> None:
+    """A format's own refusals of this source with these options (an ``OptionError``: an
+    ``--hdf5-map`` naming no feature), before anything is written: its optional
+    ``check_source(reader, metas, options)``."""
+    check = getattr(module, "check_source", None)
+    if callable(check):
+        check(reader, metas, options)
 
 
 def _checked_arguments(

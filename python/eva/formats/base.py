@@ -9,6 +9,10 @@ its help text, its allowed values and its request name (the console's key, and t
 ``--<name with dashes>`` unless ``flag`` says otherwise). A field made with a plain ``field`` is
 a knob for Python callers only (tests, benches), never shown to a user. Every value is checked
 once, in ``__post_init__``; a bad one is an :class:`OptionError` naming the option.
+
+An option whose default is a tuple of pairs (``()``) is a mapping (``FEATURE=NAME``): the CLI
+takes its flag once per pair, the console a text ``A=B, C=D`` (or a JSON object); each key at
+most once (``eva.formats._option_values.parse_pairs``).
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ from typing import Literal, TypeVar
 from eva.dataset.errors import DatasetError
 from eva.formats._option_values import OptionError as OptionError
 from eva.formats._option_values import check_range as check_range
-from eva.formats._option_values import check_value, coerce
+from eva.formats._option_values import check_value, coerce, is_pairs, pairs_text
+from eva.formats._option_values import parse_pairs as parse_pairs
 
-OptionType = Literal["bool", "int", "float", "choice", "text"]
-OptionValue = bool | int | float | str
+OptionType = Literal["bool", "int", "float", "choice", "text", "mapping"]
+# A mapping option's value: (key, value) pairs in the order given, each key once.
+Pairs = tuple[tuple[str, str], ...]
+OptionValue = bool | int | float | str | Pairs
 METADATA_KEY = "eva.option"
 
 T = TypeVar("T")
@@ -77,11 +84,13 @@ class OptionField:
     info: OptionInfo
 
     def as_dict(self) -> dict[str, object]:
-        """The option as the console's format panel takes it."""
+        """The option as the console's format panel takes it (a mapping's default as the text
+        the panel's input holds)."""
+        default = pairs_text(self.default) if isinstance(self.default, tuple) else self.default
         return {
             "name": self.name,
             "type": self.type,
-            "default": self.default,
+            "default": default,
             "help": self.info.help,
             "choices": list(self.info.choices),
             "minimum": self.info.minimum,
@@ -101,6 +110,8 @@ _DEFAULT_TYPES: tuple[tuple[type, OptionType], ...] = (
 def _option_type(default: object, info: OptionInfo) -> OptionType:
     if info.choices:
         return "choice"
+    if isinstance(default, tuple):
+        return "mapping"
     return next((name for kind, name in _DEFAULT_TYPES if isinstance(default, kind)), "text")
 
 
@@ -116,8 +127,10 @@ class Options:
             if not isinstance(info, OptionInfo):
                 continue
             default = f.default
-            if not isinstance(default, bool | int | float | str):
-                raise TypeError(f"{cls.__name__}.{f.name}: an option's default is a plain value")
+            if not isinstance(default, bool | int | float | str) and not is_pairs(default):
+                raise TypeError(
+                    f"{cls.__name__}.{f.name}: an option's default is a plain value or pairs"
+                )
             name = info.name or f.name
             flag = info.flag or "--" + name.replace("_", "-")
             kind = _option_type(default, info)

@@ -8,11 +8,12 @@ See ``eva.formats.base`` for how an option field is declared and checked.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
 from eva.dataset.errors import DatasetError
-from eva.formats.base import OptionError, Options, option
+from eva.formats.base import OptionError, Options, Pairs, option
 
 _MB_HELP = "MB; a shard is closed before it would pass it"
 # The largest shard size limit (1 TiB): past it a limit is a typing mistake.
@@ -106,6 +107,12 @@ HDF5_MAX_CHUNK_BYTES = (4 << 30) - 1
 MAX_FRAMES_PER_CHUNK = 256
 
 
+# The HDF5 layouts (eva.formats.hdf5): eva's own, ALOHA/ACT's episode files, robomimic's one file.
+HDF5_LAYOUTS = ("eva", "aloha", "robomimic")
+# A name --hdf5-map gives a feature: one HDF5 link name (no "/"), not "." or "..".
+_HDF5_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
 @dataclass(frozen=True)
 class Hdf5Options(Options):
     compression: str = option(
@@ -123,6 +130,30 @@ class Hdf5Options(Options):
         help="frames per image chunk (1: cheapest random access; more: fewer I/O calls and "
         "better compression, but one frame reads its whole chunk).",
     )
+    layout: str = option(
+        "eva",
+        name="hdf5_layout",
+        choices=HDF5_LAYOUTS,
+        help="eva: one file per episode with every key (default); aloha: ALOHA/ACT's "
+        "episode_<i>.hdf5 files; robomimic: one data.hdf5 per subset (docs/formats.md).",
+    )
+    feature_map: Pairs = option(
+        (),
+        name="hdf5_map",
+        metavar="FEATURE=NAME",
+        help="aloha/robomimic: the name a feature gets (aloha: qpos, qvel, effort, action, a "
+        "camera's name, else /observations/extra/NAME; robomimic: its obs key, or actions); "
+        "repeatable; default names in docs/formats.md.",
+    )
+    valid_fraction: float = option(
+        0.1,
+        name="hdf5_valid_fraction",
+        flag="--valid-fraction",
+        minimum=0,
+        maximum=1,
+        help="robomimic: the share of demos in the mask/valid filter key (chosen by source "
+        "episode index, evenly spread; the rest are mask/train).",
+    )
     # Frames decoded before a write; rounded up to whole chunks. Bounds memory per camera.
     batch_frames: int = 32
     # Use the native yuv420p -> rgb24 conversion (identical to PyAV's) when the core is built.
@@ -136,6 +167,28 @@ class Hdf5Options(Options):
             raise OptionError("hdf5_compression", str(e)) from None
         if self.batch_frames < 1:
             raise OptionError("batch_frames", f"{self.batch_frames!r} must be >= 1")
+        self._check_map()
+
+    def _check_map(self) -> None:
+        """--hdf5-map: a trainer layout's, each name a plain HDF5 name given to one feature."""
+        if self.feature_map and self.layout == "eva":
+            feature = self.feature_map[0][0]
+            raise OptionError(  # a combination: named by the layout, which decides
+                "hdf5_layout",
+                f"{self.layout} keeps every key as it is: --hdf5-map {feature}=... is for "
+                "aloha or robomimic",
+            )
+        named: dict[str, str] = {}
+        for feature, name in self.feature_map:
+            if not _HDF5_NAME.fullmatch(name) or name in (".", ".."):
+                raise OptionError(
+                    "hdf5_map", f"{feature}: {name!r} is not a name (letters, digits, _ . -)"
+                )
+            if name in named:
+                raise OptionError(
+                    "hdf5_map", f"{feature}: {name!r} is already the name of {named[name]}"
+                )
+            named[name] = feature
 
     @property
     def h5py_compression(self) -> str | None:

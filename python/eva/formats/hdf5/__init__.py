@@ -1,4 +1,6 @@
-"""HDF5 export: one file per episode with ``columns``, ``images`` and ``metadata`` groups.
+"""HDF5 export: one file per episode with ``columns``, ``images`` and ``metadata`` groups (the
+``eva`` layout, below); ``--hdf5-layout aloha|robomimic`` writes the trainers' layouts instead
+(``trainer``, ``robomimic``, names in ``names``; dispatch and source checks in ``layouts``).
 
 Layout: ``data/chunk-XXX/episode_NNNNNN.hdf5``. Each top-level group is a mapping
 stored as ``item_NNNNNN`` sub-groups, each holding a dataset ``value`` and the attributes ``key``
@@ -59,19 +61,22 @@ from eva.formats.hdf5.items import (
     write_item,
     write_mapping,
 )
+from eva.formats.hdf5.layouts import Hdf5Tasks, check_source
 from eva.formats.hdf5.reader import Hdf5Episode, read_episode
 from eva.formats.hdf5.verify import verify
 from eva.formats.hdf5.writer import (
-    TASKS,
     BatchBuffers,
     EpisodeWriter,
     Hdf5EpisodeSession,
     ImageWriteStats,
     episode_path,
     export_info,
-    write_subset,
 )
 from eva.formats.options import MAX_BATCH_BYTES, Hdf5Options, parse_compression
+
+# The subset as one task per episode file, in the layout the options name.
+TASKS = Hdf5Tasks()
+write_subset = TASKS.write_subset
 
 __all__ = [
     "TASKS",
@@ -86,8 +91,10 @@ __all__ = [
     "FrameConverter",
     "Hdf5Episode",
     "Hdf5EpisodeSession",
+    "Hdf5Tasks",
     "Hdf5Options",
     "ImageWriteStats",
+    "check_source",
     "column_value",
     "decode_item",
     "encode_value",

@@ -39,7 +39,20 @@ def _check_items(group: h5py.Group, problem: Callable[[str, str], None]) -> dict
 def verify(export_dir: Path) -> list[Problem]:
     """Totals against the episode files, the three groups with key/kind attributes, every image
     value's frame axis against the row count, and a real h5py read of one state, one action and
-    one image frame per episode."""
+    one image frame per episode. A trainer layout (info.json's ``data_path`` names its files)
+    is checked under its own keys (``verify_trainer``)."""
+    from eva.formats.hdf5 import verify_trainer
+    from eva.formats.hdf5.robomimic import DATA_FILE
+    from eva.formats.hdf5.trainer import ALOHA_PATH
+
+    try:
+        data_path = embedded.read_export_meta(Path(export_dir))[0].get("data_path")
+    except (OSError, ValueError):
+        data_path = None  # reported by the checks below
+    if data_path == ALOHA_PATH:
+        return verify_trainer.verify_aloha(Path(export_dir))
+    if data_path == DATA_FILE:
+        return verify_trainer.verify_robomimic(Path(export_dir))
     add = ProblemCollector()
 
     def verify_file(path: Path, ep: int, row: Mapping[str, Any], info: Mapping[str, Any]) -> int:

@@ -219,26 +219,34 @@ class EpisodeWriter:
             raise DatasetError(
                 f"{label}: the episode has no rows (empty episodes are not exported)"
             )
-        tmp = path.with_name(f".eva-tmp-{path.name}")
         opts = self.options
         compression = {
             "compression": opts.h5py_compression,
             "compression_level": opts.compression_level,
         }
-        # Uncompressed: chunks aligned and allocated up front, then written by eva (ChunkFile).
+        with self.staged_file(path) as (h5, tmp):
+            write_mapping(h5.create_group("columns"), column_values, **compression)
+            images = h5.create_group("images")
+            for index, (key, video) in enumerate(videos.items()):
+                item = images.create_group(ITEM_NAME.format(index))
+                item.attrs["key"] = key
+                item.attrs["kind"] = "array"
+                self.write_camera(item, key, video, rows, label, tmp, trim)
+            write_mapping(h5.create_group("metadata"), metadata)
+        return path.stat().st_size
+
+    @contextlib.contextmanager
+    def staged_file(self, path: Path) -> Iterator[tuple[h5py.File, Path]]:
+        """A new HDF5 file written as a temporary sibling of ``path`` (yielded with it), renamed
+        to ``path`` once whole; a failure removes it and names ``path``. Uncompressed, its
+        chunks are aligned and allocated up front, then written by eva (``ChunkFile``)."""
+        tmp = path.with_name(f".eva-tmp-{path.name}")
         try:
             # h5py reports a full disk as "Can't close file (file write failed ...)": name it.
             with naming_write_errors(path):
-                h5 = create_file(tmp, aligned=opts.h5py_compression is None)
+                h5 = create_file(tmp, aligned=self.options.h5py_compression is None)
                 try:
-                    write_mapping(h5.create_group("columns"), column_values, **compression)
-                    images = h5.create_group("images")
-                    for index, (key, video) in enumerate(videos.items()):
-                        item = images.create_group(ITEM_NAME.format(index))
-                        item.attrs["key"] = key
-                        item.attrs["kind"] = "array"
-                        self._write_camera(item, key, video, rows, label, tmp, trim)
-                    write_mapping(h5.create_group("metadata"), metadata)
+                    yield h5, tmp
                     reserve_space(h5)
                 except BaseException:
                     abandon(h5)
@@ -255,10 +263,9 @@ class EpisodeWriter:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        return path.stat().st_size
 
     # Not cut: the decode thread's hand-off (queues, buffers, stop event) is one try/finally
-    def _write_camera(
+    def write_camera(
         self,
         item: h5py.Group,
         key: str,
@@ -267,9 +274,10 @@ class EpisodeWriter:
         label: str,
         file: Path,
         trim: tuple[int, int] | None = None,
-    ) -> None:
-        """Decode ``source`` (a dataset's MP4: opened beneath its root) into ``item/value``
-        (rows, H, W, 3).
+        name: str = "value",
+    ) -> tuple[int, int]:
+        """Decode ``source`` (a dataset's MP4: opened beneath its root) into the dataset
+        ``item/<name>`` (rows, H, W, 3); returns the frames' (height, width).
 
         A decode thread (PyAV and the native conversion release the GIL) fills one batch buffer
         while this thread writes the other, so decoding, conversion and I/O overlap. Memory: two
@@ -299,7 +307,7 @@ class EpisodeWriter:
                 frames = itertools.islice(frames, trim[0], trim[1])
             first = _first_frame(frames, where, video, rows)
             shape = (first.height, first.width)
-            dataset = self._create_value(item, shape, rows, where)
+            dataset = self._create_value(item, shape, rows, where, name)
             if opts.h5py_compression is None:
                 chunk_file = ChunkFile(file, dataset)
             buffers = self.buffers.get(opts.batch_length(shape[0] * shape[1] * 3), *shape)
@@ -346,9 +354,10 @@ class EpisodeWriter:
         self.stats.bytes += written * shape[0] * shape[1] * 3
         self.stats.native_frames = converter.native_frames
         self.stats.pyav_frames = converter.pyav_frames
+        return shape
 
     def _create_value(
-        self, item: h5py.Group, shape: tuple[int, int], rows: int, where: str
+        self, item: h5py.Group, shape: tuple[int, int], rows: int, where: str, name: str
     ) -> h5py.Dataset:
         """The camera's ``value`` dataset, (rows, H, W, 3) uint8 in chunks of
         ``frames_per_chunk`` frames; uncompressed, its chunks are allocated now and never
@@ -370,7 +379,7 @@ class EpisodeWriter:
             dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
             dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # every byte is written below
         return item.create_dataset(
-            "value",
+            name,
             shape=(rows, *shape, 3),
             maxshape=(None, *shape, 3),
             chunks=(fpc, *shape, 3),
