@@ -210,6 +210,9 @@ def _decode_missing(reader: DatasetReader, wanted: set[int]) -> dict[int, dict[s
 
 
 def _rewrite(root: Path, computed: Mapping[int, dict[str, Any]]) -> None:
+    path = root / layout.KEPT_HISTOGRAMS
+    # a killed edit's copies of the cache; only rewrites under this lock make them
+    atomic.remove_stale_temporaries(path.parent, target=path.name)
     reader = DatasetReader(root)  # the rows as they are now, under the lock
     trims = _current_trims(reader)
     old = _rows(reader)
@@ -220,7 +223,6 @@ def _rewrite(root: Path, computed: Mapping[int, dict[str, Any]]) -> None:
             rows.append(row)
     if rows == [old[ep] for ep in sorted(old)]:
         return
-    path = root / layout.KEPT_HISTOGRAMS
     if rows:
         atomic.atomic_write_jsonl(path, rows)
     else:
