@@ -29,7 +29,7 @@ from eva.export.executors import default_executor, free_cores
 from eva.export.pipeline import export_dataset
 from eva.formats import catalog
 from eva.formats.base import ExportOptions
-from eva.formats.options import LeRobotV3Options, McapOptions
+from eva.formats.options import LeRobotV3Options, LeRobotV21Options, McapOptions
 from eva.jobs import EXPORT_JOB, read_job
 from eva.progress import Progress
 
@@ -44,6 +44,19 @@ CONFIGS = {
         ExportOptions(
             format=LeRobotV3Options(data_files_size_in_mb=0.012, video_files_size_in_mb=0.009)
         ),
+    ),
+    # re-encoded: SVT-AV1 on as many threads as it likes, libx264 on its pinned one
+    "lerobot_v3-training": (
+        "lerobot_v3",
+        ExportOptions(
+            format=LeRobotV3Options(
+                video_profile="training", data_files_size_in_mb=0.012, video_files_size_in_mb=0.009
+            )
+        ),
+    ),
+    "lerobot_v21-training-x264": (
+        "lerobot_v21",
+        ExportOptions(format=LeRobotV21Options(video_profile="training", video_codec="libx264")),
     ),
 }
 

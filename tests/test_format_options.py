@@ -24,6 +24,10 @@ pytestmark = pytest.mark.kernel_independent
 # name, click type name, default). Scripts use these spellings.
 EXPECTED_OPTIONS = {
     "--copy-videos": ("copy_videos", "boolean", False),
+    # one flag for both LeRobot formats (declared once, eva.formats.options.VideoProfileOptions)
+    "--video-profile": ("video_profile", "choice", "archive"),
+    "--video-codec": ("video_codec", "choice", "libsvtav1"),
+    "--video-crf": ("video_crf", "integer range", 30),
     "--mcap-compression": ("mcap_compression", "choice", "none"),
     "--mcap-chunk-size": ("mcap_chunk_size", "integer range", 4 * 1024 * 1024),
     "--mcap-profile": ("mcap_profile", "choice", "eva-client"),
@@ -95,6 +99,12 @@ def test_each_dataclass_checks_its_values_naming_the_option() -> None:
         (lambda: LeRobotV3Options(image_quantiles="all"), "image_quantiles"),
         (lambda: LeRobotV3Options(image_quantile_keyframes=-1), "image_quantile_keyframes"),
         (lambda: LeRobotV3Options(chunks_size=0), "chunks_size"),
+        (lambda: LeRobotV3Options(video_profile="fast"), "video_profile"),
+        (lambda: LeRobotV3Options(video_crf=20), "video_profile"),  # archive: no CRF
+        (
+            lambda: LeRobotV3Options(video_profile="training", video_codec="libx264", video_crf=52),
+            "video_crf",
+        ),
         (lambda: Hdf5Options(compression="zstd"), "hdf5_compression"),
         (lambda: Hdf5Options(batch_frames=0), "batch_frames"),
         (lambda: McapOptions(compression="gzip"), "mcap_compression"),
@@ -140,9 +150,7 @@ def test_every_format_module_satisfies_the_interface() -> None:
         ("v21", ["--verify-decode"], "--verify-decode"),
     ],
 )
-def test_an_option_of_another_format_is_a_usage_error(
-    fmt: str, args: list[str], flag: str
-) -> None:
+def test_an_option_of_another_format_is_a_usage_error(fmt: str, args: list[str], flag: str) -> None:
     # refused on the command line, before the source is even looked at (it does not exist)
     result = CliRunner().invoke(main, ["export", "/nonexistent/raw", "--format", fmt, *args])
     assert result.exit_code == 2, result.output

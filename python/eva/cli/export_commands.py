@@ -108,10 +108,14 @@ def _generated_option(
 def _format_options(command: Callable[..., None]) -> Callable[..., None]:
     """Every format's options (its catalogue entry's dataclass), then the ones all formats
     take."""
+    # An option several formats share (the LeRobot formats' --video-profile, declared once in
+    # a common base class) is one flag, labelled with each of them.
+    owners: dict[str, tuple[type[Options], OptionField, list[str]]] = {}
+    for entry in catalog.entries():
+        for spec in entry.options.option_fields():
+            owners.setdefault(spec.name, (entry.options, spec, []))[2].append(entry.name)
     generated = [
-        _generated_option(entry.options, spec, entry.name)
-        for entry in catalog.entries()
-        for spec in entry.options.option_fields()
+        _generated_option(cls, spec, ", ".join(labels)) for cls, spec, labels in owners.values()
     ]
     generated += [
         _generated_option(ExportOptions, spec, None) for spec in ExportOptions.option_fields()

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from eva.dataset.subset import SubsetMeta, rewrite_index_columns
 from eva.dataset.subset_edits import trim_table
 from eva.dataset.validate import Problem
 from eva.formats._decode import first_frame
+from eva.formats._training_video import encode_episode, training_encoding, training_features
 from eva.formats._verify import (
     VECTOR_FEATURES,
     ProblemCollector,
@@ -85,12 +87,17 @@ def _numbering_unchanged(
     return True
 
 
-def export_info(meta: SubsetMeta) -> dict[str, Any]:
+def export_info(meta: SubsetMeta, options: ExportOptions | None = None) -> dict[str, Any]:
     info = dict(meta.info)
     info["codebase_version"] = layout.CODEBASE_VERSION
     info["data_path"] = layout.DATA_PATH
     info["video_path"] = layout.VIDEO_PATH if meta.video_keys else None
     info.pop("dataset_format", None)
+    settings = options.format_options(LeRobotV21Options) if options else LeRobotV21Options()
+    encoding = training_encoding(settings)
+    if encoding is not None:  # the cameras as re-encoded, their settings as LeRobot records them
+        info["features"] = json.loads(json.dumps(info.get("features", {})))  # a deep copy
+        training_features(info["features"], meta.video_keys, encoding)
     return info
 
 
@@ -127,7 +134,9 @@ class EpisodeCopier:
 
     def __init__(self, reader: DatasetReader, options: ExportOptions) -> None:
         self.reader = reader
-        self.link = not options.format_options(LeRobotV21Options).copy_videos
+        settings = options.format_options(LeRobotV21Options)
+        self.link = not settings.copy_videos
+        self.encoding = training_encoding(settings)
 
     def write(self, task: EpisodeTask) -> EpisodeResult:
         """Output episode ``task.index``: its table, then its videos."""
@@ -166,7 +175,12 @@ class EpisodeCopier:
             video_dest = task.subset_dir / rel
             video_dest.parent.mkdir(parents=True, exist_ok=True)
             with naming_write_errors(video_dest):
-                if task.trim is None:
+                if self.encoding is not None:
+                    recorded = task.source_length if task.trim is not None else None
+                    fps = task.fps or reader.fps
+                    frames = recorded or task.length
+                    encode_episode(video_src, video_dest, self.encoding, fps, task.trim, frames)
+                elif task.trim is None:
                     link_or_copy(video_src, video_dest, link=self.link)
                 else:
                     cut_video(video_src, video_dest, task, key)
@@ -188,7 +202,7 @@ TASKS = EpisodeFormat(
     label="{subset} episode {index} (source episode {source_index})",
     open_episode_writer=EpisodeCopier,
     check_options=lambda options: options.format_options(LeRobotV21Options),
-    subset_info=lambda meta, _options: export_info(meta),
+    subset_info=lambda meta, options: export_info(meta, options),
     pool_from_cores=1 << 30,
     serial_threads=max(1, min(4, os.cpu_count() or 1)),
     other_files=episode_videos,

@@ -22,15 +22,62 @@ MAX_SHARD_MB = 1_048_576.0
 MAX_QUANTILE_KEYFRAMES = 10_000
 
 
+# The training video profile (eva.formats._training_video): LeRobot's own encoder settings, as
+# lerobot-record writes (LeRobot 0.4.4 encode_video_frames, 0.6 VideoEncoderConfig defaults).
+VIDEO_PROFILES = ("archive", "training")
+VIDEO_CODECS = ("libsvtav1", "libx264")
+LEROBOT_CRF = 30
+# The highest CRF each codec takes.
+MAX_CRF = {"libsvtav1": 63, "libx264": 51}
+
+
 @dataclass(frozen=True)
-class LeRobotV21Options(Options):
+class VideoProfileOptions(Options):
+    """The LeRobot formats' video profile: the recorded MP4s packet-copied, or re-encoded for
+    random access in training (``eva.formats._training_video``)."""
+
+    video_profile: str = option(
+        "archive",
+        choices=VIDEO_PROFILES,
+        help="archive: the recorded video packet-copied (default); training: each camera "
+        "re-encoded with a keyframe every 2 frames, as lerobot-record writes (fast random "
+        "access, a smaller PSNR loss).",
+    )
+    video_codec: str = option(
+        "libsvtav1",
+        choices=VIDEO_CODECS,
+        help="training: the encoder (libsvtav1 at LeRobot's preset 12, or libx264).",
+    )
+    video_crf: int = option(
+        LEROBOT_CRF,
+        minimum=0,
+        maximum=max(MAX_CRF.values()),
+        help="training: the encoder's CRF (LeRobot's default 30; lower is better quality and "
+        "larger files; libx264 takes up to 51).",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.video_crf > MAX_CRF[self.video_codec]:
+            limit = MAX_CRF[self.video_codec]
+            raise OptionError("video_crf", f"{self.video_crf} is past {self.video_codec}'s {limit}")
+        if self.video_profile == "archive" and (
+            self.video_codec != VIDEO_CODECS[0] or self.video_crf != LEROBOT_CRF
+        ):
+            raise OptionError(
+                "video_profile", "video_codec and video_crf need the training profile"
+            )
+
+
+@dataclass(frozen=True)
+class LeRobotV21Options(VideoProfileOptions):
     copy_videos: bool = option(
         False, help="copy MP4s instead of hard-linking (or cloning) the read-only source files."
     )
 
 
 @dataclass(frozen=True)
-class LeRobotV3Options(Options):
+class LeRobotV3Options(VideoProfileOptions):
     """The v3-specific knobs (same names as in info.json)."""
 
     verify_decode: bool = option(

@@ -21,6 +21,7 @@ from eva.dataset.errors import DatasetError, naming_write_errors
 from eva.dataset.reader import DatasetReader
 from eva.dataset.subset import rewrite_index_columns
 from eva.dataset.subset_edits import trim_table
+from eva.formats._training_video import TrainingEncoder, TrainingEncoding, training_encoding
 from eva.formats.base import ExportOptions
 from eva.formats.lerobot_v3.mux import VideoShardWriter
 from eva.formats.lerobot_v3.plan import ShardTask
@@ -98,6 +99,9 @@ class ShardSession:
             if self.keyframes is None:
                 self.keyframes = KeyframeHistograms()
             keyframes = self.keyframes
+        encoding = training_encoding(self.settings)
+        if encoding is not None:
+            return write_training_video_file(self.reader, task, self.settings, encoding)
         return write_video_file(self.reader, task, self.settings, self.params_cache, keyframes)
 
     def close(self) -> None:
@@ -291,4 +295,43 @@ def append_video(
         start, end = start + trim[0] * frame, start + trim[1] * frame
     return PlacedEpisode(
         episode.index, start, end, episode.length, sample, cut=raw_rows - episode.length
+    )
+
+
+def write_training_video_file(
+    reader: DatasetReader, task: ShardTask, settings: LeRobotV3Options, encoding: TrainingEncoding
+) -> ShardResult:
+    """The training profile's video file: the camera's episodes re-encoded into one stream
+    (``eva.formats._training_video``), a trimmed one's kept frames only; frame ``k`` of the file
+    at ``k / fps``. Pixel histograms, when wanted, from every frame of the finished file."""
+    key = task.camera
+    assert key is not None
+    path = task.subset_dir / task.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fps = task.episodes[0].fps or reader.fps
+    encoder = TrainingEncoder(path, encoding, fps)
+    placed: list[PlacedEpisode] = []
+    try:
+        for episode in task.episodes:
+            source = episode.source_index
+            recorded = episode.source_length if episode.trim is not None else None
+            start = encoder.frames
+            try:
+                frames = encoder.add_episode(
+                    reader.video_file(source, key), episode.trim, recorded or episode.length
+                )
+            except DatasetError as e:
+                raise DatasetError(f"episode {source}, camera {key}: {e}") from None
+            placed.append(PlacedEpisode(episode.index, start / fps, encoder.frames / fps, frames))
+        encoder.close()
+    except BaseException:
+        encoder.abort()
+        raise
+    wanted = settings.verify_decode or task.sample_keyframes
+    histograms = decode_shard(path, key, placed) if wanted else {}
+    return written(
+        task,
+        episodes=0,  # the data file counts them
+        placed=tuple((p.episode, p.from_timestamp, p.to_timestamp) for p in placed),
+        histograms=histograms,
     )

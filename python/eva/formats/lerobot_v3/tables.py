@@ -16,6 +16,7 @@ from eva.dataset.subset import (
     SubsetMeta,
     arrow_array,
 )
+from eva.formats._training_video import training_encoding, training_features
 from eva.formats.options import LeRobotV3Options
 
 CODEBASE_VERSION = "v3.0"
@@ -215,6 +216,9 @@ def v3_info(meta: SubsetMeta, settings: LeRobotV3Options) -> dict[str, Any]:
     for feature in info.get("features", {}).values():
         if feature.get("dtype") != "video":  # video features carry video.fps in "info"
             feature["fps"] = info["fps"]
+    encoding = training_encoding(settings)
+    if encoding is not None:  # the cameras as re-encoded, their settings as LeRobot records them
+        training_features(info.get("features", {}), meta.video_keys, encoding)
     return info
 
 
