@@ -58,7 +58,11 @@ def sessions(tmp_path: Path) -> tuple[Path, Path]:
         qc_verdicts=["pass", None, "fail"],
         qc_notes=[None, "wobbly", None],
         tasks=["pick", "place"],
-        extra_rows=[{"edit_trim": [1, 8], "lab_field": {"x": 1}}, {"edit_task": "stack"}, {"edit_drop": True}],
+        extra_rows=[
+            {"edit_trim": [1, 8], "lab_field": {"x": 1}},
+            {"edit_task": "stack"},
+            {"edit_drop": True},
+        ],
     )
     b = write_synthetic_dataset(
         tmp_path / "b" / "raw",
@@ -263,6 +267,7 @@ def test_a_session_mixing_layouts_is_named_with_its_episodes(tmp_path: Path) -> 
         ("map_collision", 2, "has a feature action already"),
         ("not_dataset", 1, "info.json"),
         ("invalid", 1, "not merged:"),
+        ("damaged_video", 1, "video data is damaged"),  # found by the inspections, not the walk
         ("writer", 1, "another writer holds it"),
         ("spool", 1, "await crash recovery"),
     ],
@@ -303,6 +308,9 @@ def test_refusals_are_one_line_and_write_nothing(
         args = [a, empty, "--into", into]
     elif case == "invalid":
         (DatasetReader(b).data_path(1)).unlink()
+    elif case == "damaged_video":
+        reader = DatasetReader(b)
+        _damage_samples(reader.video_path(1, reader.video_keys[0]))
     elif case == "writer":
         held = DatasetWriter.open_existing(b, durable=False)
     elif case == "spool":
@@ -322,6 +330,19 @@ def test_refusals_are_one_line_and_write_nothing(
         assert not into.exists()
     leftovers = [p for p in tmp_path.rglob(f"*{STAGING_INFIX}*")]
     assert leftovers == []
+
+
+def _damage_samples(path: Path) -> None:
+    """Overwrite most of the MP4's sample data (its keyframe first), the boxes intact."""
+    from eva.dataset import mp4box
+
+    samples = mp4box.read_video_samples(path)
+    start, end = int(samples.offsets.min()), int((samples.offsets + samples.sizes).max())
+    data = bytearray(path.read_bytes())
+    n = int((end - start) * 0.6)
+    data[start : start + n] = random.Random(1).randbytes(n)
+    path.unlink()
+    path.write_bytes(bytes(data))
 
 
 def _no_merge_leftovers(parent: Path) -> bool:

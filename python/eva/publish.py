@@ -34,7 +34,12 @@ from pathlib import Path
 
 from eva import libc
 from eva.dataset import fsafe
-from eva.dataset.atomic import atomic_write_bytes, fsync_dir, remove_stale_temporaries
+from eva.dataset.atomic import (
+    atomic_write_bytes,
+    fsync_dir,
+    remove_stale_temporaries,
+    sync_filesystem,
+)
 from eva.dataset.errors import DatasetError
 from eva.dataset.locks import flock_fd
 from eva.jobs import EXPORT_JOB, mark_interrupted
@@ -109,16 +114,6 @@ def make_staging(root: Path, export_id: str) -> Path:
     path = staging_dir(root, export_id)
     path.mkdir(parents=True)
     return path
-
-
-def sync_filesystem(path: Path) -> None:
-    """Flush every dirty page of the filesystem holding ``path`` (one ``syncfs``, not N fsyncs)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if not libc.syncfs(fd):
-            os.sync()
-    finally:
-        os.close(fd)
 
 
 def mark_complete(staging: Path, export_id: str, *, durable: bool = True) -> None:

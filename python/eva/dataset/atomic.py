@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from eva import libc
 from eva.dataset import fsafe
 from eva.dataset.errors import DatasetError
 
@@ -42,6 +43,16 @@ def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_filesystem(path: Path) -> None:
+    """Flush every dirty page of the filesystem holding ``path`` (one ``syncfs``, not N fsyncs)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if not libc.syncfs(fd):
+            os.sync()
     finally:
         os.close(fd)
 

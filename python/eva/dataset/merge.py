@@ -1,18 +1,23 @@
 """``eva merge``: one new raw dataset from several sessions of one rig (docs/cli.md).
 
-Order of work; nothing is written before the last check has passed:
+Order of work; nothing is published before the last check has passed, and a refused merge
+leaves nothing behind:
 
 1. the places (``MergeUsageError``, exit 2): every source a different dataset, none inside
    another, the target new (not even an empty directory) and outside every source;
 2. what a run killed before left beside the target is removed (``remove_leftovers``);
 3. each source, held for the whole merge by its writer lock (``.eva-work/writer.lock``, when it
    has one: a capture or the console recording into it refuses the merge, and none can start
-   meanwhile): no crash spool waiting for ``eva recover``, and valid (``validate_dataset``;
-   NaN/inf values are evidence and are carried);
+   meanwhile): no crash spool waiting for ``eva recover``, and valid (``validate_dataset``'s
+   checks; NaN/inf values are evidence and are carried). Each walk (metadata, every parquet
+   table) passes before anything is written; the MP4 inspections it starts (framing, first
+   keyframe decoded) go on, on their threads, while step 5 writes, and are waited for before
+   the rename: the refusal is the one an up-front validation would give (``_SourceChecks``);
 4. one rig (``merge_rig``): every difference is a line of ``RigMismatch``;
 5. ``merge_write`` writes into ``.<target>.eva-merge-<random>`` beside the target, holding
    that directory's own ``.eva-work/writer.lock`` (a live merge's staging is never taken for a
-   leftover); one ``syncfs``; then one ``renameat2(RENAME_NOREPLACE)`` publishes it.
+   leftover); one ``syncfs`` (while the last inspections finish); then one
+   ``renameat2(RENAME_NOREPLACE)`` publishes it. A refusal removes the staging directory.
 
 A kill at any moment leaves either no target or the complete one. The sources are only read:
 their bytes, modes and times stay as they were (tests hash them before and after).
@@ -27,15 +32,26 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eva import libc
 from eva.dataset import atomic, fsafe, layout, locks
 from eva.dataset.errors import DatasetError
-from eva.dataset.merge_rig import MergeUsageError, parse_renames, rig_differences, rig_of
+from eva.dataset.merge_rig import (
+    CameraLayout,
+    MergeUsageError,
+    parse_renames,
+    rig_differences,
+    rig_of,
+)
 from eva.dataset.merge_write import Session, WrittenMerge, write_merged
 from eva.dataset.reader import DatasetReader
+
+if TYPE_CHECKING:
+    from eva.dataset.validate import Problem, Validation
 
 __all__ = ["MergeResult", "MergeUsageError", "RigMismatch", "merge_sessions", "remove_leftovers"]
 
@@ -160,13 +176,52 @@ def _hold_source(root: Path, name: str) -> int | None:
     return fd
 
 
-def _check_valid(reader: DatasetReader, name: str) -> None:
-    from eva.dataset.validate import validate_dataset
+class _SourceChecks:
+    """The validation of every source (``validate_dataset``'s checks, NaN/inf carried): each
+    walk runs before anything is written; the MP4 inspections it starts go on, on their worker
+    threads, while the merge writes its staging dir, and ``refusal()`` waits for them before
+    anything is published. The refusal is the one an up-front validation of the sources, in
+    the order given, would raise."""
 
-    problems = [p for p in validate_dataset(reader.root, reader=reader) if p.code not in _CARRIED]
-    if problems:
-        more = f" (and {len(problems) - 1} more: eva validate {name})" if len(problems) > 1 else ""
-        raise DatasetError(f"{name}: not merged: {problems[0].message}{more}")
+    def __init__(self) -> None:
+        self._started: list[tuple[str, Validation]] = []
+        self._stack = contextlib.ExitStack()
+        self._refusal: DatasetError | None = None
+        self._settled = False
+
+    def start(self, reader: DatasetReader, name: str) -> None:
+        from eva.dataset.validate import start_validation
+
+        validation = self._stack.enter_context(start_validation(reader.root, reader=reader))
+        self._started.append((name, validation))
+        if _merge_problems(validation.found):  # which one comes first: ask every inspection
+            refusal = self.refusal()
+            assert refusal is not None
+            raise refusal
+
+    def refusal(self) -> DatasetError | None:
+        """The first source's problem once every inspection has answered (None: all valid)."""
+        if not self._settled:
+            self._settled = True
+            self._refusal = self._first_refusal()
+        return self._refusal
+
+    def _first_refusal(self) -> DatasetError | None:
+        for name, validation in self._started:
+            problems = _merge_problems(validation.complete())
+            if problems:
+                more = f" (and {len(problems) - 1} more: eva validate {name})"
+                return DatasetError(
+                    f"{name}: not merged: {problems[0].message}{more if len(problems) > 1 else ''}"
+                )
+        return None
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def _merge_problems(problems: Sequence[Problem]) -> list[Problem]:
+    return [p for p in problems if p.code not in _CARRIED]
 
 
 @contextlib.contextmanager
@@ -201,14 +256,8 @@ def _staging(target: Path) -> Iterator[Path]:
 
 
 def _publish(staging: Path, target: Path, *, durable: bool) -> None:
-    """Make the staged dataset the target in one rename that never replaces anything."""
-    if durable:
-        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            if not libc.syncfs(fd):
-                os.sync()
-        finally:
-            os.close(fd)
+    """Make the staged (and, ``durable``, synced) dataset the target in one rename that never
+    replaces anything."""
     try:
         libc.rename_noreplace(staging, target)
     except OSError as e:
@@ -221,6 +270,44 @@ def _publish(staging: Path, target: Path, *, durable: bool) -> None:
         os.rename(staging, target)
     if durable:
         atomic.fsync_dir(target.parent)
+
+
+def _check_rig(
+    roots: Sequence[Path],
+    given: Sequence[str],
+    readers: Sequence[DatasetReader],
+    maps: Sequence[str],
+) -> list[Session]:
+    """The sessions to write, renamed; ``RigMismatch`` when they are not one rig."""
+    renames = parse_renames(maps, roots, given, [r.features for r in readers])
+    probes: dict[bytes, CameraLayout] = {}  # one FFmpeg open per distinct sample entry
+    rigs = [rig_of(n, r, m, probes) for n, r, m in zip(given, readers, renames, strict=True)]
+    differences = rig_differences(rigs)
+    if differences:
+        raise RigMismatch(differences)
+    return [Session(*s) for s in zip(roots, readers, renames, strict=True)]
+
+
+def _write_and_publish(
+    target: Path,
+    sessions: Sequence[Session],
+    checks: _SourceChecks,
+    durable: bool,
+    on_episode: Callable[[int, int], None] | None,
+) -> WrittenMerge:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _staging(target) as staging:
+        written = write_merged(staging, sessions, on_episode=on_episode)
+        # the flush takes the disk while the last inspections take the CPU; neither publishes
+        with ThreadPoolExecutor(1, thread_name_prefix="eva-merge-sync") as pool:
+            synced = pool.submit(atomic.sync_filesystem, staging) if durable else None
+            refusal = checks.refusal()
+            if synced is not None:
+                synced.result()
+        if refusal is not None:
+            raise refusal
+        _publish(staging, target, durable=durable)
+    return written
 
 
 def merge_sessions(
@@ -237,18 +324,17 @@ def merge_sessions(
     roots = _resolved_sources(sources)
     target = _target(into, roots, given)
     removed = remove_leftovers(target) if target.parent.is_dir() else []
-    with _held_sources(roots, given):
+    with _held_sources(roots, given), contextlib.closing(_SourceChecks()) as checks:
         readers = [DatasetReader(root) for root in roots]
         for reader, name in zip(readers, given, strict=True):
-            _check_valid(reader, name)
-        renames = parse_renames(maps, roots, given, [r.features for r in readers])
-        rigs = [rig_of(n, r, m) for n, r, m in zip(given, readers, renames, strict=True)]
-        differences = rig_differences(rigs)
-        if differences:
-            raise RigMismatch(differences)
-        sessions = [Session(*s) for s in zip(roots, readers, renames, strict=True)]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with _staging(target) as staging:
-            written = write_merged(staging, sessions, on_episode=on_episode)
-            _publish(staging, target, durable=durable)
+            checks.start(reader, name)
+        try:
+            sessions = _check_rig(roots, given, readers, maps)
+            written = _write_and_publish(target, sessions, checks, durable, on_episode)
+        except DatasetError as e:
+            # an invalid source refuses the merge whatever failed first because of it
+            refusal = checks.refusal()
+            if refusal is not None and refusal is not e:
+                raise refusal from None
+            raise
     return MergeResult(target, roots, written, removed)

@@ -133,9 +133,10 @@ def parse_renames(
     return renames
 
 
-def probe_camera(source: fsafe.Readable) -> CameraLayout:
+def probe_camera(source: fsafe.Readable, *, b_frames: bool = True) -> CameraLayout:
     """The layout of one MP4 as FFmpeg opens it: codec parameters, and whether the first
-    packets' presentation times come out of decode order (B-frames)."""
+    packets' presentation times come out of decode order (B-frames; ``b_frames=False``: not
+    demuxed, reported as False, for a caller that knows the order from the sample table)."""
     path = fsafe.name_of(source)
     with video.open_input(source) as container:
         if not container.streams.video:
@@ -147,7 +148,7 @@ def probe_camera(source: fsafe.Readable) -> CameraLayout:
         reordered = False
         latest: int | None = None
         try:
-            for n, packet in enumerate(container.demux(stream)):
+            for n, packet in enumerate(container.demux(stream) if b_frames else ()):
                 if n >= _LAYOUT_PACKETS or reordered:
                     break
                 if packet.pts is None:
@@ -166,13 +167,16 @@ def probe_camera(source: fsafe.Readable) -> CameraLayout:
         )
 
 
-def camera_layouts(reader: DatasetReader, key: str) -> dict[int, CameraLayout]:
+def camera_layouts(
+    reader: DatasetReader, key: str, probes: dict[bytes, CameraLayout] | None = None
+) -> dict[int, CameraLayout]:
     """Every episode's layout of camera ``key``. The codec parameters follow from the MP4's
     sample entry (``mp4box``: codec, resolution, and the parameter sets that give profile and
-    pixel format), so FFmpeg opens one file per distinct entry; the B-frame layout of each file
-    is its sample table's presentation order (the validation just parsed those tables). A file
-    the box parser cannot vouch for is opened by FFmpeg."""
-    by_entry: dict[bytes, CameraLayout] = {}
+    pixel format), so FFmpeg opens one file per distinct entry (``probes``: the entries probed
+    so far, by ``SampleEntry.key``, shared by every camera and session of a merge); the B-frame
+    layout of each file is its sample table's presentation order (the validation parses those
+    tables). A file the box parser cannot vouch for is opened (and demuxed) by FFmpeg."""
+    by_entry = probes if probes is not None else {}
     layouts: dict[int, CameraLayout] = {}
     for ep in reader.episode_indices:
         source = reader.video_file(ep, key)
@@ -183,21 +187,27 @@ def camera_layouts(reader: DatasetReader, key: str) -> dict[int, CameraLayout]:
             continue
         params = by_entry.get(samples.entry.key)
         if params is None:
-            params = by_entry[samples.entry.key] = probe_camera(source)
+            params = by_entry[samples.entry.key] = probe_camera(source, b_frames=False)
         reordered = bool(np.any(np.diff(samples.pts) < 0))
         layouts[ep] = dataclasses.replace(params, b_frames=reordered)
     return layouts
 
 
-def rig_of(name: str, reader: DatasetReader, renames: Mapping[str, str]) -> Rig:
-    """Session ``name`` (``reader``'s dataset, validated) as it compares with the others."""
+def rig_of(
+    name: str,
+    reader: DatasetReader,
+    renames: Mapping[str, str],
+    probes: dict[bytes, CameraLayout] | None = None,
+) -> Rig:
+    """Session ``name`` (``reader``'s dataset, its walk validated) as it compares with the
+    others; ``probes`` as ``camera_layouts``."""
     features: dict[str, dict[str, Any]] = {}
     for key, feature in reader.features.items():
         kept = {k: v for k, v in feature.items() if not (k == "info" and _is_video(feature))}
         features[renames.get(key, key)] = kept
     cameras: dict[str, dict[int, CameraLayout]] = {}
     for key in reader.video_keys:
-        cameras[renames.get(key, key)] = camera_layouts(reader, key)
+        cameras[renames.get(key, key)] = camera_layouts(reader, key, probes)
     return Rig(name, reader.info.get("fps"), reader.info.get("robot_type"), features, cameras)
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,15 @@ class _Merging:
     offsets: list[int]
     stats: dict[int, Any]
     histograms: dict[int, dict[str, np.ndarray]]
-    video_bytes: int = 0
+    # The MP4 copies run on their own thread (``copy_file_range`` leaves the GIL) while this
+    # one rewrites the tables.
+    copier: ThreadPoolExecutor
+    copies: list[Future[int]] = field(default_factory=list)
+
+    def copied_bytes(self) -> int:
+        """Wait for every copy; the first failure raises (the others are waited for first)."""
+        wait(self.copies)
+        return sum(copy.result() for copy in self.copies)
 
     @property
     def next_index(self) -> int:
@@ -146,11 +155,17 @@ def _write_table(
     return np.asarray(tasks if tasks is not None else [], dtype=np.int64)
 
 
+def _copy_video(source: fsafe.FileBeneath, dest: Path) -> int:
+    copied = copy_file(source, dest)
+    fsafe.make_read_only(dest)
+    return copied
+
+
 def _copy_videos(merging: _Merging, session: Session, ep: int) -> None:
     for key in session.reader.video_keys:
         dest = merging.path("video_path", video_key=session.key(key))
-        merging.video_bytes += copy_file(session.reader.video_file(ep, key), dest)
-        fsafe.make_read_only(dest)
+        source = session.reader.video_file(ep, key)
+        merging.copies.append(merging.copier.submit(_copy_video, source, dest))
 
 
 def _add_episode(merging: _Merging, session: Session, ep: int, remap: Mapping[int, int]) -> None:
@@ -189,10 +204,17 @@ def write_merged(
     tasks, remaps = _union_tasks(sessions)
     info = _merged_info(sessions)
     total = sum(len(s.reader.episode_indices) for s in sessions)
-    merging = _Merging(staging, info, on_episode, total, [], [], [], {}, {})
-    for session, remap in zip(sessions, remaps, strict=True):
-        for ep in session.reader.episode_indices:
-            _add_episode(merging, session, ep, remap)
+    with ThreadPoolExecutor(1, thread_name_prefix="eva-merge-copy") as copier:
+        merging = _Merging(staging, info, on_episode, total, [], [], [], {}, {}, copier)
+        try:
+            for session, remap in zip(sessions, remaps, strict=True):
+                for ep in session.reader.episode_indices:
+                    _add_episode(merging, session, ep, remap)
+        except BaseException:
+            for copy in merging.copies:
+                copy.cancel()
+            raise
+        video_bytes = merging.copied_bytes()
     n = len(merging.rows)
     video_keys = [k for k, f in info["features"].items() if f.get("dtype") == "video"]
     meta = SubsetMeta(
@@ -210,4 +232,4 @@ def write_merged(
         image_histograms=merging.histograms,
     )
     write_common_meta(staging, meta, meta.info)
-    return WrittenMerge(n, merging.next_offset, len(tasks), merging.video_bytes)
+    return WrittenMerge(n, merging.next_offset, len(tasks), video_bytes)
