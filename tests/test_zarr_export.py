@@ -204,3 +204,13 @@ def test_unavailable_without_the_extra() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "format zarr: exporter cannot be imported" in result.stdout, result.stderr
     assert "eva[zarr]" in result.stdout
+
+
+def test_an_empty_subset_gets_an_empty_store_that_verifies(tmp_path: Path) -> None:
+    source = write_synthetic_dataset(tmp_path / "raw", episodes=2, frames=10)
+    export_dataset(source, "zarr")
+    rejected = tmp_path / "export" / "zarr" / "rejected"
+    root = zarr.open_group(str(rejected / STORE), mode="r")
+    assert root["meta/episode_ends"].shape == (0,)
+    assert root["data/observation.images.front"].shape == (0, 48, 64, 3)
+    assert verify_export(rejected) == []

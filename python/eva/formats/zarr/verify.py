@@ -68,7 +68,8 @@ def _verify_store(
             add("row_count", f"data/{name} has {data[name].shape[0]} rows, {total} expected", store)
     if add.problems:
         return
-    for ep, start in enumerate([0, *ends.tolist()[:-1]]):
+    starts = [0, *ends.tolist()[:-1]] if len(ends) else []
+    for ep, start in enumerate(starts):
         _verify_episode(data, ep, int(start), features, cameras, store, add)
 
 
