@@ -118,11 +118,15 @@ bench-corpus: build
 # compat: eva's exports in the real readers (offline, CPU): LeRobot's (scripts/compat.sh,
 # compat_trim.sh), and the trainers' (scripts/compat_zarr.sh: diffusion_policy's ReplayBuffer, run
 # unmodified from a git snapshot of its repository, DIFFUSION_POLICY_REPO, with zarr 2.x, and zarr 3,
-# in the venvs the oracle's setup_trainer_oracles.sh builds in /tmp/trainer-oracles).
+# in the venvs the oracle's setup_trainer_oracles.sh builds in /tmp/trainer-oracles; and
+# scripts/compat_hdf5.sh: ACT's EpisodicDataset/get_norm_stats, its utils.py run unmodified from a
+# git snapshot of its repository, ACT_REPO, over --hdf5-layout aloha, and robomimic 0.3.0's
+# SequenceDataset over --hdf5-layout robomimic, in the same venv).
 compat: build
 	bash scripts/compat.sh
 	bash scripts/compat_trim.sh
 	bash scripts/compat_zarr.sh
+	bash scripts/compat_hdf5.sh
 
 # compat plus LeRobot 0.6.1 (Python 3.12; builds a 5 GB venv in /tmp the first time): its reader
 # on every v3 export, and its lerobot-edit-dataset merge / delete_episodes on a merged dataset's export.
@@ -131,6 +135,7 @@ compat-06: build
 	bash scripts/compat.sh
 	bash scripts/compat_trim.sh
 	bash scripts/compat_zarr.sh
+	bash scripts/compat_hdf5.sh
 	bash scripts/compat_merge06.sh
 
 lint: venv
