@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from eva.capture.synthetic import write_synthetic_dataset
 from eva.cli import COMMANDS, main
+from eva.formats import catalog
 
 
 def _invoke(*args: str) -> click.testing.Result:
@@ -140,7 +141,7 @@ def test_qc_ranges_lists_all_or_none_and_details_in_the_listing(tmp_path: Path) 
     assert all(line[column:].split()[0] in ("accepted", "rejected") for line in listing[1:-1])
 
 
-@pytest.mark.parametrize("fmt", ["lerobot_v21", "lerobot_v3", "hdf5", "mcap"])
+@pytest.mark.parametrize("fmt", catalog.names())
 def test_info_understands_exports(small_dataset: Path, fmt: str) -> None:
     assert _invoke("export", str(small_dataset), "--format", fmt).exit_code == 0
     accepted = small_dataset.parent / "export" / fmt / "accepted"
@@ -148,7 +149,7 @@ def test_info_understands_exports(small_dataset: Path, fmt: str) -> None:
     assert result.exit_code == 0, result.output
     text = result.output
     assert f"{fmt} export, accepted subset of {small_dataset.resolve()}" in text
-    assert ("(decoded frames embedded)" in text) == (fmt in ("hdf5", "mcap"))
+    assert ("(decoded frames embedded)" in text) == (fmt in ("hdf5", "mcap", "zarr"))
     assert "marker" in text and ": published (export " in text and "review    current" in text
     assert "vectors   observation.state [14]" in text and "size " in text
     summary = json.loads(_invoke("info", str(accepted), "--json").output)

@@ -23,6 +23,7 @@ from eva.dataset.reader import DatasetReader
 from eva.dataset.recover import RECOVERED_CODE, complete_fragments
 from eva.dataset.validate import validate_dataset
 from eva.dataset.writer import CameraSpec, DatasetWriter, VectorSpec
+from eva.formats import catalog
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_campaign  # noqa: E402
@@ -138,7 +139,7 @@ def test_eva_recover_and_every_export_of_a_recovered_episode(tmp_path: Path) -> 
     again = subprocess.run([*EVA, "recover", str(root)], capture_output=True, text=True)
     assert again.returncode == 0 and "nothing to recover" in again.stderr + again.stdout
     subprocess.run([*EVA, "qc", str(root), "1", "--pass"], check=True, capture_output=True)
-    for fmt in ("lerobot_v21", "lerobot_v3", "hdf5", "mcap"):
+    for fmt in catalog.names():
         exported = subprocess.run([*EVA, "export", str(root), "--format", fmt, "-q"],
                                   capture_output=True, text=True)  # fmt: skip
         assert exported.returncode == 0, exported.stderr

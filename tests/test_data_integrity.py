@@ -42,7 +42,7 @@ from eva.formats.options import LeRobotV21Options
 
 FRONT = "observation.images.front"
 STATE = "observation.state"
-FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
+FORMATS = catalog.names()  # every format the catalogue holds, zarr included
 
 
 @pytest.fixture
