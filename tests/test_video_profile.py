@@ -118,3 +118,20 @@ def test_cli_video_profile_options(source: Path, tmp_path: Path) -> None:
     assert past.exit_code == 2 and "51" in past.output
     other = runner.invoke(main, [*base, "hdf5", "--video-profile", "training"])
     assert other.exit_code == 2 and "--video-profile" in other.output
+
+
+def test_verify_decode_latency_reports_each_camera(source: Path) -> None:
+    from eva.export.decode_latency import camera_files, read_frame_at
+
+    options = ExportOptions(format=LeRobotV3Options(video_profile="training"))
+    out = export_dataset(source, "v3", options=options).accepted_dir
+    result = CliRunner().invoke(main, ["verify", str(out), "--decode-latency", "--json"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    (latency,) = [line for line in lines if "decode_latency" in line]
+    assert latency["decode_latency"] == CAM and latency["frames"] == 21 + 16 + 19
+    assert 0 < latency["p50_ms"] <= latency["p99_ms"] and latency["bytes_per_frame"] > 0
+    # a read as LeRobot's pyav backend does one is the frame at that index
+    (mp4,) = camera_files(out)[CAM]
+    _, _, frames = _decoded(mp4)
+    assert np.array_equal(read_frame_at(mp4, 25 / 30), frames[25])

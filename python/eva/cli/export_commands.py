@@ -387,8 +387,20 @@ def _report_export(
 @click.option(
     "--json", "as_json", is_flag=True, help="One JSON object per problem, then a summary."
 )
+@click.option(
+    "--decode-latency",
+    is_flag=True,
+    help="Also measure each camera's random-access decode latency: 200 frames at random "
+    "indices, each read as LeRobot's pyav backend does (open, seek to the keyframe before, "
+    "decode forward); p50, p99 and bytes per frame.",
+)
 def verify_command(
-    export_dir: Path, source: Path | None, fmt: FormatEntry | None, full: bool, as_json: bool
+    export_dir: Path,
+    source: Path | None,
+    fmt: FormatEntry | None,
+    full: bool,
+    as_json: bool,
+    decode_latency: bool,
 ) -> None:
     """Verify an exported accepted/rejected directory: marker, totals and a real read.
 
@@ -403,6 +415,7 @@ def verify_command(
     Examples:
       eva verify demo-data/logs/pick_cube/export/lerobot_v3/accepted
       eva verify demo-data/logs/pick_cube/export/lerobot_v3/rejected --full --source demo-data/logs/pick_cube/raw
+      eva verify demo-data/logs/pick_cube/export/lerobot_v3/accepted --decode-latency
     """
     from eva.dataset.errors import DatasetError
     from eva.export.source import problem_line
@@ -436,5 +449,22 @@ def verify_command(
             say(f"{p.code}: {problem_line(p)}", err=True)
         if not problems:
             say(f"ok: {export_dir} ({compared})")
+    if decode_latency and not problems:
+        _report_latency(export_dir, as_json)
     if problems:
         sys.exit(EXIT_INVALID)
+
+
+def _report_latency(export_dir: Path, as_json: bool) -> None:
+    """``eva verify --decode-latency``: one line (or JSON object) per camera."""
+    from eva.export.decode_latency import export_latency
+
+    for camera, latency in export_latency(export_dir).items():
+        if as_json:
+            emit_json({"decode_latency": camera, **latency.as_dict()})
+        else:
+            say(
+                f"decode latency {camera}: p50 {latency.p50_ms:.2f} ms, p99 "
+                f"{latency.p99_ms:.2f} ms, {latency.bytes_per_frame:.0f} bytes/frame "
+                f"({latency.samples} reads over {latency.frames} frames)"
+            )
