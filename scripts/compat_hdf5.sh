@@ -10,7 +10,8 @@
 #   - robomimic 0.3.0's FileUtils.get_shape_metadata_from_dataset and SequenceDataset (every demo,
 #     then the mask/train and mask/valid filter keys),
 # both in the trainer oracle venv (torch, h5py, IPython, robomimic). Every frame and row must
-# equal the source's. Here no test may skip: a missing venv is built (the oracle's
+# equal the source's; docs/formats.md's ACT and robomimic examples run as written
+# (tests/test_docs_formats.py). Here no test may skip: a missing venv is built (the oracle's
 # setup_trainer_oracles.sh, ~3 min the first time), a missing snapshot fails.
 #
 # Environment: EVA_ORACLE_DIR (default <repo>/../shared/oracle), TRAINER_ORACLES (default
@@ -36,7 +37,8 @@ fi
 
 LOG="$(mktemp -t eva-compat-hdf5.XXXXXX)"
 trap 'rm -f "$LOG"' EXIT
-"$REPO/.venv/bin/pytest" -q -p no:cacheprovider -rs "$REPO/tests/test_hdf5_oracles.py" >"$LOG" 2>&1
+"$REPO/.venv/bin/pytest" -q -p no:cacheprovider -rs "$REPO/tests/test_hdf5_oracles.py" \
+  "$REPO/tests/test_docs_formats.py" -k "test_act or test_robomimic or trainer_example" >"$LOG" 2>&1
 status=$?
 if [[ $status -eq 0 ]] && ! grep -q "skipped" "$LOG"; then
   echo "PASS hdf5: ACT (aloha layout) and robomimic 0.3.0 (robomimic layout) load every episode ($(tail -n 1 "$LOG"))"
