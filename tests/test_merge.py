@@ -407,6 +407,53 @@ def test_a_leftover_of_a_live_merge_is_left_alone(
         locks.release_flock(fd)
 
 
+def test_eva_cleanup_removes_what_a_killed_merge_left(
+    tmp_path: Path, sessions: tuple[Path, Path]
+) -> None:
+    from eva.dataset import locks
+
+    a, b = sessions
+    into = tmp_path / "ab" / "raw"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "eva.cli", "merge", str(a), str(b), "--into", str(into)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    while process.poll() is None and not list(tmp_path.glob(f"ab/.raw{STAGING_INFIX}*")):
+        time.sleep(0.001)
+    process.send_signal(signal.SIGKILL)  # while it writes its staging dir (or done, if fast)
+    process.wait()
+    shutil.rmtree(into, ignore_errors=True)
+    for staging in into.parent.iterdir():  # killed between its mkdir and its lock: kept 60 s
+        if not (staging / layout.WORK_DIR / layout.WRITER_LOCK).exists():
+            shutil.rmtree(staging)
+    dead = into.parent / f".raw{STAGING_INFIX}dead"
+    live = into.parent / f".raw{STAGING_INFIX}live"
+    for staging in (dead, live):
+        (staging / layout.WORK_DIR).mkdir(parents=True)
+        (staging / layout.WORK_DIR / layout.WRITER_LOCK).touch()
+    killed = sorted(p for p in into.parent.iterdir() if p not in (dead, live))
+    fd = locks.try_flock(live / layout.WORK_DIR / layout.WRITER_LOCK, create=False)
+    try:
+        result = eva("cleanup", into, "--json")  # the target was never published
+        assert result.returncode == 0, result.stderr
+        removed = json.loads(result.stdout)["actions"]["merge"]
+        assert sorted(removed) == sorted(
+            f"removed {p} (left by a killed eva merge)" for p in [*killed, dead]
+        )
+        assert sorted(into.parent.iterdir()) == [live]  # a live merge's staging stays
+    finally:
+        assert fd is not None
+        locks.release_flock(fd)
+    again = eva("cleanup", into)
+    assert (
+        again.returncode == 0 and "left by a killed eva merge" in again.stdout
+    )  # live is dead now
+    assert list(into.parent.iterdir()) == []
+    missing = eva("cleanup", tmp_path / "ab" / "nothing")
+    assert missing.returncode == 2 and "no such dataset" in missing.stderr
+
+
 def test_merge_options_are_checked_by_click(tmp_path: Path, sessions: tuple[Path, Path]) -> None:
     a, _ = sessions
     result = eva("merge", a, tmp_path / "missing", "--into", tmp_path / "x")

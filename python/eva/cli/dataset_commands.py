@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -410,7 +411,7 @@ def _stale_exports(dataset: Path) -> list[dict[str, str]]:
 
 @click.command("cleanup")
 @verbosity_options()
-@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--format",
     "fmt",
@@ -421,6 +422,9 @@ def _stale_exports(dataset: Path) -> list[dict[str, str]]:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
     """Finish or undo interrupted exports of DATASET and remove hidden staging/backup dirs.
+
+    Also removes what a killed eva merge --into DATASET left beside it; DATASET need not exist
+    for that (a killed merge leaves none).
 
     \b
     Example:
@@ -433,6 +437,10 @@ def cleanup_command(dataset: Path, fmt: str | None, as_json: bool) -> None:
         actions = cleanup(dataset, fmt)
     except (DatasetError, ValueError) as e:
         fail(str(e))
+    if not os.path.lexists(dataset) and not actions:
+        fail(
+            f"{dataset}: no such dataset (nor leftovers of a killed eva merge into it)", EXIT_USAGE
+        )
     failed = actions.pop("failed", [])
     if as_json:
         emit_json({"dataset": str(dataset), "actions": actions, "failed": failed})

@@ -108,7 +108,7 @@ class _Merging:
     def copied_bytes(self) -> int:
         """Wait for every copy; the first failure raises (the others are waited for first)."""
         wait(self.copies)
-        return sum(copy.result() for copy in self.copies)
+        return sum(pending.result() for pending in self.copies)
 
     @property
     def next_index(self) -> int:
@@ -165,7 +165,8 @@ def _copy_videos(merging: _Merging, session: Session, ep: int) -> None:
     for key in session.reader.video_keys:
         dest = merging.path("video_path", video_key=session.key(key))
         source = session.reader.video_file(ep, key)
-        merging.copies.append(merging.copier.submit(_copy_video, source, dest))
+        pending = merging.copier.submit(_copy_video, source, dest)
+        merging.copies.append(pending)
 
 
 def _add_episode(merging: _Merging, session: Session, ep: int, remap: Mapping[int, int]) -> None:
@@ -211,8 +212,8 @@ def write_merged(
                 for ep in session.reader.episode_indices:
                     _add_episode(merging, session, ep, remap)
         except BaseException:
-            for copy in merging.copies:
-                copy.cancel()
+            for pending in merging.copies:
+                pending.cancel()
             raise
         video_bytes = merging.copied_bytes()
     n = len(merging.rows)

@@ -460,14 +460,33 @@ def _export_locked(
     )
 
 
+def _merge_leftovers(dataset: Path) -> list[str]:
+    """Remove what killed ``eva merge`` runs into ``dataset`` left beside it (their staging
+    dirs, none a live merge holds); ``dataset`` itself need not exist."""
+    from eva.dataset.merge import remove_leftovers
+
+    parent = dataset.parent.resolve()
+    if not parent.is_dir():
+        return []
+    return [
+        f"removed {p} (left by a killed eva merge)" for p in remove_leftovers(parent / dataset.name)
+    ]
+
+
 def cleanup(source_dir: Path | str, fmt: FormatEntry | str | None = None) -> dict[str, list[str]]:
     """Recover interrupted publications and remove hidden leftovers, per format (all by default),
     then the raw dataset's stale temporaries (under "raw") and its metadata left behind the
-    committed episodes by an interrupted save (under "metadata", ``eva.dataset.repair``).
-    What it could not do is listed under "failed" (the caller's exit status says so)."""
+    committed episodes by an interrupted save (under "metadata", ``eva.dataset.repair``), and
+    what a killed ``eva merge`` into it left beside it (under "merge": the dataset need not exist
+    then). What it could not do is listed under "failed" (the caller's exit status says so)."""
     source = Path(source_dir).resolve()
     formats = [catalog.as_entry(fmt)] if fmt else list(catalog.entries())
     actions: dict[str, list[str]] = {}
+    merged = _merge_leftovers(Path(source_dir))
+    if merged:
+        actions["merge"] = merged
+    if not Path(source_dir).exists() and not Path(source_dir).is_symlink():
+        return actions  # a merge target a killed merge never published: nothing else to do
     for entry in formats:
         root = entry.export_root(source)
         if not root.parent.is_dir():
