@@ -727,11 +727,37 @@ def sftp_console(
         server.server.stop()
 
 
-def test_format_selector_rule_and_upload(
+def export_rows(driver: WebDriver) -> dict[str, str]:
+    """The EXPORT table: format -> its state cell."""
+    return driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#exports-table tbody tr')]"
+        ".map(r => [r.dataset.format, r.cells[1].textContent]))"
+    )
+
+
+def choose_format(driver: WebDriver, fmt: str) -> None:
+    show_panel(driver, "export")
+    select(driver, "format-select", fmt)
+
+
+def assert_panels_agree(driver: WebDriver, fmt: str) -> None:
+    """EXPORT's state, its table and UPLOAD say the same of ``fmt``'s latest export."""
+    done = export_rows(driver)[fmt] == "completed"
+    state = by_id(driver, "export-state").get_attribute("data-state")
+    assert state == ("completed" if done else "required"), (fmt, state)
+    show_panel(driver, "upload")
+    assert text(driver, "upload-format") == fmt
+    wait_until(
+        driver, lambda: by_id(driver, "upload-button").is_enabled() == done, f"upload of {fmt}"
+    )
+    assert ("export required" in text(driver, "upload-reason")) != done
+
+
+def test_upload_offers_the_latest_export_of_the_chosen_format(
     sftp_console: Console, browser: WebDriver, remote_root: Path, artifacts: Path
 ) -> None:
-    """Upload is enabled only after an export this page saw complete; changing the format
-    selector clears it until a new export of that format completes."""
+    """EXPORT, its table and UPLOAD show the latest export of the chosen format, after a reload
+    and after changing the selector; that export is what UPLOAD sends."""
     d = browser
     server = sftp_console
     server.record("pick_cube", 0.8)
@@ -739,55 +765,37 @@ def test_format_selector_rule_and_upload(
     show_panel(d, "export")
     assert Select(by_id(d, "format-select")).first_selected_option.text == "lerobot_v21"
     assert text(d, "export-state") == "export required for lerobot_v21"
-    show_panel(d, "upload")
-    assert not by_id(d, "upload-button").is_enabled()
-    assert text(d, "upload-reason").startswith("export required for lerobot_v21")
+    assert_panels_agree(d, "lerobot_v21")
 
-    def export_on_page() -> None:
-        show_panel(d, "export")
-        by_id(d, "export-button").click()
-        wait_until(
-            d,
-            lambda: by_id(d, "export-state").get_attribute("data-state") == "completed",
-            "the export",
-            timeout=60,
-        )
-        assert text(d, "verify-accepted") == "verify ok"
-
-    export_on_page()
-    show_panel(d, "upload")
-    wait_until(d, lambda: by_id(d, "upload-button").is_enabled(), "upload enabled")
+    show_panel(d, "export")
+    by_id(d, "export-button").click()
+    wait_finished(d, "export-state", "the export", timeout=60)
+    assert text(d, "verify-accepted") == "verify ok"
+    assert_panels_agree(d, "lerobot_v21")
     backend = server.api.get("/api/status").json()["upload_backend"]
     assert backend.startswith("sftp://") and text(d, "upload-backend") == backend
 
-    # The rule: a selector change clears the export and upload state, even when switching back.
-    show_panel(d, "export")
-    select(d, "format-select", "hdf5")
-    assert text(d, "export-state") == "export required for hdf5"
-    assert text(d, "accepted-dir") == "–"
-    assert text(d, "totals-accepted") == ""
-    show_panel(d, "upload")
-    assert not by_id(d, "upload-button").is_enabled()
-    assert text(d, "upload-reason").startswith("export required for hdf5")
-    show_panel(d, "export")
-    select(d, "format-select", "lerobot_v21")
-    assert text(d, "export-state") == "export required for lerobot_v21"
-    show_panel(d, "upload")
-    assert not by_id(d, "upload-button").is_enabled()
-    assert "export required for lerobot_v21" in text(d, "upload-reason")
+    # Exported elsewhere (the CLI, another page), then the page reloaded: a format that is not
+    # the selector's default is offered as well.
+    assert server.export("pick_cube", "hdf5")["state"] == "completed"
+    open_console(d, server)
+    for fmt in ("hdf5", "lerobot_v3", "lerobot_v21", "hdf5"):
+        choose_format(d, fmt)
+        wait_until(d, lambda: "hdf5" in export_rows(d), "the exports table")
+        assert_panels_agree(d, fmt)
+    choose_format(d, "hdf5")
+    assert text(d, "export-state") == "completed (earlier export)"
+    assert text(d, "accepted-dir").endswith("pick_cube/export/hdf5/accepted")
 
-    export_on_page()
     show_panel(d, "upload")
-    wait_until(d, lambda: by_id(d, "upload-button").is_enabled(), "upload enabled again")
     by_id(d, "upload-button").click()
     wait_finished(d, "upload-state", "the upload")
     assert text(d, "upload-state") == "completed", text(d, "upload-error")
     remote_path = Path(text(d, "remote-path"))
     assert remote_path.is_relative_to(remote_root), remote_path
-    assert (remote_path / "meta" / "info.json").is_file()
     uploaded = sorted(p.relative_to(remote_path) for p in remote_path.rglob("*") if p.is_file())
-    exported = Path(server.api.get("/api/datasets/pick_cube/exports").json()["formats"]
-                    ["lerobot_v21"]["accepted_dir"])  # fmt: skip
+    exports = server.api.get("/api/datasets/pick_cube/exports").json()["formats"]
+    exported = Path(exports["hdf5"]["accepted_dir"])
     assert uploaded == sorted(p.relative_to(exported) for p in exported.rglob("*") if p.is_file())
     assert by_id(d, "upload-progress-files").get_attribute("value") == by_id(
         d, "upload-progress-files"

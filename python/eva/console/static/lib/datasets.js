@@ -26,10 +26,8 @@ export function setDataset(name) {
   ui.episodes = null;
   ui.exports = null;
   ui.selected = null;
-  ui.exportSeen = null;
   ui.exportJob = null;
   ui.uploadJob = null;
-  ui.acceptAtLoad = true;
   notify("onDataset");
   notify("onExportState");
   refreshDataset();
@@ -76,12 +74,5 @@ async function loadExports() {
   const data = await fetchShown("exports");
   if (!data) return;
   ui.exports = data;
-  if (ui.acceptAtLoad && ui.format) {
-    ui.acceptAtLoad = false;
-    const entry = data.formats[ui.format];
-    if (entry && entry.state === "completed") {
-      ui.exportSeen = { dataset: ui.dataset, format: ui.format };
-    }
-  }
   notify("onExportState");
 }

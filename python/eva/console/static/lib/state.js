@@ -10,10 +10,6 @@ export const ui = {
   exports: null, // lib/datasets.js: GET /api/datasets/{name}/exports
   formats: {}, // panels/export.js: GET /api/formats
   format: null, // panels/export.js
-  // The export this page accepts as current for (dataset, format): one it saw complete, or the
-  // completed one found at load. Changing the format selector clears it (upload needs a new one).
-  exportSeen: null,
-  acceptAtLoad: true,
   ignoredJobs: new Set(), // jobs that existed when the format selector changed
   exportJob: null,
   uploadJob: null,
@@ -22,4 +18,10 @@ export const ui = {
 
 export function jobActive(job) {
   return Boolean(job) && (job.state === "queued" || job.state === "running");
+}
+
+// The latest export of a format (an entry of GET .../exports) when it completed: the one EXPORT
+// shows and UPLOAD offers (the server's gate then says whether it may go: stale, review, marker).
+export function currentExport(entry) {
+  return Boolean(entry) && entry.state === "completed";
 }

@@ -5,7 +5,7 @@ import { clearBar, setBar, setFinishedBar } from "../lib/bars.js";
 import { refreshDataset } from "../lib/datasets.js";
 import { $, el, fillSelect, plural, toast, unchanged } from "../lib/dom.js";
 import { notify } from "../lib/panels.js";
-import { jobActive, ui } from "../lib/state.js";
+import { currentExport, jobActive, ui } from "../lib/state.js";
 
 async function loadFormats() {
   const data = await attempt(() => api("GET", "/api/formats"));
@@ -62,11 +62,10 @@ function changedOptions() {
 
 function onFormatChange() {
   ui.format = $("format-select").value;
-  // Product rule: a new format needs a new export before anything can be uploaded.
-  ui.exportSeen = null;
+  // The panels now show this format's latest export (GET .../exports); a job of the format
+  // left behind is no longer this page's to show.
   ui.exportJob = null;
   ui.uploadJob = null;
-  ui.acceptAtLoad = false;
   const active = ui.status && ui.status.active_job;
   if (active) ui.ignoredJobs.add(active.job_id);
   buildOptions();
@@ -78,7 +77,6 @@ async function startExport() {
   const body = { format: ui.format, options: changedOptions() };
   const job = await attempt(() => api("POST", `/api/datasets/${enc(name)}/export`, body));
   if (!job) return;
-  ui.exportSeen = null;
   ui.exportJob = job;
   ui.uploadJob = null;
   toast(`export ${job.format} of ${job.dataset} started`);
@@ -90,11 +88,9 @@ function onJob(job) {
   const previous = ui.exportJob && ui.exportJob.job_id === job.job_id ? ui.exportJob.state : null;
   ui.exportJob = job;
   if (job.state === "completed" && previous !== "completed") {
-    ui.exportSeen = { dataset: job.dataset, format: job.format };
     toast(`export ${job.format} completed`);
     refreshDataset();
   } else if (job.state === "failed" && previous !== "failed") {
-    ui.exportSeen = null;
     toast(`export ${job.format} failed: ${job.error}`, "error");
     refreshDataset();
   }
@@ -134,7 +130,8 @@ function renderExport() {
   const fmt = ui.format;
   const job = ui.exportJob;
   const entry = ui.exports && ui.exports.formats ? ui.exports.formats[fmt] : null;
-  const seenEarlier = !job && ui.exportSeen && entry && entry.state === "completed";
+  // Without a job of this page, the latest export of the format (what the EXPORT table shows).
+  const seenEarlier = !job && currentExport(entry);
   const state = $("export-state");
   const running = jobActive(job);
   const busy = running || jobActive(ui.status && ui.status.active_job);

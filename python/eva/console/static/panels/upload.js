@@ -4,7 +4,7 @@ import { api, enc } from "../lib/api.js";
 import { clearBar, setBar } from "../lib/bars.js";
 import { refreshDataset } from "../lib/datasets.js";
 import { $, toast } from "../lib/dom.js";
-import { jobActive, ui } from "../lib/state.js";
+import { currentExport, jobActive, ui } from "../lib/state.js";
 
 function uploadBlockers() {
   const fmt = ui.format;
@@ -16,10 +16,7 @@ function uploadBlockers() {
     reasons.push("no_backend: no upload backend configured: add a [collection.storage.sftp] " +
       "table to the config");
   }
-  const seen = ui.exportSeen;
-  if (!seen || seen.dataset !== ui.dataset || seen.format !== fmt) {
-    reasons.unshift(`export required for ${fmt}`);
-  }
+  if (!currentExport(entry)) reasons.unshift(`export required for ${fmt}`);
   if (!gate && !reasons.length) reasons.push("no export information yet");
   return reasons;
 }
