@@ -15,6 +15,8 @@
 #    `eva verify` instead and reported as such, never silently skipped.
 #    When the LeRobot 0.6.1 venv exists (setup_lerobot06_venv.sh; `make compat-06`),
 #    lerobot_read_v30_06.py reads every v3 export too, every frame, both backends.
+#    Any line an oracle prints on stderr about the data (LeRobot's log lines; only torchvision's
+#    warnings about the venv itself are left out, scripts/lerobot_warnings.sh) fails its check.
 # Prints PASS/FAIL per directory; exits 1 if anything failed.
 #
 # Environment: EVA_ORACLE_DIR (default <repo>/../shared/oracle), LEROBOT_V3_VENV /
@@ -115,12 +117,21 @@ report() {  # status, dir, detail
   printf '%-5s %s%s\n' "$1" "${2#"$WORK"/}" "${3:+  ($3)}"
   if [[ "$1" == FAIL ]]; then fail=$((fail + 1)); else pass=$((pass + 1)); fi
 }
+# shellcheck source=scripts/lerobot_warnings.sh
+source "$REPO/scripts/lerobot_warnings.sh"
 oracle() {  # reader script, dir, extra args...
   local script="$1" dir="$2"
   shift 2
-  local out
+  local out warned
   if out=$("$PY" "$ORACLE/$script" "$dir" "$@" 2>&1 >/dev/null); then
-    report PASS "$dir" "$script $*"
+    # A load that logs about the data (an info.json key LeRobot does not know...) is a failure:
+    # a training log full of warnings makes users doubt the data.
+    warned=$(data_warnings "$out")
+    if [[ -n "$warned" ]]; then
+      report FAIL "$dir" "$script logged: $(head -n 1 <<<"$warned")"
+    else
+      report PASS "$dir" "$script $*, no warning"
+    fi
   else
     report FAIL "$dir" "$(grep -m1 'ORACLE FAIL' <<<"$out" || tail -n 1 <<<"$out")"
   fi
