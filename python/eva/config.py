@@ -35,10 +35,15 @@ closest known key (``collection.encodr: unknown key (did you mean 'encoder'?)``)
 - ``frozen_camera_s`` (default 1.0): identical consecutive images over this span -> frozen_camera.
 - ``clock_jump_s`` (default 0.5): a gap between a stream's consecutive samples larger than this
   -> source_clock_discontinuity.
+- ``metrics``: the limits of the motion and content metrics that order review
+  (:class:`eva.dataset.motion_metrics.MetricThresholds`, docs/capture.md): ``idle_delta``,
+  ``idle_s``, ``jerk_ldj``, ``chatter_hz``, ``saturation_s``, ``frozen_s``,
+  ``duplicated_frames``, ``missing_frames``, and ``red``: the metrics that also add a red issue.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tomllib
@@ -57,6 +62,7 @@ from eva.dataset.limits import (
     MAX_VECTOR_DIM,
     image_size_problem,
 )
+from eva.dataset.motion_metrics import RED_CODES, MetricThresholds
 from eva.dataset.video import VideoOptions
 
 # re-exported: a stream's source is part of the config
@@ -127,6 +133,7 @@ class CollectionConfig:
     stream_start_timeout_s: float = 1.0
     frozen_camera_s: float = 1.0
     clock_jump_s: float = 0.5
+    metrics: MetricThresholds = field(default_factory=MetricThresholds)
     log_dir_derived: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -217,6 +224,7 @@ _COLLECTION_KEYS = {
     "stream_start_timeout_s",
     "frozen_camera_s",
     "clock_jump_s",
+    "metrics",
 }
 
 
@@ -266,6 +274,7 @@ def parse_collection(
         stream_start_timeout_s=r.duration("stream_start_timeout_s", 1.0),
         frozen_camera_s=r.duration("frozen_camera_s", 1.0),
         clock_jump_s=r.duration("clock_jump_s", 0.5),
+        metrics=_parse_metrics(r.sub("metrics")),
         log_dir_derived=derived,
         extra=extra,
     )
@@ -321,6 +330,34 @@ def _parse_encoder(enc: TableReader) -> EncoderConfig:
         crf=crf,
         preset=str(preset),
         gop=enc.number("gop", 30, minimum=1, maximum=MAX_GOP, integer=True),
+    )
+
+
+def _parse_metrics(m: TableReader) -> MetricThresholds:
+    """``collection.metrics``: the limits of the review metrics; ``red`` lists the metrics that
+    also add a red quality_issues code (none by default: the score only orders review)."""
+    d = MetricThresholds()
+    m.refuse_unknown({f.name for f in dataclasses.fields(MetricThresholds)})
+    red = m.get("red", list, [])
+    for name in red:
+        if not isinstance(name, str) or name not in RED_CODES:
+            raise m.fail("red", f"unknown metric {name!r}; known: {', '.join(RED_CODES)}")
+
+    def count(name: str, default: int) -> int:
+        return int(
+            m.number(name, default, minimum=0, maximum=MAX_FPS * MAX_DURATION_S, integer=True)
+        )
+
+    return MetricThresholds(
+        idle_delta=m.duration("idle_delta", d.idle_delta),
+        idle_s=m.duration("idle_s", d.idle_s),
+        jerk_ldj=m.number("jerk_ldj", d.jerk_ldj, minimum=-100.0, maximum=100.0),
+        chatter_hz=m.duration("chatter_hz", d.chatter_hz),
+        saturation_s=m.duration("saturation_s", d.saturation_s),
+        frozen_s=m.duration("frozen_s", d.frozen_s),
+        duplicated_frames=count("duplicated_frames", d.duplicated_frames),
+        missing_frames=count("missing_frames", d.missing_frames),
+        red=tuple(dict.fromkeys(red)),
     )
 
 

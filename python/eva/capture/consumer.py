@@ -23,7 +23,13 @@ import numpy as np
 from eva.capture import align
 from eva.capture.backlog import BacklogWatch
 from eva.capture.preview import PreviewTap
-from eva.capture.quality_checks import EpisodeTally, IssueLog, StreamCheck, validate_episode
+from eva.capture.quality_checks import (
+    EpisodeTally,
+    IssueLog,
+    StreamCheck,
+    add_metrics,
+    validate_episode,
+)
 from eva.capture.save_worker import FAILED, commit_episode
 from eva.capture.streams import EpisodeSession, PendingSamples, Stream, discard_before
 from eva.config import CollectionConfig
@@ -464,6 +470,7 @@ class EpisodeConsumer:
             self.emit_ready(final=False)
             self.emit_ready(final=True)
         row = validate_episode(self.tally(), self.issues, self.rec.config, self.frame_at)
+        add_metrics(row, self.rec.config, self.episode, self.checks)
         s.job.frames = self.next_row
         s.job.quality = row["quality"]
         s.job.quality_issues = row["quality_issues"]

@@ -30,7 +30,7 @@ Codes produced here:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,8 @@ import numpy as np
 
 from eva.capture import align
 from eva.config import CollectionConfig
+from eva.dataset import layout, motion_metrics
+from eva.dataset.writer import EpisodeWriter
 
 EPISODE_TOO_SHORT = "episode_too_short"
 FRAME_COUNT_MISMATCH = "frame_count_mismatch"
@@ -106,6 +108,7 @@ class StreamCheck:
     frozen_since: float | None = None
     frozen_since_sample: int = 0
     frozen_flagged: bool = False
+    longest_frozen_s: float = 0.0  # the episode's longest run of identical images (metrics)
     _prev_frame: np.ndarray | None = None
     _prev_t: float = 0.0
     _prev_sample: int = 0  # number of the sample _prev_frame holds
@@ -201,6 +204,7 @@ class StreamCheck:
                 if self.frozen_since is None:
                     self.frozen_since = self._prev_t
                     self.frozen_since_sample = self._prev_sample
+                self.longest_frozen_s = max(self.longest_frozen_s, t - self.frozen_since)
                 if not self.frozen_flagged and t - self.frozen_since >= self.frozen_s:
                     self.frozen_flagged = True
                     issues.add(
@@ -275,6 +279,34 @@ def validate_episode(
             "refused": tally.refused,
         },
     }
+
+
+def add_metrics(
+    row: dict[str, Any],
+    cfg: CollectionConfig,
+    episode: EpisodeWriter,
+    checks: Mapping[str, StreamCheck],
+) -> None:
+    """Put the save-time motion and content metrics, the anomaly score and its reasons into
+    the quality record ``row``; a metric the rig enables in ``metrics.red`` adds its red issue."""
+    vectors, capture_time = episode.recorded_columns()
+    spec = next((v for v in cfg.vectors if v.name == layout.ACTION), None)
+    frozen = None
+    if cfg.frozen_camera_s > 0:  # the frozen check (and its run length) is off at 0
+        frozen = {c.key: checks[c.key].longest_frozen_s for c in cfg.cameras if c.key in checks}
+    metrics = motion_metrics.episode_metrics(
+        vectors.get(layout.ACTION),
+        spec.names if spec is not None else None,
+        cfg.fps,
+        capture_time,
+        frozen,
+        cfg.metrics.idle_delta,
+    )
+    row.update(motion_metrics.row_fields(metrics, cfg.metrics))
+    red = motion_metrics.red_issues(metrics, cfg.metrics)
+    if red:
+        row["quality_issues"] = [*row["quality_issues"], *red]
+        row["quality"] = "red"
 
 
 def _check_streams_arrived(tally: EpisodeTally, issues: IssueLog) -> None:

@@ -215,13 +215,14 @@ def validate_command(dataset: Path, as_json: bool, decode: bool) -> None:
 QC_COLUMNS = ("ep", "frames", "quality", "verdict", "subset", "reason")
 
 
-def _qc_table_lines(table: list[dict[str, Any]]) -> list[str]:
+def _qc_table_lines(table: list[dict[str, Any]], with_score: bool = False) -> list[str]:
     """``--list`` as aligned columns sized to their content; each episode's issues (code and
     detail, e.g. "frozen_camera: camera observation.images.wrist frozen from frame 19"), the
-    note and the edits (eva edit) close its line."""
+    note and the edits (eva edit) close its line. ``with_score`` (``--sort score``) puts the
+    anomaly score after the index and its reasons before the issues."""
     from eva.cli.edit_command import edit_summary
 
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             str(e["episode_index"]),
             str(e["length"]) if e["length"] is not None else "?",
@@ -235,8 +236,17 @@ def _qc_table_lines(table: list[dict[str, Any]]) -> list[str]:
         )
         for e in table
     ]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(QC_COLUMNS)]
-    numeric = (True, True, False, False, False, False)
+    columns: tuple[str, ...] = QC_COLUMNS
+    numeric: tuple[bool, ...] = (True, True, False, False, False, False)
+    if with_score:
+        rows = [
+            (r[0], _score_text(e), *r[1:6], _reasons_text(e), *r[6:])
+            for r, e in zip(rows, table, strict=True)
+        ]
+        columns = (QC_COLUMNS[0], "score", *QC_COLUMNS[1:])
+        numeric = (True, True, *numeric[1:])
+    head = len(columns)
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(columns)]
 
     def line(cells: tuple[str, ...], last: str) -> str:
         parts = [
@@ -245,9 +255,20 @@ def _qc_table_lines(table: list[dict[str, Any]]) -> list[str]:
         ]
         return ("  ".join(parts) + "  " + last).rstrip()
 
-    out = [line(QC_COLUMNS, "issues, note, edits")]
-    out += [line(r[:6], "  ".join(x for x in r[6:] if x)) for r in rows]
+    last = ("reasons, " if with_score else "") + "issues, note, edits"
+    out = [line(columns, last)]
+    out += [line(r[:head], "  ".join(x for x in r[head:] if x)) for r in rows]
     return out
+
+
+def _score_text(entry: dict[str, Any]) -> str:
+    score = entry.get("anomaly_score")
+    return "-" if score is None else f"{score:.1f}"
+
+
+def _reasons_text(entry: dict[str, Any]) -> str:
+    reasons = entry.get("anomaly_reasons") or []
+    return "reasons: " + "; ".join(reasons) if reasons else ""
 
 
 def parse_episode_list(spec: str) -> list[int]:
@@ -283,7 +304,26 @@ def parse_episode_list(spec: str) -> list[int]:
     help="Replace the operator note (alone: note-only update).",
 )
 @click.option("--list", "list_", is_flag=True, help="Show every episode's review and subset.")
+@click.option(
+    "--sort",
+    type=click.Choice(["index", "score"]),
+    default="index",
+    help="--list order: by episode index, or worst anomaly score first (with its reasons).",
+)
+@click.option(
+    "--rescore",
+    is_flag=True,
+    help="Compute the review metrics and anomaly score again (all episodes, or EPISODES).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="--rescore: take the metric limits from this config's [collection.metrics].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+# Not cut: one click command; each branch is a few lines that call out to the work
 def qc_command(
     dataset: Path,
     episodes: str | None,
@@ -292,6 +332,9 @@ def qc_command(
     clear_: bool,
     note: str | None,
     list_: bool,
+    sort: str,
+    rescore: bool,
+    config_path: Path | None,
     as_json: bool,
 ) -> None:
     """Review episodes: set a verdict and/or note, or --list the review and resulting split.
@@ -306,6 +349,8 @@ def qc_command(
       eva qc demo-data/logs/pick_cube/raw 0-2 --clear  # no verdict: quality decides
       eva qc demo-data/logs/pick_cube/raw 1 --fail --note "gripper slipped"
       eva qc demo-data/logs/pick_cube/raw --list
+      eva qc demo-data/logs/pick_cube/raw --rescore
+      eva qc demo-data/logs/pick_cube/raw --list --sort score  # worst first, with reasons
     """
     from eva.dataset.errors import DatasetError
     from eva.quality.verdicts import review_episodes
@@ -313,11 +358,20 @@ def qc_command(
     if pass_ + fail_ + clear_ > 1:
         fail("qc: --pass, --fail and --clear exclude each other", EXIT_USAGE)
     verdict = "pass" if pass_ else "fail" if fail_ else None
+    if config_path is not None and not rescore:
+        fail("qc: --config goes with --rescore", EXIT_USAGE)
+    if sort != "index" and not list_:
+        fail("qc: --sort goes with --list", EXIT_USAGE)
     try:
+        if rescore:
+            if list_ or verdict or clear_ or note is not None:
+                fail("qc --rescore takes no --list, verdict or note", EXIT_USAGE)
+            _rescore(dataset, episodes, config_path, as_json)
+            return
         if list_:
             if episodes is not None or verdict or clear_ or note is not None:
                 fail("qc --list takes no episode, verdict or note", EXIT_USAGE)
-            _show_review(dataset, as_json)
+            _show_review(dataset, as_json, sort)
             return
         if episodes is None:
             fail("qc needs EPISODES (an index, a range or a list: 3, 3-7,9) or --list", EXIT_USAGE)
@@ -335,16 +389,43 @@ def qc_command(
     show_updates(dataset, updates, as_json, _review_line)
 
 
-def _show_review(dataset: Path, as_json: bool) -> None:
+def _rescore(dataset: Path, episodes: str | None, config_path: Path | None, as_json: bool) -> None:
+    """``qc --rescore``: the review metrics of every episode (or EPISODES) computed again."""
+    from eva.config import ConfigError, load_config
+    from eva.quality.rescore import rescore
+
+    limits = None
+    if config_path is not None:
+        try:
+            limits = load_config(config_path).collection.metrics
+        except ConfigError as e:
+            fail(str(e), EXIT_USAGE)
+    indices = None
+    if episodes is not None:
+        try:
+            indices = parse_episode_list(episodes)
+        except click.BadParameter as e:
+            fail(f"qc: EPISODES {e.message}", EXIT_USAGE)
+    for update in rescore(dataset, limits, episodes=indices):
+        row = update.row
+        if as_json:
+            keys = ("episode_index", "quality_metrics", "anomaly_score", "anomaly_reasons")
+            emit_json({k: row.get(k) for k in keys})
+        else:
+            reasons = "; ".join(row.get("anomaly_reasons") or []) or "-"
+            say(f"episode {row['episode_index']}: score {row['anomaly_score']:g}: {reasons}")
+
+
+def _show_review(dataset: Path, as_json: bool, sort: str = "index") -> None:
     """``qc --list``: every episode's review and subset, then the split's counts."""
     from eva.quality.verdicts import read_episode_rows, review_table
 
-    table = review_table(read_episode_rows(dataset))
+    table = review_table(read_episode_rows(dataset), sort)
     if as_json:
         for entry in table:
             emit_json(entry)
         return
-    for text in _qc_table_lines(table):
+    for text in _qc_table_lines(table, with_score=sort == "score"):
         say(text)
     counts = {s: sum(1 for e in table if e["subset"] == s) for s in ("accepted", "rejected")}
     dropped = len(table) - sum(counts.values())

@@ -300,6 +300,16 @@ class EpisodeWriter:
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
+    def recorded_columns(self) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """The vectors and capture times added so far (for the save-time metrics)."""
+        vectors = {
+            name: np.concatenate(parts, axis=0)
+            for name, parts in self._vector_parts.items()
+            if parts
+        }
+        times = np.concatenate(self._capture_parts) if self._capture_parts else None
+        return vectors, times
+
     def _recorded(self) -> RecordedEpisode:
         """What the writer publishes, once the encoders have stopped."""
         vectors = {

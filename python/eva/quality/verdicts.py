@@ -21,6 +21,7 @@ lock, which every rewrite of episodes.jsonl holds, so no live rewrite loses its 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,10 +250,36 @@ def episode_order(row: Mapping[str, Any]) -> tuple[int, int]:
     return (1, 0)
 
 
-def review_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One summary dict per episode for ``eva qc --list`` (the CLI formats it)."""
+def anomaly_of(row: Mapping[str, Any]) -> tuple[float | None, list[str]]:
+    """A row's ``anomaly_score`` and ``anomaly_reasons`` (eva.dataset.motion_metrics) as stored;
+    a hand-edited value of the wrong type (``eva validate`` names it) reads as none."""
+    value = row.get("anomaly_score")
+    score = (
+        float(value)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        else None
+    )
+    reasons = row.get("anomaly_reasons")
+    if not isinstance(reasons, list):
+        return score, []
+    return score, [r for r in reasons if isinstance(r, str)]
+
+
+def score_order(row: Mapping[str, Any]) -> tuple[int, float, tuple[int, int]]:
+    """A sort key: worst anomaly score first, unscored episodes last, ties by episode_index."""
+    score = anomaly_of(row)[0]
+    return (1 if score is None else 0, -(score or 0.0), episode_order(row))
+
+
+REVIEW_ORDERS = ("index", "score")
+
+
+def review_table(rows: Sequence[Mapping[str, Any]], sort: str = "index") -> list[dict[str, Any]]:
+    """One summary dict per episode for ``eva qc --list`` (the CLI formats it), by
+    ``episode_index`` or (``sort="score"``) worst anomaly score first."""
     table = []
-    for row in sorted(rows, key=episode_order):
+    for row in sorted(rows, key=score_order if sort == "score" else episode_order):
+        score, reasons = anomaly_of(row)
         issues = quality_issues(row)
         table.append(
             {
@@ -273,6 +300,8 @@ def review_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "subset": subset_of(row),
                 "reason": reason_of(row),
                 "edits": {k: row[k] for k in EDIT_FIELDS if k in row},  # as stored
+                "anomaly_score": score,
+                "anomaly_reasons": reasons,
             }
         )
     return table

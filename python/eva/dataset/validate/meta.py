@@ -166,6 +166,7 @@ def check_review_fields(root: Path, row: Mapping[str, Any], ep: int, out: Proble
         not isinstance(issues, list) or not all(isinstance(i, dict) for i in issues)
     ):
         found.append(f"field quality_issues {issues!r} is not a list of objects")
+    found += _metric_field_problems(row)
     # An edit the writer would refuse (eva.dataset.edits), with the command that replaces it.
     for field, message in edit_problems(row):
         found.append(f"{message} (replace it: eva edit {root} {ep} {_EDIT_FIXES[field]})")
@@ -174,6 +175,23 @@ def check_review_fields(root: Path, row: Mapping[str, Any], ep: int, out: Proble
         found.append(f"field {not_json[0]} {not_json[1]} (write a number or null)")
     for message in found:
         out.add("invalid_episode_row", f"{path}: episode {ep}: {message}", path, ep)
+
+
+def _metric_field_problems(row: Mapping[str, Any]) -> list[str]:
+    """The review metrics (eva.dataset.motion_metrics): an object, a number, a list of text."""
+    found = []
+    metrics = row.get("quality_metrics")
+    if metrics is not None and not isinstance(metrics, dict):
+        found.append(f"field quality_metrics {metrics!r} is not an object")
+    score = row.get("anomaly_score")
+    if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
+        found.append(f"field anomaly_score {score!r} is not a number")
+    reasons = row.get("anomaly_reasons")
+    if reasons is not None and (
+        not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons)
+    ):
+        found.append(f"field anomaly_reasons {reasons!r} is not a list of strings")
+    return found
 
 
 # Keys every per-episode stat of a feature has (LeRobot v2.1 episodes_stats.jsonl).
