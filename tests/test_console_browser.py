@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
 import av  # noqa: E402
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
+import paramiko  # noqa: E402
 from console_server import ConsoleServer, record_episode, wait_job  # noqa: E402
 from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
@@ -702,15 +704,8 @@ def test_upload_needs_a_backend(console: Console, browser: WebDriver) -> None:
     assert refused.json()["error"]["code"] == "no_backend"
 
 
-@pytest.fixture
-def sftp_console(
-    sshd_server: SshdServer,
-    known_hosts: Path,
-    remote_root: Path,
-    tmp_path: Path,
-    browser: WebDriver,
-) -> Iterator[Console]:
-    config = CONFIG + (
+def sftp_console_config(sshd_server: SshdServer, remote_root: Path, known_hosts: Path) -> str:
+    return CONFIG + (
         "\n[collection.storage.sftp]\n"
         'host = "127.0.0.1"\n'
         f"port = {sshd_server.port}\n"
@@ -719,11 +714,98 @@ def sftp_console(
         f'remote_dir = "{remote_root}"\n'
         f'known_hosts = "{known_hosts}"\n'
     )
+
+
+@pytest.fixture
+def sftp_console(
+    sshd_server: SshdServer,
+    known_hosts: Path,
+    remote_root: Path,
+    tmp_path: Path,
+    browser: WebDriver,
+) -> Iterator[Console]:
+    config = sftp_console_config(sshd_server, remote_root, known_hosts)
     server = start_console(tmp_path / "sftp-console", config)
     try:
         yield server
     finally:
         browser.get("about:blank")  # close the event stream: the server then stops at once
+        server.server.stop()
+
+
+def test_first_contact_trusts_an_unknown_host_key_once(
+    sshd_server: SshdServer,
+    remote_root: Path,
+    tmp_path: Path,
+    browser: WebDriver,
+    artifacts: Path,
+) -> None:
+    """An unknown host key: the page shows the server and its SHA-256 fingerprint, TRUST
+    appends it to the configured known_hosts (hashed, as the file is), and the upload then
+    goes; a changed key is refused with no trust button, and the API refuses to trust it."""
+    d = browser
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(
+        "other.example ssh-ed25519 "
+        "AAAAC3NzaC1lZDI1NTE5AAAAIHJpVbBbrSqCLhJeyEXiH9ILtW9e+Mcq1xZaiFHeeU3e\n"
+    )
+    subprocess.run(["ssh-keygen", "-H", "-f", str(known_hosts)], check=True, capture_output=True)
+    before = known_hosts.read_text()
+    server = start_console(
+        tmp_path / "first-contact", sftp_console_config(sshd_server, remote_root, known_hosts)
+    )
+    try:
+        server.record("pick_cube", 0.8)
+        assert server.export("pick_cube", "lerobot_v21")["state"] == "completed"
+        key = paramiko.Ed25519Key.from_private_key_file(
+            str(sshd_server.workdir / "ssh_host_ed25519_key")
+        )
+        status = server.api.get("/api/upload/host-key").json()
+        assert status == {
+            "server": f"[127.0.0.1]:{sshd_server.port}",
+            "key_type": "ssh-ed25519",
+            "fingerprint": key.fingerprint,
+            "state": "unknown",
+            "known_hosts": str(known_hosts),
+        }
+        open_console(d, server)
+        show_panel(d, "upload")
+        wait_until(d, lambda: by_id(d, "upload-button").is_enabled(), "upload enabled")
+        by_id(d, "upload-button").click()
+        wait_finished(d, "upload-state", "the refused upload")
+        assert text(d, "upload-state") == "failed"
+        wait_until(d, lambda: by_id(d, "host-key").is_displayed(), "the host key shown")
+        assert text(d, "host-key-server") == f"[127.0.0.1]:{sshd_server.port}"
+        assert text(d, "host-key-fingerprint") == key.fingerprint
+        assert "--accept-new-host-key" not in text(d, "upload-error")
+        assert "compare" in text(d, "host-key-advice")
+        screenshot(d, artifacts, "upload-host-key")
+        assert known_hosts.read_text() == before
+
+        by_id(d, "trust-host-key").click()
+        wait_until(d, lambda: not by_id(d, "host-key").is_displayed(), "trusted")
+        assert "trusted" in toast_text(d)
+        added = known_hosts.read_text()[len(before) :]
+        assert added.startswith("|1|") and added.split()[1:] == ["ssh-ed25519", key.get_base64()]
+        by_id(d, "upload-button").click()
+        wait_until(d, lambda: text(d, "upload-state") == "completed", "the upload", timeout=60)
+
+        # The server's key changes (reinstalled, or someone in between): refused, no TRUST.
+        other = paramiko.Ed25519Key.from_private_key_file(str(sshd_server.client_key))
+        known_hosts.write_text(f"[127.0.0.1]:{sshd_server.port} ssh-ed25519 {other.get_base64()}\n")
+        by_id(d, "upload-button").click()
+        wait_until(d, lambda: text(d, "upload-state") == "failed", "the refused upload")
+        wait_until(d, lambda: by_id(d, "host-key").is_displayed(), "the changed key shown")
+        assert by_id(d, "host-key").get_attribute("data-state") == "changed"
+        assert not by_id(d, "trust-host-key").is_displayed()
+        assert "cannot override" in text(d, "host-key-advice")
+        refused = server.api.post("/api/upload/host-key", json={"fingerprint": key.fingerprint})
+        assert refused.status_code == 409
+        assert refused.json()["error"]["code"] == "host_key_changed"
+        assert known_hosts.read_text().split()[-1] == other.get_base64()
+        assert browser_errors(d) == []
+    finally:
+        d.get("about:blank")
         server.server.stop()
 
 

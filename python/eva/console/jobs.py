@@ -25,6 +25,8 @@ from eva.jobs import new_job_id, read_job
 from eva.timestamps import utc_now
 from eva.upload.config import SftpConfig
 
+HOST_KEY_TIMEOUT_S = 10.0
+
 
 @dataclass
 class ConsoleJob:
@@ -42,6 +44,8 @@ class ConsoleJob:
     verify: dict[str, Any] | None = None
     remote_path: str | None = None
     error: str | None = None
+    # A refused host key (upload): state, server and SHA-256 fingerprint, for the trust step.
+    host_key: dict[str, str] | None = None
     created_at: str = field(default_factory=utc_now)
     finished_at: str | None = None
 
@@ -330,12 +334,71 @@ class BackgroundJobs:
         ).start()
         return job.as_dict()
 
+    def host_key(self) -> dict[str, str]:
+        """The upload server's host key and what known_hosts says of it (a key exchange, no
+        login)."""
+        from eva.upload.connect import probe_host_key
+        from eva.upload.errors import UploadError
+
+        sftp = self._backend()
+        try:
+            return probe_host_key(sftp, connect_timeout=HOST_KEY_TIMEOUT_S)[0].as_dict()
+        except UploadError as e:
+            raise conflict("connect_failed", str(e)) from None
+
+    def trust_host_key(self, body: Mapping[str, Any]) -> dict[str, str]:
+        """Record the upload server's unknown host key, the one whose fingerprint the page
+        showed; a changed or revoked key is refused (fixed in known_hosts by hand only)."""
+        from eva.upload.connect import trust_host_key
+        from eva.upload.errors import HostKeyError, UploadError
+
+        check_body(body, ("fingerprint",))
+        fingerprint = body.get("fingerprint")
+        if not isinstance(fingerprint, str) or not fingerprint.startswith("SHA256:"):
+            raise bad_request("bad_field", "fingerprint: the SHA256:... shown", "fingerprint")
+        sftp = self._backend()
+        try:
+            report = trust_host_key(sftp, fingerprint, connect_timeout=HOST_KEY_TIMEOUT_S)
+        except HostKeyError as e:
+            raise conflict(f"host_key_{e.state or 'refused'}", str(e)) from None
+        except UploadError as e:
+            raise conflict("connect_failed", str(e)) from None
+        self.changed()
+        return report.as_dict()
+
+    def _backend(self) -> SftpConfig:
+        if self.sftp is None:
+            raise conflict(
+                "no_backend",
+                "no upload backend configured: add a [collection.storage.sftp] table to the config",
+            )
+        return self.sftp
+
     def _watch_upload(self, job: ConsoleJob, upload: Any) -> None:
         upload.wait()
         progress = upload.progress.as_dict()
         if upload.result is None:
+            refused = upload.host_key_error
+            host_key = None
+            error = upload.error
+            if refused is not None and refused.state:
+                host_key = {
+                    "state": refused.state,
+                    "server": refused.server,
+                    "fingerprint": refused.fingerprint,
+                }
+                if refused.state == "unknown":  # the page's trust step, not the CLI's flag
+                    error = (
+                        f"{refused.server}: unknown host key {refused.fingerprint}: compare it "
+                        "with the server's own, then trust it here"
+                    )
             self._update(
-                job, state="failed", error=upload.error, progress=progress, finished_at=utc_now()
+                job,
+                state="failed",
+                error=error,
+                host_key=host_key,
+                progress=progress,
+                finished_at=utc_now(),
             )
             return
         self._update(

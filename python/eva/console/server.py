@@ -331,6 +331,13 @@ class _Endpoints:
             job, status_code=202, headers={"location": f"/api/jobs/{job['job_id']}"}
         )
 
+    async def host_key(self, request: Request) -> Response:
+        return JSONResponse(await _call(self.session.host_key))
+
+    async def trust_host_key(self, request: Request) -> Response:
+        body = await _body(request)
+        return JSONResponse(await _call(self.session.trust_host_key, body))
+
     async def jobs(self, request: Request) -> Response:
         return JSONResponse({"jobs": self.session.jobs()})
 
@@ -401,6 +408,8 @@ def _routes(endpoints: _Endpoints) -> list[BaseRoute]:
         Route("/api/datasets/{name}/exports", h(e.exports), methods=["GET"]),
         Route("/api/datasets/{name}/export", h(e.export), methods=["POST"]),
         Route("/api/datasets/{name}/upload", h(e.upload), methods=["POST"]),
+        Route("/api/upload/host-key", h(e.host_key), methods=["GET"]),
+        Route("/api/upload/host-key", h(e.trust_host_key), methods=["POST"]),
         Route("/api/jobs", h(e.jobs), methods=["GET"]),
         Route("/api/jobs/{id}", h(e.job), methods=["GET"]),
         Route("/api/events", h(e.events), methods=["GET"]),

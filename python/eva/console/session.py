@@ -179,6 +179,12 @@ class ConsoleSession:
     def start_upload(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return self.background.start_upload(name, body)
 
+    def host_key(self) -> dict[str, str]:
+        return self.background.host_key()
+
+    def trust_host_key(self, body: Mapping[str, Any]) -> dict[str, str]:
+        return self.background.trust_host_key(body)
+
     # ---- status ------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:

@@ -4,7 +4,8 @@
 the same verified host key. The host key is checked against ``known_hosts`` as OpenSSH does
 (``@revoked`` entries refused, unparsable lines skipped); an unknown key is refused unless the
 caller accepts new keys, and is then appended to ``known_hosts`` in place
-(:func:`append_known_host`) after the first successful login. Authentication is by key only: the
+(:func:`append_known_host`) after the first successful login. The console's first contact:
+:func:`probe_host_key` shows the key and :func:`trust_host_key` records an unknown one. Authentication is by key only: the
 configured identity file, else the keys of the running ssh-agent.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import paramiko
@@ -34,6 +36,43 @@ def _fingerprint(key: paramiko.PKey) -> str:
     return f"{key.get_name()} {key.fingerprint}"
 
 
+def host_key_state(
+    key: paramiko.PKey, known: dict[str, paramiko.PKey], revoked: list[paramiko.PKey]
+) -> str:
+    """What known_hosts says of the server's key: "known", "unknown" (no key listed for this
+    server), "changed" (another key listed, of this or another type) or "revoked"."""
+    if any(key == bad for bad in revoked):
+        return "revoked"
+    if not known:
+        return "unknown"
+    return "known" if known.get(key.get_name()) == key else "changed"
+
+
+def host_key_error(
+    state: str, host: str, key: paramiko.PKey, known: dict[str, paramiko.PKey], path: Path
+) -> HostKeyError:
+    """The refusal of a key that is not "known" (its message advises the CLI's flag for an
+    unknown key; the console offers its own trust step instead)."""
+    if state == "revoked":
+        text = f"host key {_fingerprint(key)} is marked @revoked in {path}; refusing to connect"
+    elif state == "unknown":
+        text = (
+            f"unknown host key {_fingerprint(key)} (not in {path}); verify it and rerun with "
+            "--accept-new-host-key"
+        )
+    elif key.get_name() in known:
+        text = (
+            f"host key {_fingerprint(key)} does NOT match {path}; refusing to connect (possible "
+            "man-in-the-middle, or the server was reinstalled: fix known_hosts)"
+        )
+    else:
+        text = (
+            f"server offered a {key.get_name()} host key but {path} only lists "
+            f"{', '.join(sorted(known))} for it"
+        )
+    return HostKeyError(f"{host}: {text}", state=state, server=host, fingerprint=key.fingerprint)
+
+
 class Connector:
     """Opens authenticated transports to one server, all pinned to the same verified host key."""
 
@@ -49,7 +88,7 @@ class Connector:
         self.host_key_recorded = False
         self.revoked_keys: list[paramiko.PKey] = []
 
-    def _known_keys(self) -> dict[str, paramiko.PKey]:
+    def known_keys(self) -> dict[str, paramiko.PKey]:
         """This host's keys from known_hosts (by key type); also collects ``@revoked`` keys.
 
         Read line by line, like OpenSSH: a line paramiko cannot parse (a ``@cert-authority``
@@ -89,31 +128,11 @@ class Connector:
             if key != self.pinned_key:
                 raise HostKeyError(f"{self.host_name}: host key changed between connections")
             return
-        if any(key == revoked for revoked in self.revoked_keys):
-            raise HostKeyError(
-                f"{self.host_name}: host key {_fingerprint(key)} is marked @revoked in "
-                f"{self.config.known_hosts}; refusing to connect"
-            )
-        expected = known.get(key.get_name())
-        if expected is not None:
-            if key != expected:
-                raise HostKeyError(
-                    f"{self.host_name}: host key {_fingerprint(key)} does NOT match "
-                    f"{self.config.known_hosts}; refusing to connect (possible "
-                    "man-in-the-middle, or the server was reinstalled: fix known_hosts)"
-                )
-        elif known:
-            raise HostKeyError(
-                f"{self.host_name}: server offered a {key.get_name()} host key but "
-                f"{self.config.known_hosts} only lists {', '.join(sorted(known))} for it"
-            )
-        elif not self.accept_new_host_key:
-            raise HostKeyError(
-                f"{self.host_name}: unknown host key {_fingerprint(key)} (not in "
-                f"{self.config.known_hosts}); verify it and rerun with --accept-new-host-key"
-            )
-        else:
+        state = host_key_state(key, known, self.revoked_keys)
+        if state == "unknown" and self.accept_new_host_key:
             self.new_key_to_record = key
+        elif state != "known":
+            raise host_key_error(state, self.host_name, key, known, self.config.known_hosts)
         self.pinned_key = key
 
     def _authenticate(self, transport: paramiko.Transport) -> None:
@@ -155,7 +174,19 @@ class Connector:
             agent.close()
 
     def open_transport(self) -> paramiko.Transport:
-        known = self._known_keys()
+        known = self.known_keys()
+        transport = self.handshake(known)
+        try:
+            self._check_host_key(transport.get_remote_server_key(), known)
+            self._authenticate(transport)
+            self._record_new_host_key()
+            return transport
+        except BaseException:
+            transport.close()
+            raise
+
+    def handshake(self, known: dict[str, paramiko.PKey]) -> paramiko.Transport:
+        """A transport to the server after the key exchange (host key not checked, no login)."""
         address = (self.config.host, self.config.port)
         try:
             sock = socket.create_connection(address, timeout=self.connect_timeout)
@@ -178,9 +209,6 @@ class Connector:
                 raise UploadError(
                     f"SSH handshake with {self.config.describe()} failed: {e}"
                 ) from None
-            self._check_host_key(transport.get_remote_server_key(), known)
-            self._authenticate(transport)
-            self._record_new_host_key()
             return transport
         except BaseException:
             transport.close()
@@ -192,11 +220,32 @@ class Connector:
         if key is None:
             return
         self.new_key_to_record = None
-        path = self.config.known_hosts
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        line = f"{self.host_name} {key.get_name()} {key.get_base64()}\n".encode()
-        append_known_host(path, line)
+        record_host_key(self.config.known_hosts, self.host_name, key)
         self.host_key_recorded = True
+
+
+def record_host_key(path: Path, host_name: str, key: paramiko.PKey) -> None:
+    """Append ``host_name``'s ``key`` to known_hosts: hashed (``|1|salt|hash``, paramiko's
+    ``HostKeys.hash_host``) when the file's latest entry is hashed (OpenSSH's HashKnownHosts was
+    on when it was last written), plain otherwise."""
+    name = paramiko.HostKeys.hash_host(host_name) if _latest_entry_hashed(path) else host_name
+    line = HostKeyEntry([name], key).to_line()
+    if line is None:  # paramiko: an entry without a key or a name
+        raise UploadError(f"{path}: cannot record the host key of {host_name}")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    append_known_host(path, line.encode())
+
+
+def _latest_entry_hashed(path: Path) -> bool:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:  # missing (a new file) or unreadable (append_known_host then says why)
+        return False
+    for raw_line in reversed(text.splitlines()):
+        line = raw_line.strip()
+        if line and not line.startswith(("#", "@")):
+            return line.startswith("|1|")
+    return False
 
 
 def append_known_host(path: Path, line: bytes) -> None:
@@ -220,3 +269,64 @@ def append_known_host(path: Path, line: bytes) -> None:
         raise UploadError(f"{path}: cannot record the host key ({e.strerror or e})") from None
     finally:
         os.close(fd)
+
+
+# ---- first contact: what the console shows and trusts -------------------------------------
+
+
+@dataclass(frozen=True)
+class HostKeyReport:
+    """The server's host key and what known_hosts says of it (``host_key_state``)."""
+
+    server: str  # the known_hosts name: host, or [host]:port
+    key_type: str
+    fingerprint: str  # SHA256:..., as OpenSSH prints it
+    state: str  # known | unknown | changed | revoked
+    known_hosts: str
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def probe_host_key(
+    config: SftpConfig, *, connect_timeout: float = 20.0
+) -> tuple[HostKeyReport, paramiko.PKey]:
+    """Read the server's host key (key exchange only, no login) and check it against
+    known_hosts; raises ``UploadError`` when the server cannot be reached."""
+    connector = Connector(config, accept_new_host_key=False, connect_timeout=connect_timeout)
+    known = connector.known_keys()
+    transport = connector.handshake(known)
+    try:
+        key = transport.get_remote_server_key()
+    finally:
+        transport.close()
+    state = host_key_state(key, known, connector.revoked_keys)
+    report = HostKeyReport(
+        connector.host_name, key.get_name(), key.fingerprint, state, str(config.known_hosts)
+    )
+    return report, key
+
+
+def trust_host_key(
+    config: SftpConfig, fingerprint: str, *, connect_timeout: float = 20.0
+) -> HostKeyReport:
+    """Record the server's key in known_hosts on first contact: only a key known_hosts lists
+    nothing for, and only the one whose ``fingerprint`` the operator was shown (the key is read
+    again here). A changed or revoked key raises ``HostKeyError``: that is fixed in known_hosts
+    by hand, never from here. A key already known is left as it is."""
+    report, key = probe_host_key(config, connect_timeout=connect_timeout)
+    if report.state in ("changed", "revoked"):
+        connector = Connector(config, accept_new_host_key=False, connect_timeout=connect_timeout)
+        known = connector.known_keys()
+        raise host_key_error(report.state, report.server, key, known, config.known_hosts)
+    if report.fingerprint != fingerprint:
+        raise HostKeyError(
+            f"{report.server}: the server now offers host key {report.fingerprint}, not the "
+            f"{fingerprint} shown; nothing recorded",
+            state="mismatch",
+            server=report.server,
+            fingerprint=report.fingerprint,
+        )
+    if report.state == "unknown":
+        record_host_key(config.known_hosts, report.server, key)
+    return replace(report, state="known")

@@ -33,7 +33,7 @@ from eva.jobs import STATES, UPLOAD_JOB, Job, JobRecorder, write_job
 from eva.progress import Progress
 from eva.publish import export_lock
 from eva.upload.config import SftpConfig
-from eva.upload.errors import UploadError, UploadInterrupted
+from eva.upload.errors import HostKeyError, UploadError, UploadInterrupted
 from eva.upload.gate import (
     UploadPermit,
     UploadRefused,
@@ -103,6 +103,8 @@ class UploadJob:
         self.progress.listeners.append(self.recorder.on_progress)
         self.result: UploadResult | None = None
         self.error: str | None = None
+        # Set when the host key was refused: the console shows it and offers its trust step.
+        self.host_key_error: HostKeyError | None = None
         self._cancel = threading.Event()
         self._done = threading.Event()
         self._lock = lock
@@ -181,6 +183,7 @@ class UploadJob:
             self.record.fail(f"interrupted: {e}")
         except UploadError as e:
             self.error = str(e)
+            self.host_key_error = e if isinstance(e, HostKeyError) else None
             self.record.resumable = False
             self.record.set_progress(self.progress)
             self.record.fail(str(e))

@@ -1,6 +1,6 @@
 // UPLOAD ACCEPTED: why an upload is not possible yet (the gate, the backend, the format rule),
 // UPLOAD ACCEPTED, the running upload's progress, and the last upload of this export.
-import { api, enc } from "../lib/api.js";
+import { api, attempt, enc } from "../lib/api.js";
 import { clearBar, setBar } from "../lib/bars.js";
 import { refreshDataset } from "../lib/datasets.js";
 import { $, toast } from "../lib/dom.js";
@@ -61,10 +61,47 @@ function renderUpload() {
   renderProgress(job);
   $("remote-path").textContent = (job && job.remote_path) || "–";
   $("upload-error").textContent = job && job.error ? `upload failed: ${job.error}` : "";
+  renderHostKey(job);
   const entry = ui.exports && ui.exports.formats ? ui.exports.formats[ui.format] : null;
   const last = entry ? entry.last_upload : null;
   $("last-upload").textContent = last ?
     `${last.state} ${last.remote_path || last.error || ""} ${last.finished_at || ""}` : "none";
+}
+
+// A host key the upload refused: its server and SHA-256 fingerprint; TRUST only for a key
+// known_hosts lists nothing for (a changed or revoked key is fixed in known_hosts by hand).
+const HOST_KEY_ADVICE = {
+  unknown: "First contact: compare this fingerprint with the server's own (on the server: " +
+    "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub). TRUST records it in known_hosts; " +
+    "then upload again.",
+  changed: "Refused: known_hosts lists another key for this server (a reinstalled server, or " +
+    "someone in between). Check with its administrator and fix known_hosts by hand; this page " +
+    "cannot override it.",
+  revoked: "Refused: known_hosts marks this key @revoked.",
+};
+let trustedFor = null; // the failed upload whose host key was trusted since
+
+function renderHostKey(job) {
+  const key = job && job.state === "failed" ? job.host_key : null;
+  const shown = Boolean(key) && job.job_id !== trustedFor;
+  $("host-key").hidden = !shown;
+  if (!shown) return;
+  $("host-key").dataset.state = key.state;
+  $("host-key-server").textContent = key.server;
+  $("host-key-fingerprint").textContent = key.fingerprint;
+  $("host-key-state").textContent = key.state === "unknown" ? "not in known_hosts" : key.state;
+  $("host-key-advice").textContent = HOST_KEY_ADVICE[key.state] || "";
+  $("trust-host-key").hidden = key.state !== "unknown";
+}
+
+async function trustHostKey() {
+  const fingerprint = $("host-key-fingerprint").textContent;
+  const job = ui.uploadJob;
+  const report = await attempt(() => api("POST", "/api/upload/host-key", { fingerprint }));
+  if (!report) return;
+  trustedFor = job ? job.job_id : null;
+  toast(`host key of ${report.server} trusted: recorded in ${report.known_hosts}`);
+  renderUpload();
 }
 
 async function startUpload() {
@@ -100,6 +137,7 @@ export const uploadPanel = {
   name: "upload",
   setup() {
     $("upload-button").addEventListener("click", startUpload);
+    $("trust-host-key").addEventListener("click", trustHostKey);
   },
   onJob,
   onExportState: renderUpload,
