@@ -44,10 +44,58 @@ def test_format_names_and_aliases_in_any_case(small_dataset: Path) -> None:
     assert (small_dataset.parent / "export" / "lerobot_v21" / "accepted").is_dir()
 
 
-def test_a_missing_path_is_a_usage_error(tmp_path: Path) -> None:
-    for command in ("cleanup", "info", "validate"):
-        result = _invoke(command, str(tmp_path / "nonexistent"))
-        assert result.exit_code == 2, (command, result.output)
+# Every command that takes a path, invoked with all else valid and the path missing ({m}).
+MISSING_PATH_CALLS = {
+    "collect": ["{m}", "--check"],
+    "qc": ["{m}", "--list"],
+    "edit": ["{m}", "0", "--drop"],
+    "export": ["{m}", "--format", "v21"],
+    "verify": ["{m}"],
+    "upload": ["{ds}", "--format", "v21", "--config", "{m}"],
+    "merge": ["{ds}", "{m}", "--into", "{out}"],
+    "info": ["{m}"],
+    "validate": ["{m}"],
+    "cleanup": ["{m}"],
+    "recover": ["{m}"],
+    "console": ["{m}"],
+}
+
+
+def test_every_command_taking_a_path_is_checked_for_a_missing_one() -> None:
+    ctx = click.Context(main)
+    takes_path = set()
+    for name in COMMANDS:
+        command = main.get_command(ctx, name)
+        assert command is not None
+        if any(isinstance(p.type, click.Path) for p in command.params):
+            takes_path.add(name)
+    assert takes_path <= set(MISSING_PATH_CALLS), takes_path - set(MISSING_PATH_CALLS)
+
+
+@pytest.mark.parametrize("command", list(MISSING_PATH_CALLS))
+def test_a_missing_path_is_one_usage_line(
+    small_dataset: Path, tmp_path: Path, command: str
+) -> None:
+    missing = tmp_path / "nonexistent"
+    args = [
+        a.format(m=missing, ds=small_dataset, out=tmp_path / "out")
+        for a in MISSING_PATH_CALLS[command]
+    ]
+    result = _invoke(command, *args)
+    assert result.exit_code == 2, (command, result.output)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eva: error: "), (command, result.stderr)
+    assert str(missing) in lines[0]
+
+
+def test_a_missing_format_names_the_formats_on_one_line(small_dataset: Path) -> None:
+    for command in ("export", "upload"):
+        result = _invoke(command, str(small_dataset))
+        assert result.exit_code == 2
+        assert result.stderr.splitlines() == [
+            f"eva: error: {command}: Missing option '--format'. Choose {catalog.help_line()}. "
+            f"Try 'eva {command} --help' for help."
+        ]
 
 
 def test_every_command_takes_quiet_and_verbose() -> None:

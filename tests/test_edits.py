@@ -234,8 +234,8 @@ def test_refusals_name_episode_and_field_and_change_nothing(
 
 
 def test_edit_of_a_missing_or_linked_dataset_is_one_line(raw: Path, tmp_path: Path) -> None:
-    code, _, err = run_cli("edit", tmp_path / "nope", "0", "--drop")
-    assert code == 1 and err.count("\n") == 1 and "episodes.jsonl" in err
+    code, _, err = run_cli("edit", tmp_path / "nope", "0", "--drop")  # a usage error
+    assert code == 2 and err.count("\n") == 1 and "nope' does not exist" in err
     (raw / "meta" / "info.json").unlink()
     before = tree_digest(raw)
     code, _, err = run_cli("edit", raw, "0", "--trim", "1s:")  # seconds need the fps

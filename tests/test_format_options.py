@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -88,7 +90,8 @@ def test_generated_cli_options_keep_their_names_types_and_defaults() -> None:
 def test_bad_option_is_refused_before_anything_runs(
     tmp_path: object, args: list[str], message: str
 ) -> None:
-    result = CliRunner().invoke(main, ["export", "/nonexistent/raw", "--format", "h5", *args])
+    # an empty directory: refused before the source is read (it is no dataset)
+    result = CliRunner().invoke(main, ["export", str(tmp_path), "--format", "h5", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
 
@@ -150,15 +153,17 @@ def test_every_format_module_satisfies_the_interface() -> None:
         ("v21", ["--verify-decode"], "--verify-decode"),
     ],
 )
-def test_an_option_of_another_format_is_a_usage_error(fmt: str, args: list[str], flag: str) -> None:
-    # refused on the command line, before the source is even looked at (it does not exist)
-    result = CliRunner().invoke(main, ["export", "/nonexistent/raw", "--format", fmt, *args])
+def test_an_option_of_another_format_is_a_usage_error(
+    tmp_path: Path, fmt: str, args: list[str], flag: str
+) -> None:
+    # refused on the command line, before the source is read (an empty directory, no dataset)
+    result = CliRunner().invoke(main, ["export", str(tmp_path), "--format", fmt, *args])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0] and "an option of --format" in lines[0]
 
 
-def test_a_mapping_option_takes_pairs_each_key_once() -> None:
+def test_a_mapping_option_takes_pairs_each_key_once(tmp_path: Path) -> None:
     spec = next(f for f in Hdf5Options.option_fields() if f.name == "hdf5_map")
     assert spec.type == "mapping" and spec.as_dict()["default"] == ""
     for given in ("a=qpos, b=action", {"a": "qpos", "b": "action"}, ["a=qpos", ["b", "action"]]):
@@ -177,7 +182,7 @@ def test_a_mapping_option_takes_pairs_each_key_once() -> None:
         Hdf5Options(feature_map=(("a", "qpos"),))
     result = CliRunner().invoke(
         main,
-        ["export", "/nonexistent/raw", "--format", "hdf5", "--hdf5-layout", "aloha"]
+        ["export", str(tmp_path), "--format", "hdf5", "--hdf5-layout", "aloha"]
         + ["--hdf5-map", "a=qpos", "--hdf5-map", "b=qpos"],
     )
     assert result.exit_code == 2

@@ -25,7 +25,7 @@ import click
 
 from eva import __version__
 from eva._native import NativeCoreError, build_info
-from eva.cli.output import EXIT_INTERRUPTED, fail, say
+from eva.cli.output import EXIT_INTERRUPTED, EXIT_USAGE, fail, say, usage_line
 
 # name -> (module, command object, summary), in workflow order: the order `eva --help` lists
 # them. The summary is what the top-level help shows without importing the command's module;
@@ -107,7 +107,8 @@ def _version_message() -> str:
 class EvaGroup(click.Group):
     """The command group. Commands load lazily (see COMMANDS); a filesystem error no command
     words itself (EACCES, EROFS, ENOSPC, ELOOP... while reading or writing a dataset) becomes
-    one line naming the path, exit 1."""
+    one line naming the path, exit 1; a usage error click finds (a missing path, argument or
+    option, a bad value) becomes one line too, exit 2, as eva's own refusals are."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -135,6 +136,10 @@ class EvaGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:
+            if isinstance(e, click.exceptions.NoArgsIsHelpError):
+                raise
+            fail(usage_line(e), EXIT_USAGE)
         except KeyboardInterrupt:
             # The work is stopped and cleaned up; a second SIGINT now (a repeated Ctrl-C) must
             # not kill the process on its way out and turn exit 130 into death by signal.

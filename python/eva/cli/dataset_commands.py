@@ -292,7 +292,7 @@ def parse_episode_list(spec: str) -> list[int]:
 
 @click.command("qc")
 @verbosity_options()
-@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("episodes", required=False)
 @click.option("--pass", "pass_", is_flag=True, help="Accept the episode (overrides red).")
 @click.option("--fail", "fail_", is_flag=True, help="Reject the episode.")

@@ -12,7 +12,7 @@ from eva.cli.output import EXIT_USAGE, fail, typed_text, verbosity_options
 
 @click.command("edit")
 @verbosity_options()
-@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("episodes")
 @click.option(
     "--trim",

@@ -162,7 +162,7 @@ def _export_options(fmt: FormatEntry, values: dict[str, Any]) -> ExportOptions:
 
 @click.command("export")
 @verbosity_options()
-@click.argument("dataset", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--format",
     "fmt",
@@ -363,7 +363,7 @@ def _report_export(
 
 @click.command("verify")
 @verbosity_options()
-@click.argument("export_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("export_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--source",
     type=click.Path(file_okay=False, path_type=Path),

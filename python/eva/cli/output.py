@@ -35,6 +35,17 @@ def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     sys.exit(code)
 
 
+def usage_line(error: click.UsageError) -> str:
+    """Click's usage error as the one line every refusal is: ``info: Invalid value for
+    'DATASET': Directory 'x' does not exist. Try 'eva info --help' for help.`` (click's own
+    block spans four lines: usage, hint, blank, error)."""
+    message = " ".join(line.strip() for line in error.format_message().splitlines())
+    ctx = error.ctx
+    if ctx is None or ctx.parent is None:  # the group's own (an unknown command)
+        return message
+    return f"{ctx.info_name}: {message} Try 'eva {ctx.info_name} --help' for help."
+
+
 def typed_text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Click callback of an option whose text eva stores (a task prompt, a note, a dataset
     name): the one rule for typed text (``eva.textsafe.text_problem``); a refusal is one line
@@ -80,6 +91,12 @@ class FormatChoice(click.Choice[str]):
     def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
         self.choices = self._spellings()
         return super().get_metavar(param, ctx)
+
+    def get_missing_message(self, param: click.Parameter, ctx: click.Context | None) -> str:
+        """The format names on one line (click lists every spelling, one per line)."""
+        from eva.formats import catalog
+
+        return "Choose " + catalog.help_line() + "."
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None

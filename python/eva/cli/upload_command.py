@@ -67,7 +67,7 @@ def _show_upload(bar: ProgressBar, progress: dict[str, Any]) -> None:
     "--config",
     "config_path",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=click.Path(exists=True, dir_okay=False),
     help="TOML config with a [collection.storage.sftp] table.",
 )
 @click.option(
