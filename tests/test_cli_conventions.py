@@ -227,6 +227,30 @@ def test_progress_shows_names_as_they_are_not_as_markup() -> None:
     assert "x [b]p[/b]: [i]" in text
 
 
+@pytest.mark.parametrize("width", [40, 50, 60, 70, 80, 100, 140])
+def test_a_shortened_progress_line_keeps_its_eta(width: int) -> None:
+    """On a narrow terminal the name, detail, bar, elapsed time and rate give way, never the
+    counts or the ETA (rich alone cut every column, the ETA's value too)."""
+    import io
+    import re
+
+    from eva.cli.progress import ProgressBar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    with ProgressBar("export lerobot_v3 of a long dataset name", total=40, stream=out) as bar:
+        bar._progress.console.width = width  # the terminal's width
+        for done in range(1, 4):
+            bar.update(done, detail=f"{done * 7} files, 12.3 MB")
+    last = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.getvalue()).replace("\r", "\n")
+    line = [text for text in last.splitlines() if text.strip()][-1]
+    assert len(line.rstrip()) <= width, line
+    assert " 3/40 " in line and re.search(r"eta (\d+:\d\d:\d\d|-:--:--)", line), line
+
+
 def test_the_command_keeps_openblas_to_one_thread_unless_told() -> None:
     # eva makes no BLAS call; NumPy's OpenBLAS threads only took CPU from the video checks
     code = "import os, eva.cli, numpy; print(os.environ['OPENBLAS_NUM_THREADS'])"

@@ -21,6 +21,32 @@ def progress_wanted(stream: IO[str] | None = None) -> bool:
     return bool(isatty and isatty())
 
 
+class _Droppable:
+    """Columns shown as one (``elapsed 0:00:12``), or as nothing when left out."""
+
+    def __init__(self, columns: list[Any]) -> None:
+        self.columns = columns
+        self.shown = True
+
+    def __call__(self, task: Any) -> Any:
+        from rich.text import Text
+
+        if not self.shown:
+            return Text("")
+        return Text(" ").join(_as_text(column(task)) for column in self.columns)
+
+    def get_table_column(self) -> Any:
+        from rich.table import Column
+
+        return Column(no_wrap=True)
+
+
+def _as_text(renderable: Any) -> Any:
+    from rich.text import Text
+
+    return renderable if isinstance(renderable, Text) else Text(str(renderable))
+
+
 class ProgressBar:
     """One task's bar: ``update(completed, ...)`` as work advances, ``stage(text)`` for steps
     that are not counted (publishing), then ``close()`` (or use it as a context manager).
@@ -58,28 +84,40 @@ class ProgressBar:
             TimeRemainingColumn,
             TransferSpeedColumn,
         )
+        from rich.table import Column
 
-        counted = (
-            [DownloadColumn(binary_units=False), TransferSpeedColumn()]
+        def shrinking() -> Column:  # cut with an ellipsis to the width _fit gives it
+            return Column(no_wrap=True, overflow="ellipsis", min_width=0)
+
+        count, rate = (
+            (DownloadColumn(binary_units=False), TransferSpeedColumn())
             if unit == "bytes"
-            else [MofNCompleteColumn(), TextColumn("{task.fields[rate]}")]
+            else (MofNCompleteColumn(), TextColumn("{task.fields[rate]}"))
         )
+        # file and dataset names are shown as they are: "[red]" in a name is not markup
+        self._name = TextColumn("{task.description}", markup=False, table_column=shrinking())
+        self._detail = TextColumn("{task.fields[detail]}", markup=False, table_column=shrinking())
+        self._bar = BarColumn()
+        self._kept = [TaskProgressColumn(), count, TextColumn("eta"), TimeRemainingColumn()]
+        # left out, in this order, when the terminal is too narrow for them and the ETA
+        self._droppable: list[Any] = [
+            _Droppable([TextColumn("elapsed"), TimeElapsedColumn()]),
+            _Droppable([rate]),
+        ]
         self._progress = Progress(
-            # file and dataset names are shown as they are: "[red]" in a name is not markup
-            TextColumn("{task.description}", markup=False),
-            BarColumn(),
-            TaskProgressColumn(),
-            *counted,
-            TextColumn("elapsed"),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[detail]}", markup=False),
+            self._name,
+            self._bar,
+            *self._kept[:2],
+            self._droppable[1],
+            self._droppable[0],
+            *self._kept[2:],
+            self._detail,
             console=Console(file=stream if stream is not None else sys.stderr),
             transient=False,
         )
-        self._progress.start()
         self._task = self._progress.add_task(description, total=total, detail="", rate="")
+        self._fit()
+        self._progress.start()
 
     def update(
         self, completed: float, *, total: float | None = None, detail: str | None = None
@@ -96,11 +134,40 @@ class ProgressBar:
             speed = self._progress.tasks[0].speed
             rate = f"{speed:.1f} {self.unit}/s" if speed else ""
             self._progress.update(self._task, rate=rate)
+        self._fit()
 
     def stage(self, text: str) -> None:
         """Name a step the counts do not measure (e.g. publishing the pair)."""
         if self.enabled:
             self._progress.update(self._task, description=f"{self.description}: {text}")
+            self._fit()
+
+    def _fit(self) -> None:
+        """Size the line to the terminal: a shortened line keeps the percentage, the counts
+        and the ETA whole; the detail, the name and the bar give way first, then the elapsed
+        time and the rate (rich alone would cut every column alike, the ETA's value too)."""
+        console, task = self._progress.console, self._progress.tasks[0]
+
+        def width_of(column: Any) -> int:
+            return int(console.measure(column(task)).maximum)
+
+        spare = console.width - sum(map(width_of, self._kept)) - 9  # one space between columns
+        for droppable in self._droppable:
+            droppable.shown = True
+            spare -= width_of(droppable)
+        for droppable in self._droppable:
+            if spare >= 10:
+                break
+            spare += width_of(droppable)
+            droppable.shown = False
+        spare = max(spare, 0)
+        name, detail = len(task.description), len(str(task.fields.get("detail", "")))
+        bar = min(40, max(spare - name - detail, min(10, spare // 3)))
+        self._bar.bar_width = max(bar, 1)
+        name_width = max(min(name, spare - bar), 0)
+        # a width of 0 would be no width (fit to content): 1 shows the ellipsis alone
+        self._name.get_table_column().width = max(name_width, 1)
+        self._detail.get_table_column().width = max(spare - bar - name_width, 1)
 
     def close(self) -> None:
         if self.enabled and self._progress is not None:
