@@ -125,6 +125,7 @@ bench-corpus: build
 compat: build
 	bash scripts/compat.sh
 	bash scripts/compat_trim.sh
+	bash scripts/compat_video_profile.sh
 	bash scripts/compat_zarr.sh
 	bash scripts/compat_hdf5.sh
 
@@ -134,6 +135,7 @@ compat-06: build
 	bash $${EVA_ORACLE_DIR:-../shared/oracle}/setup_lerobot06_venv.sh
 	bash scripts/compat.sh
 	bash scripts/compat_trim.sh
+	bash scripts/compat_video_profile.sh
 	bash scripts/compat_zarr.sh
 	bash scripts/compat_hdf5.sh
 	bash scripts/compat_merge06.sh
