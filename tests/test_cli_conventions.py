@@ -150,6 +150,22 @@ def test_ctrl_c_exits_130_saying_what_was_kept(tmp_path: Path) -> None:
     assert not (tmp_path / "export" / "hdf5" / "accepted").exists()
 
 
+def test_json_progress_events_are_printed_once_with_their_documented_nulls(
+    small_dataset: Path,
+) -> None:
+    result = _invoke("export", str(small_dataset), "--format", "hdf5", "--json")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert all(a != b for a, b in zip(lines, lines[1:], strict=False)), lines
+    events = [json.loads(line) for line in lines]
+    progress = [e for e in events if e["event"] == "progress"]
+    assert progress and events[-1]["event"] == "completed"
+    # docs/cli.md: an export knows its episodes before writing, not its files or bytes
+    assert all(e["total_files"] is None and e["total_bytes"] is None for e in progress)
+    assert all(e["total_episodes"] == progress[0]["total_episodes"] for e in progress)
+    assert progress[0]["current"] is None
+
+
 def test_text_output_whatever_stdout_is(small_dataset: Path) -> None:
     piped = subprocess.run(
         [sys.executable, "-m", "eva.cli", "export", str(small_dataset), "--format", "mcap"],

@@ -16,6 +16,7 @@ from eva.cli.output import (
     FormatChoice,
     detail,
     emit_json,
+    event_printer,
     fail,
     first_line,
     format_help,
@@ -294,6 +295,7 @@ def _progress_printer(bar: ProgressBar, json_lines: bool) -> Callable[[Any, Any]
     import time
 
     last = [0.0]
+    emit_event = event_printer()
 
     def on_progress(progress: Any, job: Any) -> None:
         now = time.monotonic()
@@ -301,7 +303,7 @@ def _progress_printer(bar: ProgressBar, json_lines: bool) -> Callable[[Any, Any]
         if json_lines:
             if final or now - last[0] >= 0.2:
                 last[0] = now
-                emit_json({"event": "progress", "state": job.state, **progress.as_dict()})
+                emit_event({"event": "progress", "state": job.state, **progress.as_dict()})
             return
         if progress.stage != "writing":
             bar.stage(progress.stage)

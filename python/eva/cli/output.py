@@ -18,6 +18,21 @@ def emit_json(obj: Any) -> None:
     click.echo(json_line(obj))
 
 
+def event_printer() -> Callable[[dict[str, Any]], None]:
+    """``--json`` progress events: each printed once; an event equal to the one printed before
+    it (the last progress before and after the export's publication, an upload's unchanged
+    counts polled again) is left out."""
+    last: list[str] = [""]
+
+    def emit(event: dict[str, Any]) -> None:
+        line = json_line(event)
+        if line != last[0]:
+            last[0] = line
+            click.echo(line)
+
+    return emit
+
+
 def say(text: object, *, err: bool = False, nl: bool = True) -> None:
     """Print one line that may hold dataset text (notes, prompts, keys, file names, messages
     quoting them): controls are shown escaped, never sent to the terminal (eva.textsafe)."""

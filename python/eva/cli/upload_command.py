@@ -13,6 +13,7 @@ from eva.cli.output import (
     EXIT_INTERRUPTED,
     FormatChoice,
     emit_json,
+    event_printer,
     fail,
     format_help,
     human_bytes,
@@ -148,11 +149,12 @@ def _refuse(message: str, as_json: bool) -> NoReturn:
 def _follow(job: UploadJob, bar: ProgressBar, as_json: bool) -> bool:
     """Show the upload's progress until it ends; True when Ctrl-C cancelled it."""
     last_emit = 0.0
+    emit_event = event_printer()
     try:
         while not job.wait(0.2):
             now = time.monotonic()
             if as_json and now - last_emit >= 0.5:
-                emit_json({"event": "progress", "state": job.state, **job.record.progress})
+                emit_event({"event": "progress", "state": job.state, **job.record.progress})
                 last_emit = now
             else:
                 _show_upload(bar, job.record.progress)
