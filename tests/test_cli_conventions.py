@@ -205,6 +205,23 @@ def test_qc_ranges_lists_all_or_none_and_details_in_the_listing(tmp_path: Path) 
     assert all(line[column:].split()[0] in ("accepted", "rejected") for line in listing[1:-1])
 
 
+def test_qc_warns_once_per_export_as_it_becomes_stale(tmp_path: Path) -> None:
+    raw = write_synthetic_dataset(tmp_path / "raw", episodes=4, frames=6)
+    for fmt in ("hdf5", "mcap"):
+        assert _invoke("export", str(raw), "--format", fmt).exit_code == 0
+
+    def warnings(*args: str) -> list[str]:
+        result = _invoke("qc", str(raw), *args)
+        assert result.exit_code == 0, result.output
+        return [line for line in result.stderr.splitlines() if "is now stale" in line]
+
+    became = warnings("0-1", "--fail")  # two episodes, two exports: one line per export
+    assert len(became) == 2 and {"hdf5", "mcap"} == {w.split()[3] for w in became}, became
+    assert warnings("2", "--fail") == []  # stale already: warned of before
+    assert warnings("0-2", "--clear") == []  # current again
+    assert len(warnings("3", "--fail")) == 2
+
+
 @pytest.mark.parametrize("fmt", catalog.names())
 def test_info_understands_exports(small_dataset: Path, fmt: str) -> None:
     assert _invoke("export", str(small_dataset), "--format", fmt).exit_code == 0

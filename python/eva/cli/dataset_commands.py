@@ -381,12 +381,13 @@ def qc_command(
             indices = parse_episode_list(episodes)
         except click.BadParameter as e:
             fail(f"qc: EPISODES {e.message}", EXIT_USAGE)
+        stale_before = stale_export_roots(dataset)
         updates = review_episodes(
             dataset, indices, verdict=verdict, note=note, clear_verdict=clear_
         )
     except DatasetError as e:
         fail(str(e))
-    show_updates(dataset, updates, as_json, _review_line)
+    show_updates(dataset, updates, as_json, _review_line, stale_before)
 
 
 def _rescore(dataset: Path, episodes: str | None, config_path: Path | None, as_json: bool) -> None:
@@ -440,9 +441,12 @@ def show_updates(
     updates: list[ReviewUpdate],
     as_json: bool,
     line: Callable[[dict[str, Any]], str],
+    stale_before: frozenset[str] = frozenset(),
 ) -> None:
     """Each updated episode (``line`` of its row, e.g. its verdict and note) with its subset,
-    then a warning for each export of ``dataset`` the change made stale (eva qc, eva edit)."""
+    then a warning for each export of ``dataset`` the change made stale (eva qc, eva edit): once,
+    as it becomes stale; an export in ``stale_before`` (stale_export_roots before the change)
+    was warned of then."""
     from eva.quality.verdicts import subset_of
 
     stale = _stale_exports(dataset) if any(u.changed for u in updates) else []
@@ -459,7 +463,7 @@ def show_updates(
             )
         else:
             say(f"{line(row)} -> {subset_of(row)}" + ("" if update.changed else " (unchanged)"))
-    for entry in stale:
+    for entry in (s for s in stale if s["export_root"] not in stale_before):
         say(
             f"eva: warning: the {entry['format']} export {entry['export_root']} is now stale "
             f"({entry['detail']}): export again before uploading",
@@ -472,6 +476,11 @@ def _review_line(row: dict[str, Any]) -> str:
         f"episode {row.get('episode_index')}: verdict {row.get('qc_verdict') or '-'}, "
         f"note {row.get('qc_note')!r}"
     )
+
+
+def stale_export_roots(dataset: Path) -> frozenset[str]:
+    """The export roots of ``dataset`` already stale (before a review change)."""
+    return frozenset(s["export_root"] for s in _stale_exports(dataset))
 
 
 def _stale_exports(dataset: Path) -> list[dict[str, str]]:

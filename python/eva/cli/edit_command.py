@@ -54,7 +54,7 @@ def edit_command(
       eva edit demo-data/logs/pick_cube/raw 2 --drop  # a calibration run: in neither subset
       eva edit demo-data/logs/pick_cube/raw 0-2 --clear-trim --clear-task --undrop
     """
-    from eva.cli.dataset_commands import parse_episode_list, show_updates
+    from eva.cli.dataset_commands import parse_episode_list, show_updates, stale_export_roots
     from eva.dataset.errors import DatasetError
     from eva.quality.edits import EditRequest, edit_episodes
 
@@ -75,10 +75,11 @@ def edit_command(
     except click.BadParameter as e:
         fail(f"edit: EPISODES {e.message}", EXIT_USAGE)
     try:
+        stale_before = stale_export_roots(dataset)
         updates = edit_episodes(dataset, indices, request)
     except DatasetError as e:
         fail(str(e))
-    show_updates(dataset, updates, as_json, _edit_line)
+    show_updates(dataset, updates, as_json, _edit_line, stale_before)
 
 
 def edit_summary(row: dict[str, Any]) -> str:
