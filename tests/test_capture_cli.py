@@ -335,7 +335,10 @@ def test_scripted_results_stream_as_saves_finish(config: Path, tmp_path: Path) -
         assert job["bytes"] == _episode_files_bytes(raw, job["episode_index"]) > 0
     log = stderr_path.read_text()
     assert "recording the SIMULATOR" in log and "camera observation.images.front 64x48: sim" in log
-    assert "reset: 0.8 s" in log and "episode 2/2: recording" in log
+    # one base: the lines name each episode by the index its saved line gives
+    assert "episode 0: recording 1.5 s (1 of 2)" in log and "episode 2/2" not in log
+    assert "reset: 0.8 s to reset the scene before episode 1" in log
+    assert "episode 1: recording 1.5 s (2 of 2)" in log
     episodes = DatasetReader(raw).episodes
     gap = datetime.fromisoformat(episodes[1]["started_at"]) - datetime.fromisoformat(
         episodes[0]["ended_at"]

@@ -12,7 +12,7 @@ import click
 
 from eva.cli.collect_interactive import collect_interactive
 from eva.cli.collect_list import collect_header, print_list
-from eva.cli.collect_screen import CaptureLogHandler, JobReporter, LogLimiter
+from eva.cli.collect_screen import CaptureLogHandler, EpisodeNumbers, JobReporter, LogLimiter
 from eva.cli.output import (
     EXIT_INVALID,
     EXIT_USAGE,
@@ -339,15 +339,21 @@ def _collect_scripted(
         if not run.quiet:
             say(text, err=True)
 
+    # Episodes are named by the index they get in the dataset, as their saved lines name them
+    # ("saved episode 3"), never by a count from 1; "(2 of 5)" counts this run's episodes.
+    numbers = EpisodeNumbers(recorder)
+    root = recorder.dataset_dir(run.dataset)
     for n in range(1, episodes + 1):
         if n > 1 and reset_seconds > 0:
-            announce(f"reset: {reset_seconds:g} s to reset the scene before episode {n}/{episodes}")
+            index = numbers.next_index(root)
+            announce(f"reset: {reset_seconds:g} s to reset the scene before episode {index}")
             wait(reset_seconds)
             if rec_source.finished.is_set():
                 break
         for message in rec_source.before_start():  # stopped source processes: restarted
             announce(f"eva: note: {message}")
-        announce(f"episode {n}/{episodes}: recording {seconds:g} s")
+        index = numbers.next_index(root)
+        announce(f"episode {index}: recording {seconds:g} s ({n} of {episodes})")
         recorder.start(run.dataset, run.task)
         wait(seconds)
         recorder.stop()
