@@ -163,3 +163,24 @@ def test_capture_stores_metrics_at_save_time(tmp_path: Path) -> None:
     assert again["quality_metrics"]["frozen_camera_measured_on"] == "frames"
     assert again["quality"] == "red" and again["anomaly_score"] == row["anomaly_score"]
     assert validate_dataset(root) == []
+
+
+def test_validate_names_a_metric_field_of_the_wrong_type(tmp_path: Path) -> None:
+    from eva.quality.verdicts import update_episode_rows
+
+    root = write_defect_dataset(tmp_path / "ds", episodes=2, defects={}, frames=30)
+
+    def spoil(row: dict[str, Any]) -> None:
+        row.update(anomaly_score="high", anomaly_reasons=[1], quality_metrics=[])
+
+    update_episode_rows(root, [1], spoil, "test")
+    found = [p.message for p in validate_dataset(root) if p.code == "invalid_episode_row"]
+    assert len(found) == 3 and all("episode 1" in m for m in found)
+    assert any("anomaly_score 'high' is not a number" in m for m in found)
+    # the queue still lists it (as unscored, last) rather than failing
+    listed = _eva("qc", str(root), "--list", "--sort", "score", "--json")
+    assert listed.returncode == 0
+    assert [json.loads(line)["anomaly_score"] for line in listed.stdout.splitlines()] == [
+        None,
+        None,
+    ]
