@@ -454,7 +454,7 @@ def test_export_v3_then_upload(
     v3 = exports["formats"]["lerobot_v3"]
     assert v3["state"] == "completed" and not v3["stale"] and v3["upload"]["allowed"]
     assert exports["formats"]["hdf5"]["upload"]["reason"] == "never_exported"
-    assert set(exports["options"]) == {"lerobot_v21", "lerobot_v3", "hdf5", "mcap"}
+    assert set(exports["options"]) == {"lerobot_v21", "lerobot_v3", "hdf5", "mcap", "zarr"}
     # a verdict change makes the export stale: upload refused until it is exported again
     api.put("/api/datasets/pick/episodes/0/qc", json={"verdict": "fail"})
     assert api.get("/api/datasets/pick/episodes").json()["stale"] == ["lerobot_v3"]
@@ -475,11 +475,10 @@ def test_export_v3_then_upload(
     assert started.status_code == 202, started.text
     upload = wait_job(api, started.json()["job_id"])
     assert upload["state"] == "completed", upload
-    assert upload["remote_path"] == str(remote_dir / "pick")
+    remote_path = remote_dir / "pick-lerobot_v3"  # the remote name says the format
+    assert upload["remote_path"] == str(remote_path)
     assert upload["progress"]["files"] == upload["progress"]["total_files"] > 0
-    uploaded = sorted(
-        p.relative_to(remote_dir / "pick") for p in (remote_dir / "pick").rglob("*") if p.is_file()
-    )
+    uploaded = sorted(p.relative_to(remote_path) for p in remote_path.rglob("*") if p.is_file())
     exported = sorted(
         p.relative_to(done["accepted_dir"])
         for p in Path(done["accepted_dir"]).rglob("*")
@@ -488,6 +487,17 @@ def test_export_v3_then_upload(
     assert uploaded == exported
     last = api.get("/api/datasets/pick/exports").json()["formats"]["lerobot_v3"]["last_upload"]
     assert last["state"] == "completed" and last["remote_path"] == upload["remote_path"]
+    assert last["export_job_id"] == done["job_id"]
+    # The same export again: refused, saying where it is, until asked for explicitly.
+    again = api.post("/api/datasets/pick/upload", json={"format": "lerobot_v3"})
+    assert error_of(again, 409)["code"] == "already_uploaded"
+    assert f"at {remote_path} (uploaded " in error_of(again, 409)["message"]
+    bad = api.post("/api/datasets/pick/upload", json={"format": "lerobot_v3", "again": 1})
+    assert error_of(bad, 400)["field"] == "again"
+    second = api.post("/api/datasets/pick/upload", json={"format": "lerobot_v3", "again": True})
+    assert second.status_code == 202, second.text
+    copy = wait_job(api, second.json()["job_id"])
+    assert copy["state"] == "completed" and copy["remote_path"].startswith(f"{remote_path}.copy_")
 
 
 def test_unknown_routes_and_symlinked_dataset(

@@ -794,6 +794,8 @@ def test_first_contact_trusts_an_unknown_host_key_once(
         other = paramiko.Ed25519Key.from_private_key_file(str(sshd_server.client_key))
         known_hosts.write_text(f"[127.0.0.1]:{sshd_server.port} ssh-ed25519 {other.get_base64()}\n")
         by_id(d, "upload-button").click()
+        wait_until(d, lambda: by_id(d, "upload-again").is_displayed(), "already uploaded")
+        by_id(d, "upload-again-yes").click()
         wait_until(d, lambda: text(d, "upload-state") == "failed", "the refused upload")
         wait_until(d, lambda: by_id(d, "host-key").is_displayed(), "the changed key shown")
         assert by_id(d, "host-key").get_attribute("data-state") == "changed"
@@ -882,7 +884,23 @@ def test_upload_offers_the_latest_export_of_the_chosen_format(
     assert by_id(d, "upload-progress-files").get_attribute("value") == by_id(
         d, "upload-progress-files"
     ).get_attribute("max")
+    assert remote_path.name == "pick_cube-hdf5"  # the remote name says the format
     screenshot(d, artifacts, "upload-done")
+
+    # The same export again: the page says where it already is and asks before a second copy.
+    by_id(d, "upload-button").click()
+    wait_until(d, lambda: by_id(d, "upload-again").is_displayed(), "the question")
+    assert "already on sftp://" in text(d, "upload-again-text")
+    assert f"at {remote_path} (uploaded " in text(d, "upload-again-text")
+    by_id(d, "upload-again-no").click()
+    assert not by_id(d, "upload-again").is_displayed()
+    assert sorted(p.name for p in remote_root.iterdir()) == ["pick_cube-hdf5"]
+    by_id(d, "upload-button").click()
+    wait_until(d, lambda: by_id(d, "upload-again").is_displayed(), "the question again")
+    by_id(d, "upload-again-yes").click()
+    wait_until(d, lambda: text(d, "remote-path") != str(remote_path), "the second copy")
+    wait_finished(d, "upload-state", "the second upload")
+    assert text(d, "remote-path").startswith(f"{remote_path}.copy_")
     assert browser_errors(d) == []
 
 

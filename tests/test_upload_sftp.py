@@ -78,15 +78,15 @@ def test_success_path_tree_is_identical(
 
     assert job.error is None and job.state == "completed"
     assert job.result is not None
-    assert job.result.remote_path == str(remote_dir / "pick") == job.result.target_path
-    assert tree_bytes(remote_dir / "pick") == tree_bytes(accepted)
+    assert job.result.remote_path == str(remote_dir / "pick-hdf5") == job.result.target_path
+    assert tree_bytes(remote_dir / "pick-hdf5") == tree_bytes(accepted)
     assert staging_leftovers(remote_dir) == []
     # The staging dir was created like any directory (server umask), not private to the uploader.
-    assert (remote_dir / "pick").stat().st_mode & 0o777 == remote_dir.stat().st_mode & 0o777
+    assert (remote_dir / "pick-hdf5").stat().st_mode & 0o777 == remote_dir.stat().st_mode & 0o777
     record = json.loads((catalog.parse("hdf5").export_root(source) / UPLOAD_JOB).read_text())
     assert record["state"] == "completed"
     assert record["kind"] == "upload"
-    assert record["remote_path"] == str(remote_dir / "pick")
+    assert record["remote_path"] == str(remote_dir / "pick-hdf5")
     tree = scan_local_tree(accepted)
     assert record["progress"]["files"] == len(tree.files)
     assert record["progress"]["bytes"] == tree.total_bytes
@@ -102,7 +102,7 @@ def test_existing_target_gets_copy_names(
     config: SftpConfig, remote_root: Path, tmp_path: Path
 ) -> None:
     source, accepted = make_export(tmp_path / "logs")
-    old = remote_root / "pick"
+    old = remote_root / "pick-hdf5"
     old.mkdir()
     (old / "precious.txt").write_text("older upload")
     options = UploadOptions(clock=lambda: FIXED_NOW)
@@ -156,7 +156,7 @@ def test_failure_mid_transfer_removes_staging_and_keeps_old_target(
 ) -> None:
     sizes = (900_000, 800_000, 700_000, 600_000, 500_000, 400_000, 300_000, 1_000)
     source, accepted = make_export(tmp_path / "logs", file_sizes=sizes)
-    old = remote_root / "pick"
+    old = remote_root / "pick-hdf5"
     old.mkdir()
     (old / "keep.bin").write_bytes(b"old data")
     doomed = accepted / "data" / "chunk-000" / "episode_000007.bin"  # the smallest: sent last
@@ -174,7 +174,7 @@ def test_failure_mid_transfer_removes_staging_and_keeps_old_target(
     assert job.state == "failed" and job.result is None
     assert job.error is not None and "episode_000007.bin" in job.error
     assert staging_leftovers(remote_root) == []
-    assert sorted(os.listdir(remote_root)) == ["pick"]  # nothing published
+    assert sorted(os.listdir(remote_root)) == ["pick-hdf5"]  # nothing published
     assert tree_bytes(old) == {"keep.bin": b"old data"}
     record = read_upload_record(catalog.parse("hdf5").export_root(source))
     assert record is not None and record.state == "failed" and not record.resumable
@@ -297,7 +297,7 @@ def test_agent_authentication(
         job = start_upload(source, "hdf5", config)
         run(job)
     assert job.result is not None, job.error
-    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+    assert tree_bytes(remote_root / "pick-hdf5") == tree_bytes(accepted)
 
 
 @pytest.mark.kernel_independent
@@ -342,7 +342,7 @@ def test_resume_after_interruption(config: SftpConfig, remote_root: Path, tmp_pa
     assert record is not None and record.resumable and record.staging_path
     staging = Path(record.staging_path)
     assert staging.is_dir() and staging.parent == remote_root
-    assert not (remote_root / "pick").exists()
+    assert not (remote_root / "pick-hdf5").exists()
     staged = {p.name: p for p in staging.rglob("*.bin") if p.is_file()}
     # One worker, cancelled as the third file completed: exactly the three largest are staged.
     assert sorted(staged) == ["episode_000000.bin", "episode_000001.bin", "episode_000002.bin"]
@@ -363,10 +363,10 @@ def test_resume_after_interruption(config: SftpConfig, remote_root: Path, tmp_pa
     assert job.result is not None, job.error
     assert job.result.resumed
     assert job.result.staging_path == str(staging)
-    assert job.result.remote_path == str(remote_root / "pick")
+    assert job.result.remote_path == str(remote_root / "pick-hdf5")
     assert job.result.skipped_files == 1
     assert job.result.skipped_bytes == 500_000 + 250_000
-    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+    assert tree_bytes(remote_root / "pick-hdf5") == tree_bytes(accepted)
     assert staging_leftovers(remote_root) == []
     assert job.progress.bytes == scan_local_tree(accepted).total_bytes
     final = read_upload_record(catalog.parse("hdf5").export_root(source))
@@ -381,7 +381,7 @@ def test_resume_without_previous_upload_starts_fresh(
     job = start_upload(source, "hdf5", config, resume=True)
     run(job)
     assert job.result is not None and not job.result.resumed
-    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+    assert tree_bytes(remote_root / "pick-hdf5") == tree_bytes(accepted)
 
 
 @pytest.mark.kernel_independent
@@ -435,9 +435,9 @@ def test_cli_json_lines_and_refusals(
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.output.splitlines()]
     assert lines[-1]["event"] == "result"
-    assert lines[-1]["remote_path"] == str(remote_root / "pick")
+    assert lines[-1]["remote_path"] == str(remote_root / "pick-hdf5")
     assert all(line["event"] in ("progress", "result") for line in lines)
-    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+    assert tree_bytes(remote_root / "pick-hdf5") == tree_bytes(accepted)
 
     result = runner.invoke(main, [*base, str(source)])  # by path, human output
     assert result.exit_code == 0, result.output
@@ -476,7 +476,7 @@ def test_real_export_pipeline_then_upload(
     job = start_upload(small_dataset, "v21", config)
     run(job)
     assert job.result is not None, job.error
-    name = small_dataset.parent.name  # <parent>/raw -> dataset name <parent>
+    name = f"{small_dataset.parent.name}-lerobot_v21"  # <parent>/raw -> <parent>-<format>
     assert job.result.remote_path == str(remote_root / name)
     assert tree_bytes(remote_root / name) == tree_bytes(exported.accepted_dir)
     marker = json.loads((remote_root / name / "meta" / "quality_split.json").read_text())
@@ -504,7 +504,7 @@ def test_fresh_upload_discards_abandoned_staging(
     assert job.result.staging_path != abandoned
     assert not Path(abandoned).exists()
     assert staging_leftovers(remote_root) == []
-    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+    assert tree_bytes(remote_root / "pick-hdf5") == tree_bytes(accepted)
 
 
 @pytest.mark.kernel_independent
@@ -580,14 +580,14 @@ def test_resume_after_the_uploader_was_killed(
     record = json.loads((catalog.parse("hdf5").export_root(source) / UPLOAD_JOB).read_text())
     assert record["state"] == "running"  # what a crash leaves behind
     staging = Path(record["staging_path"])
-    assert staging.is_dir() and not (remote_root / "pick").exists()
+    assert staging.is_dir() and not (remote_root / "pick-hdf5").exists()
 
     job = start_upload(source, "hdf5", config, resume=True)
     run(job)
     assert job.result is not None, job.error
     assert job.result.resumed and job.result.staging_path == str(staging)
     assert job.result.skipped_files >= 2
-    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+    assert tree_bytes(remote_root / "pick-hdf5") == tree_bytes(accepted)
     assert staging_leftovers(remote_root) == []
 
 
@@ -624,7 +624,7 @@ def test_cli_progress_bar_on_a_terminal(
     assert "3.0/3.0 MB" in last_frame and "elapsed" in last_frame and "eta" in last_frame
     assert "files 5/5" in last_frame  # 3 episodes + info.json + quality_split.json
     assert stdout.decode().startswith("uploaded 5 files (3.0 MB) to 127.0.0.1:")
-    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+    assert tree_bytes(remote_root / "pick-hdf5") == tree_bytes(accepted)
 
 
 @pytest.mark.kernel_independent
@@ -646,7 +646,7 @@ def test_known_hosts_with_markers_comments_and_garbage(
     job = start_upload(source, "hdf5", config)
     run(job)
     assert job.result is not None, job.error
-    assert tree_bytes(remote_root / "pick") == tree_bytes(accepted)
+    assert tree_bytes(remote_root / "pick-hdf5") == tree_bytes(accepted)
 
     known_hosts.write_text(f"@revoked * {key_fields}" + host_line)
     job = start_upload(source, "hdf5", config, options=UploadOptions(accept_new_host_key=True))

@@ -150,6 +150,8 @@ class BackgroundJobs:
                     "remote_path": record.remote_path,
                     "error": record.error,
                     "finished_at": record.finished_at,
+                    "export_job_id": record.export_job_id,
+                    "remote": record.remote,
                 }
                 if record is not None
                 else None
@@ -292,14 +294,19 @@ class BackgroundJobs:
         from eva.upload.gate import UploadRefused, check_upload
         from eva.upload.job import start_upload
 
-        check_body(body, ("format",))
+        check_body(body, ("format", "again"))
         fmt = self._format(body.get("format"))
+        again = body.get("again", False)
+        if not isinstance(again, bool):
+            raise bad_request("bad_field", "again: true or false", "again")
         root = self.dirs.root(name)
         try:
             # The gate first: without a backend nothing else matters and no thread starts.
-            check_upload(root, fmt, backend_configured=self.sftp is not None)
+            permit = check_upload(root, fmt, backend_configured=self.sftp is not None)
         except UploadRefused as e:
             raise conflict(_console_reason(e.reason), str(e)) from None
+        if not again:
+            self._refuse_second_copy(permit)
         root = self.dirs.checked_root(name)
         plan = plan_split(read_episode_rows(root))
         state = export_states(root, plan).get(fmt.name, {})
@@ -333,6 +340,26 @@ class BackgroundJobs:
             target=self._watch_upload, args=(job, upload), name="eva-console-upload", daemon=True
         ).start()
         return job.as_dict()
+
+    def _refuse_second_copy(self, permit: Any) -> None:
+        """A second upload of the export already on this server is asked for explicitly
+        (``"again": true``): it would be published under a copy name beside the first."""
+        from eva.upload.job import read_upload_record
+
+        previous = read_upload_record(permit.export_root)
+        if (
+            previous is not None
+            and previous.state == "completed"
+            and previous.export_job_id == permit.export_job_id
+            and self.sftp is not None
+            and previous.remote == self.sftp.describe()
+        ):
+            raise conflict(
+                "already_uploaded",
+                f"this {permit.format} export is already on {previous.remote} at "
+                f"{previous.remote_path} (uploaded {previous.finished_at}); upload again "
+                '("again": true) for a second copy beside it',
+            )
 
     def host_key(self) -> dict[str, str]:
         """The upload server's host key and what known_hosts says of it (a key exchange, no

@@ -253,6 +253,12 @@ def review_field_problems(source: Path) -> list[str]:
 
 
 def dataset_name_for(source_dir: Path) -> str:
-    """The remote dataset name: ``<log_dir>/<name>/raw`` -> ``name``; any other source -> its name."""
+    """The dataset's name: ``<log_dir>/<name>/raw`` -> ``name``; any other source -> its name."""
     source = Path(source_dir).resolve()
     return source.parent.name if source.name == "raw" else source.name
+
+
+def remote_name_for(source_dir: Path, fmt: str) -> str:
+    """The remote directory's name: the dataset's and the format it holds
+    (``pick_cube-lerobot_v3``), so that one dataset's formats never take each other's name."""
+    return f"{dataset_name_for(source_dir)}-{fmt}"

@@ -39,7 +39,7 @@ from eva.upload.gate import (
     UploadRefused,
     check_review,
     check_upload,
-    dataset_name_for,
+    remote_name_for,
 )
 from eva.upload.sftp import (
     UploadOptions,
@@ -159,7 +159,7 @@ class UploadJob:
             result = upload_tree(
                 self.config,
                 tree,
-                dataset_name_for(self.permit.source_dir),
+                remote_name_for(self.permit.source_dir, self.permit.format),
                 options=self.options,
                 progress=self.progress,
                 cancel=self._cancel,
@@ -240,7 +240,7 @@ def start_upload(
         # The export may have changed between the first check and the lock.
         permit = check_upload(source_dir, fmt, backend_configured=True)
         scan_local_tree(permit.accepted_dir)  # symlinks etc. are refused before a job exists
-        dataset_name = dataset_name_for(permit.source_dir)
+        dataset_name = remote_name_for(permit.source_dir, permit.format)
         try:
             check_component(dataset_name, "remote dataset name")
         except UnsafeNameError as e:

@@ -48,6 +48,8 @@ function renderUpload() {
   const reasons = uploadBlockers();
   const button = $("upload-button");
   button.disabled = running || reasons.length > 0;
+  const asking = $("upload-again");
+  if (button.disabled || asking.dataset.for !== `${ui.dataset}/${ui.format}`) asking.hidden = true;
   const reason = $("upload-reason");
   reason.textContent = reasons.length ? reasons.join(" · ") : "ready: the accepted export passed the gate";
   reason.className = reasons.length ? "error-text" : "ok";
@@ -104,14 +106,24 @@ async function trustHostKey() {
   renderUpload();
 }
 
-async function startUpload() {
+// The export already went to this server: the server says where, and the page asks before a
+// second copy (published under a copy name beside the first).
+async function startUpload(again = false) {
   if ($("upload-button").disabled) return;
+  $("upload-again").hidden = true;
   const name = ui.dataset;
+  const body = again ? { format: ui.format, again: true } : { format: ui.format };
   try {
-    const job = await api("POST", `/api/datasets/${enc(name)}/upload`, { format: ui.format });
+    const job = await api("POST", `/api/datasets/${enc(name)}/upload`, body);
     ui.uploadJob = job;
     toast(`upload of the accepted ${job.format} export started`);
   } catch (e) {
+    if (e.code === "already_uploaded") {
+      $("upload-again-text").textContent = `${e.message.split("; ")[0]}. Upload a second copy?`;
+      $("upload-again").hidden = false;
+      $("upload-again").dataset.for = `${name}/${body.format}`;
+      return;
+    }
     $("upload-error").textContent = `upload refused: ${e.code ? `${e.code}: ` : ""}${e.message}`;
     toast(e.message, "error");
     await refreshDataset();
@@ -136,7 +148,9 @@ function onJob(job) {
 export const uploadPanel = {
   name: "upload",
   setup() {
-    $("upload-button").addEventListener("click", startUpload);
+    $("upload-button").addEventListener("click", () => startUpload(false));
+    $("upload-again-yes").addEventListener("click", () => startUpload(true));
+    $("upload-again-no").addEventListener("click", () => { $("upload-again").hidden = true; });
     $("trust-host-key").addEventListener("click", trustHostKey);
   },
   onJob,
