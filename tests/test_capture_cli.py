@@ -84,6 +84,30 @@ def test_scripted_sim_then_replay_appends(config: Path, tmp_path: Path) -> None:
     assert validate_dataset(raw) == []
 
 
+def test_a_dataset_another_writer_holds_is_refused_before_anything_starts(
+    config: Path, tmp_path: Path
+) -> None:
+    from eva.dataset import layout
+    from eva.dataset.locks import release_flock, try_flock
+
+    work = tmp_path / "logs" / "demo" / "raw" / layout.WORK_DIR
+    work.mkdir(parents=True)
+    fd = try_flock(work / layout.WRITER_LOCK)  # held as a recording eva collect holds it
+    assert fd is not None
+    try:
+        for extra in (["--episodes", "1", "--seconds", "1"], ["--check"]):
+            refused = run("collect", str(config), *extra)
+            assert refused.returncode == 1, refused.stderr
+            assert refused.stderr.splitlines() == [
+                f"eva: error: {work.parent}: another writer has this dataset open (eva collect "
+                "or eva console is recording into it); stop it, or collect into another "
+                "dataset (--dataset)"
+            ]
+            assert refused.stdout == ""
+    finally:
+        release_flock(fd)
+
+
 def test_usage_errors_are_one_line(config: Path, tmp_path: Path) -> None:
     bad = run("collect", str(config), "--episodes", "1", "--source", "nope")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "nope" in bad.stderr

@@ -47,6 +47,25 @@ def _collect_load(config_path: Path, dataset: str | None) -> Any:
     return cfg
 
 
+def _refuse_a_held_dataset(cfg: Any, dataset: str | None) -> None:
+    """Refuse a dataset another eva collect or eva console records into before any source
+    starts or the run announces it (else the refusal came at its first START, after the
+    header and the sources' checks)."""
+    from eva.dataset import layout
+    from eva.dataset.locks import is_flocked
+
+    root = cfg.dataset_dir(dataset if dataset is not None else next(iter(cfg.tasks)))
+    try:
+        held = is_flocked(root / layout.WORK_DIR / layout.WRITER_LOCK)
+    except OSError:  # a tree the writer refuses: it says why when it opens it
+        return
+    if held:
+        fail(
+            f"{root}: another writer has this dataset open (eva collect or eva console is "
+            "recording into it); stop it, or collect into another dataset (--dataset)"
+        )
+
+
 def _collect_setup(cfg: Any, override: str | None, seed: int) -> Any:
     """The recording source (``eva.capture.sources.RecordingSource``): the ``--source``
     override, else the config's sources (a config without any records the in-process
@@ -182,6 +201,7 @@ def collect_command(
             "interactive collect needs a terminal; script it with --episodes N --seconds S",
             EXIT_USAGE,
         )
+    _refuse_a_held_dataset(cfg, dataset)  # --check too: its recorder recovers the dataset
     rec_source = _collect_setup(cfg, source, seed)
     if not quiet:
         if rec_source.note:
