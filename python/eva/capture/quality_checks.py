@@ -29,6 +29,7 @@ Codes produced here:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ SOURCE_CLOCK_DISCONTINUITY = "source_clock_discontinuity"
 CAPTURE_BACKLOG_OVERFLOW = "capture_backlog_overflow"
 UNEXPECTED_VECTOR_STREAM = "unexpected_vector_stream"
 SOURCE_STALLED = "source_stalled"  # a source process died or delivered nothing for its timeout
+
+log = logging.getLogger(__name__)
 
 
 def _same_image(a: np.ndarray, b: np.ndarray) -> bool:
@@ -289,6 +292,18 @@ def add_metrics(
 ) -> None:
     """Put the save-time motion and content metrics, the anomaly score and its reasons into
     the quality record ``row``; a metric the rig enables in ``metrics.red`` adds its red issue."""
+    try:
+        _add_metrics(row, cfg, episode, checks)
+    except Exception as e:  # a metric must never cost the episode: it is saved without them
+        log.warning("capture: review metrics not computed: %s", e)
+
+
+def _add_metrics(
+    row: dict[str, Any],
+    cfg: CollectionConfig,
+    episode: EpisodeWriter,
+    checks: Mapping[str, StreamCheck],
+) -> None:
     vectors, capture_time = episode.recorded_columns()
     spec = next((v for v in cfg.vectors if v.name == layout.ACTION), None)
     frozen = None
