@@ -535,6 +535,47 @@ def test_fit_never_fills_the_last_column() -> None:
     assert fit_width("相机" * 10, 9) == "相机相机"  # wide characters take two columns
 
 
+def test_check_prints_one_line_per_dead_stream_naming_its_own_topic(tmp_path: Path) -> None:
+    (tmp_path / "dying_plugin.py").write_text(
+        "class Dies:\n"
+        "    def samples(self):\n"
+        "        raise RuntimeError('device /dev/video9 not found')\n"
+    )
+    silent = 'kind = "zmq", endpoint = "tcp://127.0.0.1:1", open_timeout_s = 0.5'
+    path = tmp_path / "rig.toml"
+    path.write_text(
+        CONFIG.replace("discrete = [6, 13]\n", f'source = {{{silent}, topic = "state"}}\n')
+        + '[[collection.vectors]]\nname = "action"\ndim = 4\n'
+        + f'source = {{{silent}, topic = "act"}}\n'  # the same process as "state"
+        + '[[collection.vectors]]\nname = "gripper"\ndim = 1\n'
+        + 'source = {kind = "python", object = "dying_plugin:Dies", open_timeout_s = 5}\n'
+    )
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a recorder that is gone left its ring file behind
+    stale = Path("/dev/shm") / f"eva-{gone.pid}-0badc0de-00.ring"
+    stale.touch()
+    try:
+        refused = subprocess.run(
+            [*EVA, "collect", str(path), "--check"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        )
+    finally:
+        stale.unlink(missing_ok=True)
+    assert refused.returncode == 2, refused.stderr
+    lines = refused.stderr.splitlines()
+    assert sorted(line for line in lines if line.startswith("eva: ")) == [
+        "eva: error: stream action: zmq tcp://127.0.0.1:1 topic 'act': no sample within 0.5 s",
+        "eva: error: stream gripper: python dying_plugin:Dies: RuntimeError: device "
+        "/dev/video9 not found",
+        "eva: error: stream observation.state: zmq tcp://127.0.0.1:1 topic 'state': no sample "
+        "within 0.5 s",
+    ], lines
+    assert "ring" not in refused.stderr
+
+
 def test_configured_sources_check_and_record(tmp_path: Path) -> None:
     path = tmp_path / "rig.toml"
     path.write_text(CONFIG.replace("height = 48\n", 'height = 48\nsource = {kind = "sim"}\n'))

@@ -125,7 +125,8 @@ class SourceRig:
         self._progress: dict[str, tuple[int, float]] = {}  # stream -> (pushed, monotonic when seen)
         self._stalled: set[str] = set()
         for path in remove_stale_rings(shm_dir):
-            log.warning("removed the ring file of a recorder that is gone: %s", path)
+            # housekeeping, not the operator's concern (and printed before any command output)
+            log.info("removed the ring file of a recorder that is gone: %s", path)
         sources = stream_sources(config)
         self._sources = sources
         n_cameras = len(config.cameras)
@@ -333,7 +334,7 @@ class SourceRig:
             if problem is None:
                 continue
             for name in group.names:
-                problems.append(f"{self._what(name)} {name}: {group.describe()}: {problem}")
+                problems.append(self._problem(name, problem))
                 del pending[name]
         while pending:
             now = time.monotonic()
@@ -349,10 +350,18 @@ class SourceRig:
                     why = group.last_error or "the source process ended"
                 else:
                     why = f"no sample within {limit:g} s"
-                problems.append(f"{self._what(name)} {name}: {group.describe()}: {why}")
+                problems.append(self._problem(name, why))
                 del pending[name]
             time.sleep(0.02)
         return problems
+
+    def _problem(self, name: str, why: str) -> str:
+        """One line for stream ``name``, described by its own source (its topic: a process
+        serving several topics is described by its first), never by a ring's internals (a
+        worker that died writing to a ring closed under it: the process ended)."""
+        if self.prefix in why:
+            why = "the source process ended"
+        return f"{self._what(name)} {name}: {self._sources[name].describe()}: {why}"
 
     def _what(self, name: str) -> str:
         return "camera" if self.rings[name].dtype == np.uint8 else "stream"

@@ -267,9 +267,12 @@ def _open_recorder(rec_source: Any, dataset: str | None) -> Any:
     return recorder
 
 
-def _start_sources(recorder: Any, rec_source: Any, quiet: bool, shut_down: Any) -> None:
+def _start_sources(
+    recorder: Any, rec_source: Any, handler: CaptureLogHandler, quiet: bool, shut_down: Any
+) -> None:
     """Start the sources; every stream must deliver a first sample (at once for an in-process
-    source), else the run ends (exit 2, one line per stream)."""
+    source), else the run ends (exit 2, one line per stream, naming it and its own source: the
+    capture log's lines of the same failures, held during the check, are left out)."""
     try:
         rec_source.start(recorder)
     except Exception as e:
@@ -277,16 +280,19 @@ def _start_sources(recorder: Any, rec_source: Any, quiet: bool, shut_down: Any) 
         fail(f"cannot start the sources: {first_line(str(e)) or type(e).__name__}")
     if not quiet and rec_source.rings is not None:
         click.echo("checking the sources: waiting for every stream's first sample", err=True)
+    handler.held = True
     try:
         problems = rec_source.check()
     except KeyboardInterrupt:
         shut_down()
         sys.exit(130)
     if problems:
+        handler.pending()  # the failures the problem lines say once each
         shut_down()
         for line in problems:
             say(f"eva: error: {line}", err=True)
         sys.exit(EXIT_USAGE)
+    handler.resume()
 
 
 def _record(rec_source: Any, run: RunOptions) -> None:
@@ -305,7 +311,7 @@ def _record(rec_source: Any, run: RunOptions) -> None:
         recorder.close()
         handler.resume()
 
-    _start_sources(recorder, rec_source, run.quiet, shut_down)
+    _start_sources(recorder, rec_source, handler, run.quiet, shut_down)
     if run.check_only:
         shut_down()
         n = len(cfg.cameras) + len(cfg.vectors)
