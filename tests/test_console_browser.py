@@ -923,3 +923,89 @@ def test_dataset_text_is_never_parsed_as_html(console: Console, browser: WebDriv
         assert browser_errors(d) == []
     finally:
         console.api.put("/api/datasets/sort_parts/episodes/0/qc", json={"note": ""})
+
+
+# The parts of QUALITY CHECK an operator needs at once: every camera, the transport, the verdict
+# buttons and the first plot.
+ONE_SCREEN = (
+    "#videos video, #step-back, #play, #step-forward, #scrubber, #pass, #fail, #plots canvas"
+)
+
+
+def viewport(driver: WebDriver, width: int, height: int) -> None:
+    """The page's viewport in CSS pixels, exactly (the window's own size includes no chrome in
+    headless mode, but this does not depend on it)."""
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
+
+
+def boxes(driver: WebDriver, selector: str) -> list[dict[str, Any]]:
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => {"
+        " const r = e.getBoundingClientRect();"
+        " return {id: e.id || e.tagName + ':' + (e.dataset.key || ''), left: r.left, top: r.top,"
+        " right: r.right, bottom: r.bottom, width: r.width, height: r.height}; })",
+        selector,
+    )
+
+
+def outside(driver: WebDriver, box: dict[str, Any]) -> bool:
+    width, height = driver.execute_script("return [innerWidth, innerHeight]")
+    return (
+        box["width"] <= 0
+        or box["height"] <= 0
+        or box["left"] < 0
+        or box["top"] < 0
+        or box["right"] > width
+        or box["bottom"] > height
+    )
+
+
+def test_quality_check_fits_one_screen(
+    console: Console, browser: WebDriver, artifacts: Path
+) -> None:
+    """At 1280x800 every camera, the transport, PASS / FAIL and the first plot are in view at
+    once, without scrolling; at 800x600 every control can be scrolled into view and used."""
+    d = browser
+    try:
+        viewport(d, 1280, 800)
+        open_console(d, console)
+        open_episode(d, "sort_parts", 1)  # a red episode: its issue line shows as well
+        wait_all_on_frame(d, 0, "frame 0 after loading")
+        d.execute_script("window.scrollTo(0, 0)")
+        shown = boxes(d, ONE_SCREEN)
+        assert sum(b["id"].startswith("VIDEO") for b in shown) == 2
+        assert any(b["id"].startswith("CANVAS") for b in shown)
+        first_plot = next(b for b in shown if b["id"].startswith("CANVAS"))
+        needed = [b for b in shown if not b["id"].startswith("CANVAS")] + [first_plot]
+        assert [b for b in needed if outside(d, b)] == []
+        assert d.execute_script("return scrollY") == 0
+        screenshot(d, artifacts, "quality-1280x800")
+
+        viewport(d, 800, 600)
+        d.execute_script("window.scrollTo(0, 0)")
+        assert d.execute_script("return document.documentElement.scrollWidth <= innerWidth"), (
+            "the page scrolls sideways at 800x600"
+        )
+        controls = d.find_elements(
+            By.CSS_SELECTOR, "#quality button, #quality input, #quality select, #quality video"
+        )
+        for control in controls:
+            if not control.is_displayed():
+                continue  # e.g. an issue's frame link of another episode
+            d.execute_script("arguments[0].scrollIntoView({block: 'center'})", control)
+            box = d.execute_script(
+                "const r = arguments[0].getBoundingClientRect();"
+                "return {id: arguments[0].id, left: r.left, top: r.top, right: r.right,"
+                " bottom: r.bottom, width: r.width, height: r.height}",
+                control,
+            )
+            assert not outside(d, box), box
+        by_id(d, "pass").click()  # reachable and usable
+        wait_until(d, lambda: episode_attr(d, 1, "data-verdict") == "pass", "PASS at 800x600")
+        screenshot(d, artifacts, "quality-800x600")
+        console.api.put("/api/datasets/sort_parts/episodes/1/qc", json={"verdict": None})
+    finally:
+        d.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -11,7 +11,7 @@ export function buildPlots(container, series) {
   container.replaceChildren();
   const plots = [];
   for (const [key, s] of Object.entries(series.series)) {
-    const canvas = el("canvas", { class: "plot", height: 150, "data-key": key });
+    const canvas = el("canvas", { class: "plot", height: 120, "data-key": key });
     const legend = el("div", { class: "legend" }, ...s.names.map((name, i) =>
       el("span", { style: `color:${PALETTE[i % PALETTE.length]}`, text: name })));
     container.append(el("div", { class: "plot-box" }, el("div", { class: "plot-title", text: key }),
