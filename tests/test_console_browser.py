@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -1009,3 +1010,56 @@ def test_quality_check_fits_one_screen(
         console.api.put("/api/datasets/sort_parts/episodes/1/qc", json={"verdict": None})
     finally:
         d.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+def test_collect_warnings_source_line_and_fps_caption(
+    tmp_path: Path, browser: WebDriver, artifacts: Path
+) -> None:
+    """COLLECT: one short source line; a warning shows the local clock time (never epoch
+    seconds) and is cleared at the next START; the fps caption is images over duration."""
+    d = browser
+    workdir = tmp_path / "collect"
+    first = start_console(workdir, CONFIG)
+    try:
+        first.record("pick_cube", 0.8)
+    finally:
+        first.server.stop()
+    # A crash's trace the writer removes when the next recording opens the dataset: a warning.
+    (workdir / "logs" / "pick_cube" / "raw" / ".eva-work" / "saving-9.lock").write_bytes(b"")
+    server = start_console(workdir, CONFIG)
+    try:
+        open_console(d, server)
+        assert text(d, "source") == "simulated rig (the config names no sources)"
+        assert text(d, "source-note") == ""  # the note would say the same again
+        assert d.find_elements(By.CSS_SELECTOR, "#stream-sources li") == []
+        select(d, "dataset-select", "pick_cube")
+        by_id(d, "start").click()
+        wait_until(d, lambda: text(d, "rec-state") == "recording", "recording")
+        wait_until(d, lambda: "stale saving marker" in text(d, "warnings"), "the warning")
+        [line] = [w.text for w in d.find_elements(By.CSS_SELECTOR, "#warnings li")]
+        assert re.fullmatch(r"\d\d:\d\d:\d\d \S+: removed stale saving marker saving-9\.lock", line)
+        assert not re.search(r"\d{9,}", line), line
+
+        def caption() -> re.Match[str] | None:
+            return re.fullmatch(
+                r"(\d+\.\d) fps · (\d+) images in (\d+\.\d) s",
+                text(d, "fps-observation.images.cam_high"),
+            )
+
+        m = wait_until(d, lambda: (m := caption()) and float(m[3]) >= 1.0 and m, "the caption")
+        fps, images, seconds = float(m[1]), int(m[2]), float(m[3])
+        # One status gives all three: the rate is images / duration, to the digits shown.
+        assert abs(fps - images / seconds) <= 0.06 + fps * 0.05 / seconds, m[0]
+        by_id(d, "stop").click()
+        wait_until(d, lambda: text(d, "rec-state") != "recording", "stopped")
+        screenshot(d, artifacts, "collect-warning")
+        assert "stale saving marker" in text(d, "warnings")  # kept until the next START
+        by_id(d, "start").click()
+        wait_until(d, lambda: text(d, "rec-state") == "recording", "recording again")
+        wait_until(d, lambda: text(d, "warnings") == "", "the warnings cleared at START")
+        by_id(d, "cancel").click()
+        wait_until(d, lambda: text(d, "rec-state") == "idle", "cancelled")
+        assert browser_errors(d) == []
+    finally:
+        d.get("about:blank")
+        server.server.stop()

@@ -198,9 +198,16 @@ class EpisodeConsumer:
 
     def describe_state(self) -> str:
         """The alignment state in one line, for a warning that says why an episode stalled."""
-        parts = [f"grid start {self.grid_start!r}, row {self.next_row}"]
+        # Times relative to the grid's start (sample times are wall-clock epoch seconds).
+        origin = self.grid_start
+        parts = [f"grid start {'set' if origin is not None else 'not yet'}, row {self.next_row}"]
         for name, p in self.pending.items():
-            span = f"t {p.times[0]:.3f}..{p.times[p.n - 1]:.3f}" if p.n else "empty"
+            if not p.n:
+                span = "empty"
+            elif origin is None:
+                span = f"{p.n} samples"
+            else:
+                span = f"{p.times[0] - origin:.3f}..{p.times[p.n - 1] - origin:.3f} s"
             parts.append(
                 f"{name}: {p.n}/{p.capacity} pending ({span}), {len(self.streams[name].ring)} in ring, "
                 f"{self.remaining(name)} owed"
@@ -345,7 +352,8 @@ class EpisodeConsumer:
         slowest = min(idle, key=idle.__getitem__)
         if slowest == name:
             return ""
-        return f" (alignment waits for {slowest}: last sample t={self.last_t[slowest]:.3f} s)"
+        into = self.last_t[slowest] - self.grid_start  # never the raw epoch seconds
+        return f" (alignment waits for {slowest}: its last sample {into:.2f} s into the episode)"
 
     # -- grid --
 

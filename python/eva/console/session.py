@@ -59,6 +59,11 @@ class _WarningLog(logging.Handler):
         )
         self.on_change()
 
+    def clear(self) -> None:
+        """START: the warnings of earlier recordings are not this one's."""
+        self.entries.clear()
+        self.on_change()
+
 
 class ConsoleSession:
     """The console's state and actions (see module doc). ``close()`` ends capture cleanly."""
@@ -281,6 +286,7 @@ class ConsoleSession:
             )
         if task is not None:
             task = typed_text(task, "task")
+        self.warnings.clear()
         for line in self.source.before_start():  # source processes that stopped: restarted
             log.warning("console: %s", line)
         if self.source.finished.is_set():

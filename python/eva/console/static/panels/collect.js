@@ -12,12 +12,18 @@ function init(s) {
   fillSelect($("dataset-select"), names, s.dataset || names[0] || null);
   fillTasks();
   $("source").textContent = s.source;
-  $("source-note").textContent = s.source_note || "";
-  // each stream and where it comes from (a config's sources can differ per stream)
-  const streams = Object.entries(s.streams || {});
+  $("source-note").textContent = restates(s.source_note, s.source) ? "" : s.source_note || "";
+  // Where the streams come from: one line per distinct source (a config's sources can differ
+  // per stream), none when every stream comes from the source line's own source.
+  const bySource = new Map();
+  for (const [name, text] of Object.entries(s.streams || {})) {
+    bySource.set(text, [...(bySource.get(text) || []), name]);
+  }
+  const groups = [...bySource].filter(([text]) => !(bySource.size === 1 && text === s.source));
   const list = $("stream-sources");
-  if (!unchanged(list, streams)) {
-    list.replaceChildren(...streams.map(([name, text]) => el("li", {}, el("code", {}, name), " ← " + text)));
+  if (!unchanged(list, groups)) {
+    list.replaceChildren(...groups.map(([text, names]) =>
+      el("li", {}, el("code", {}, names.join(", ")), " ← " + text)));
   }
   const previews = $("previews");
   previews.replaceChildren();
@@ -27,6 +33,14 @@ function init(s) {
         "data-camera": cam.key }),
       el("figcaption", {}, cam.key, " ", el("span", { class: "muted", id: `fps-${cam.key}` }))));
   }
+}
+
+// A note that only says again what the source line says (every word of it already there).
+function restates(note, source) {
+  if (!note) return true;
+  const words = (text) => text.toLowerCase().match(/[a-z0-9]+/g) || [];
+  const said = new Set(words(note));
+  return words(source).every((w) => said.has(w));
 }
 
 function fillTasks() {
@@ -61,17 +75,43 @@ function renderCollect(s) {
   for (const cam of s.cameras) {
     const fps = $(`fps-${cam.key}`);
     const samples = s.samples ? s.samples[cam.key] : undefined;
-    if (fps) {
-      fps.textContent = recording ? `${(s.camera_fps[cam.key] || 0).toFixed(1)} fps` +
-        (samples === undefined ? "" : ` · ${samples} images`) : "";
-    }
+    if (fps) fps.textContent = recording ? fpsCaption(s, cam.key, samples) : "";
   }
-  const warnings = s.warnings.slice(-5).reverse();
+  const warnings = repeatsFolded(s.warnings).slice(-5).reverse();
   if (!unchanged($("warnings"), warnings)) {
     $("warnings").replaceChildren(...warnings.map((w) =>
-      el("li", { class: w.level, text: `${w.time.slice(11, 19)} ${w.message}` })));
+      el("li", { class: w.level, text: `${clockTime(w.time)} ${w.message}` +
+        (w.count > 1 ? ` (×${w.count})` : "") })));
   }
   renderSaved(s.save_jobs);
+}
+
+// The rate the caption shows is the camera's images over the recording's duration, so that the
+// three figures agree (the status's camera_fps, a rate between two status readings, until the
+// image count is known).
+function fpsCaption(s, key, samples) {
+  if (samples === undefined || !(s.elapsed_s > 0)) {
+    return `${(s.camera_fps[key] || 0).toFixed(1)} fps`;
+  }
+  return `${(samples / s.elapsed_s).toFixed(1)} fps · ${samples} images in ` +
+    `${s.elapsed_s.toFixed(1)} s`;
+}
+
+// The operator's local wall-clock time of a status timestamp (ISO UTC), e.g. 14:03:27.
+function clockTime(iso) {
+  const date = new Date(iso);
+  return Number.isNaN(date.getTime()) ? "" : date.toLocaleTimeString([], { hour12: false });
+}
+
+// The same message again: one line with the count and the latest time.
+function repeatsFolded(warnings) {
+  const folded = [];
+  for (const w of warnings) {
+    const last = folded[folded.length - 1];
+    if (last && last.message === w.message) folded[folded.length - 1] = { ...w, count: last.count + 1 };
+    else folded.push({ ...w, count: 1 });
+  }
+  return folded;
 }
 
 function renderSaved(jobs) {
