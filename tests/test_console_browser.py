@@ -440,8 +440,8 @@ def test_operator_flow(console: Console, browser: WebDriver, artifacts: Path) ->
     assert text(d, "export-state") == "completed", text(d, "export-error")
     assert text(d, "totals-accepted").startswith("1 episode, ")
     assert text(d, "totals-rejected").startswith("1 episode, ")
-    assert text(d, "verify-accepted") == "verify ok"
-    assert text(d, "verify-rejected") == "verify ok"
+    assert re.fullmatch(r"verify ok \(\d+\.\d s\)", text(d, "verify-accepted"))
+    assert re.fullmatch(r"verify ok \(\d+\.\d s\)", text(d, "verify-rejected"))
     assert text(d, "accepted-dir").endswith("fold_towel/export/lerobot_v3/accepted")
     assert text(d, "rejected-dir").endswith("fold_towel/export/lerobot_v3/rejected")
     assert by_id(d, "export-progress-episodes").get_attribute("value") == "1"
@@ -855,7 +855,7 @@ def test_upload_offers_the_latest_export_of_the_chosen_format(
     show_panel(d, "export")
     by_id(d, "export-button").click()
     wait_finished(d, "export-state", "the export", timeout=60)
-    assert text(d, "verify-accepted") == "verify ok"
+    assert re.fullmatch(r"verify ok \(\d+\.\d s\)", text(d, "verify-accepted"))
     assert_panels_agree(d, "lerobot_v21")
     backend = server.api.get("/api/status").json()["upload_backend"]
     assert backend.startswith("sftp://") and text(d, "upload-backend") == backend
@@ -1059,6 +1059,60 @@ def test_collect_warnings_source_line_and_fps_caption(
         wait_until(d, lambda: text(d, "warnings") == "", "the warnings cleared at START")
         by_id(d, "cancel").click()
         wait_until(d, lambda: text(d, "rec-state") == "idle", "cancelled")
+        assert browser_errors(d) == []
+    finally:
+        d.get("about:blank")
+        server.server.stop()
+
+
+def test_export_failure_stops_and_verify_shows_elapsed_time(
+    tmp_path: Path, browser: WebDriver
+) -> None:
+    """A failed export: its bars stop (none left running) and the directories it never wrote
+    are not listed. A completed one: eva verify's step and elapsed seconds while it runs, and
+    each subset's time after."""
+    d = browser
+    server = start_console(tmp_path / "export-failure", CONFIG)
+    try:
+        server.record("pick_cube", 0.8)
+        [entry] = [
+            e for e in server.api.get("/api/status").json()["datasets"] if e["name"] == "pick_cube"
+        ]
+        blocker = Path(entry["dir"]).parent / "export"  # a file where the exports go
+        blocker.write_text("in the way")
+        open_console(d, server)
+        show_panel(d, "export")
+        select(d, "export-dataset", "pick_cube")
+        select(d, "format-select", "hdf5")
+        d.execute_script(
+            "window.evaCurrent = []; new MutationObserver(() => window.evaCurrent.push("
+            "document.getElementById('export-current').textContent)).observe("
+            "document.getElementById('export-current'), {childList: true, characterData: true,"
+            " subtree: true})"
+        )
+        by_id(d, "export-button").click()
+        wait_finished(d, "export-state", "the failed export")
+        assert text(d, "export-state") == "failed"
+        assert text(d, "export-error").startswith("export failed: ")
+        assert text(d, "accepted-dir") == "–" and text(d, "rejected-dir") == "–"
+        bars = d.execute_script(
+            "return [...document.querySelectorAll('#export .bars progress')].map(p =>"
+            " [p.hasAttribute('value'), p.nextElementSibling.textContent])"
+        )
+        assert bars and all(determinate for determinate, _ in bars), bars
+        assert all(words.endswith("(stopped)") for _, words in bars), bars
+        job = server.api.get("/api/jobs").json()["jobs"][-1]
+        assert job["state"] == "failed" and job["accepted_dir"] is None
+
+        blocker.unlink()
+        by_id(d, "export-button").click()
+        wait_until(d, lambda: text(d, "export-state") == "completed", "the export", timeout=60)
+        for subset in ("accepted", "rejected"):
+            assert re.fullmatch(r"verify ok \(\d+\.\d s\)", text(d, f"verify-{subset}"))
+        seen = [t for t in d.execute_script("return window.evaCurrent") if "verify" in t]
+        assert all(
+            re.fullmatch(r"eva verify (accepted|rejected) \([12] of 2\) · \d+ s", t) for t in seen
+        ), seen
         assert browser_errors(d) == []
     finally:
         d.get("about:blank")

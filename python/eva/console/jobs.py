@@ -265,26 +265,41 @@ class BackgroundJobs:
                 totals=totals,
                 accepted_dir=str(result.accepted_dir),
                 rejected_dir=str(result.rejected_dir),
-                progress={**job.progress, "current": "eva verify"},
             )
             verify: dict[str, Any] = {}
-            for subset, directory in (
-                ("accepted", result.accepted_dir),
-                ("rejected", result.rejected_dir),
-            ):
+            subsets = (("accepted", result.accepted_dir), ("rejected", result.rejected_dir))
+            for step, (subset, directory) in enumerate(subsets):
+                # The page shows the step and its elapsed time from verify_started_at.
+                self._update(
+                    job,
+                    progress={
+                        **job.progress,
+                        "current": f"eva verify {subset} ({step + 1} of {len(subsets)})",
+                        "verify_done": step,
+                        "verify_total": len(subsets),
+                        "verify_started_at": utc_now(),
+                    },
+                )
+                began = time.monotonic()
                 problems = verify_export(directory, source_dir=root, fmt=fmt)
                 verify[subset] = {
                     "ok": not problems,
                     "problems": [f"{p.code}: {p.message}" for p in problems[:20]],
+                    "elapsed_s": round(time.monotonic() - began, 2),
                 }
-            self._update(job, verify=verify, state="completed", finished_at=utc_now())
+            progress = {**job.progress, "current": None, "verify_done": len(subsets)}
+            self._update(
+                job, verify=verify, progress=progress, state="completed", finished_at=utc_now()
+            )
         except Exception as e:  # noqa: BLE001 - the job record carries the one-line reason
             text = (
                 str(e).strip().splitlines()[0]
                 if isinstance(e, DatasetError) and str(e)
                 else error_line(e)
             )
-            self._update(job, state="failed", error=text, finished_at=utc_now())
+            # Directories this export did not publish (no totals yet) are not listed as its output.
+            unwritten = {} if job.totals else {"accepted_dir": None, "rejected_dir": None}
+            self._update(job, state="failed", error=text, finished_at=utc_now(), **unwritten)
 
     def start_upload(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         from eva.publish import ExportBusy

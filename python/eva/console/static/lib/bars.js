@@ -29,3 +29,15 @@ export function clearBar(id, textId) {
   $(id).max = 1;
   $(textId).textContent = "";
 }
+
+// A bar of a job that failed: it stops where the job stopped (an unknown total leaves it
+// empty, never an endless indeterminate animation).
+export function setStoppedBar(id, textId, done, total, bytes = false) {
+  if (total === null || total === undefined) {
+    clearBar(id, textId);
+    if (done !== null && done !== undefined) $(textId).textContent = (bytes ? fmtBytes : String)(done);
+  } else {
+    setBar(id, textId, done, total, bytes);
+  }
+  $(textId).textContent += " (stopped)";
+}

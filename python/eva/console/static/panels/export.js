@@ -1,7 +1,7 @@
 // EXPORT: the format and its options (generated from GET /api/formats), EXPORT DATASET, the
 // running export's progress, its verify result, and the latest export per format.
 import { api, attempt, enc } from "../lib/api.js";
-import { clearBar, setBar, setFinishedBar } from "../lib/bars.js";
+import { clearBar, setBar, setFinishedBar, setStoppedBar } from "../lib/bars.js";
 import { refreshDataset } from "../lib/datasets.js";
 import { $, el, fillSelect, plural, toast, unchanged } from "../lib/dom.js";
 import { notify } from "../lib/panels.js";
@@ -106,7 +106,22 @@ function verifyNode(id, v) {
   const node = $(id);
   if (!v) { node.textContent = ""; node.className = ""; return; }
   node.className = v.ok ? "ok" : "error-text";
-  node.textContent = v.ok ? "verify ok" : `verify: ${v.problems.join("; ")}`;
+  const took = v.elapsed_s === undefined ? "" : ` (${v.elapsed_s.toFixed(1)} s)`;
+  node.textContent = v.ok ? `verify ok${took}` : `verify${took}: ${v.problems.join("; ")}`;
+}
+
+// The running step, and during eva verify its elapsed seconds (verify reports no finer
+// progress: a 1 s timer redraws the count while it runs).
+function currentText(p) {
+  if (!p.verify_started_at) return `${p.current}`;
+  const since = Math.max(0, (Date.now() - Date.parse(p.verify_started_at)) / 1000);
+  return `${p.current} · ${Math.floor(since)} s`;
+}
+
+let verifyTimer = null;
+function tickWhileVerifying(verifying) {
+  if (verifying && !verifyTimer) verifyTimer = setInterval(renderExport, 1000);
+  if (!verifying && verifyTimer) { clearInterval(verifyTimer); verifyTimer = null; }
 }
 
 function renderProgress(job) {
@@ -115,6 +130,10 @@ function renderProgress(job) {
     setFinishedBar("export-progress-episodes", "export-episodes-text", p.episodes);
     setFinishedBar("export-progress-files", "export-files-text", p.files);
     setFinishedBar("export-progress-bytes", "export-bytes-text", p.bytes, true);
+  } else if (job && job.state === "failed") {
+    setStoppedBar("export-progress-episodes", "export-episodes-text", p.episodes, p.total_episodes);
+    setStoppedBar("export-progress-files", "export-files-text", p.files, p.total_files);
+    setStoppedBar("export-progress-bytes", "export-bytes-text", p.bytes, p.total_bytes, true);
   } else if (job) {
     setBar("export-progress-episodes", "export-episodes-text", p.episodes, p.total_episodes);
     setBar("export-progress-files", "export-files-text", p.files, p.total_files);
@@ -144,9 +163,12 @@ function renderExport() {
   state.dataset.state = job ? job.state : seenEarlier ? "completed" : "required";
   state.className = `pill ${state.dataset.state}`;
   $("export-current").textContent = job && running && job.progress.current ?
-    `${job.progress.current}` : job ? job.job_id : "";
+    currentText(job.progress) : job ? job.job_id : "";
+  tickWhileVerifying(running && job.progress.verify_started_at);
   renderProgress(job);
-  const source = job || (seenEarlier ? entry : null);
+  // The directories of a job that did not publish them (failed early) are not listed.
+  const source = job ? (job.state === "failed" && !job.accepted_dir ? null : job) :
+    seenEarlier ? entry : null;
   $("accepted-dir").textContent = (source && source.accepted_dir) || "–";
   $("rejected-dir").textContent = (source && source.rejected_dir) || "–";
   const totals = (source && source.totals) || {};

@@ -1,7 +1,7 @@
 // UPLOAD ACCEPTED: why an upload is not possible yet (the gate, the backend, the format rule),
 // UPLOAD ACCEPTED, the running upload's progress, and the last upload of this export.
 import { api, attempt, enc } from "../lib/api.js";
-import { clearBar, setBar } from "../lib/bars.js";
+import { clearBar, setBar, setStoppedBar } from "../lib/bars.js";
 import { refreshDataset } from "../lib/datasets.js";
 import { $, toast } from "../lib/dom.js";
 import { currentExport, jobActive, ui } from "../lib/state.js";
@@ -29,6 +29,9 @@ function renderProgress(job) {
       totals.files ?? p.total_files);
     setBar("upload-progress-bytes", "upload-bytes-text", totals.bytes ?? p.bytes,
       totals.bytes ?? p.total_bytes, true);
+  } else if (job && job.state === "failed") {
+    setStoppedBar("upload-progress-files", "upload-files-text", p.files, p.total_files);
+    setStoppedBar("upload-progress-bytes", "upload-bytes-text", p.bytes, p.total_bytes, true);
   } else if (job) {
     setBar("upload-progress-files", "upload-files-text", p.files, p.total_files);
     setBar("upload-progress-bytes", "upload-bytes-text", p.bytes, p.total_bytes, true);
