@@ -88,6 +88,14 @@ def test_a_missing_path_is_one_usage_line(
     assert str(missing) in lines[0]
 
 
+def test_usage_errors_of_eva_itself_are_one_line_too() -> None:
+    for args in (["--bogus"], ["bogus"]):
+        result = _invoke(*args)
+        assert result.exit_code == 2
+        assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("eva: error: ")
+    assert _invoke().output.startswith("Usage: ")  # no arguments: the help
+
+
 def test_a_missing_format_names_the_formats_on_one_line(small_dataset: Path) -> None:
     for command in ("export", "upload"):
         result = _invoke(command, str(small_dataset))

@@ -128,6 +128,14 @@ class EvaGroup(click.Group):
         RAN.append(name or "")
         return name, command, rest
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:  # eva's own options (eva --bogus): one line too
+            if isinstance(e, click.exceptions.NoArgsIsHelpError):
+                raise
+            fail(usage_line(e), EXIT_USAGE)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, summary) for name, (_, _, summary) in COMMANDS.items()]
         with formatter.section("Commands"):
