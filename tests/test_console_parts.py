@@ -147,6 +147,7 @@ def test_parse_options_checks_every_field() -> None:
                 "float",
                 "choice",
                 "text",
+                "mapping",  # a text box of NAME=VALUE pairs, or a JSON object
             )
 
 

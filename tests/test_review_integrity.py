@@ -197,7 +197,7 @@ def test_upload_after_reexport_removes_the_killed_uploads_staging(
     assert job.wait(120)
     assert job.result is not None, job.error
     assert not job.result.resumed
-    assert [p.name for p in remote_root.iterdir()] == [reviewed.parent.name]
+    assert [p.name for p in remote_root.iterdir()] == [f"{reviewed.parent.name}-lerobot_v21"]
 
 
 # ---- C13: dataset text never reaches the terminal as control sequences -------------------
