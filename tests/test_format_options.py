@@ -103,7 +103,7 @@ def test_each_dataclass_checks_its_values_naming_the_option() -> None:
         (lambda: LeRobotV3Options(image_quantile_keyframes=-1), "image_quantile_keyframes"),
         (lambda: LeRobotV3Options(chunks_size=0), "chunks_size"),
         (lambda: LeRobotV3Options(video_profile="fast"), "video_profile"),
-        (lambda: LeRobotV3Options(video_crf=20), "video_crf"),  # archive: no CRF
+        (lambda: LeRobotV3Options(video_crf=20), "video_profile"),  # archive: no CRF
         (
             lambda: LeRobotV3Options(video_profile="training", video_codec="libx264", video_crf=52),
             "video_crf",

@@ -217,8 +217,10 @@ def test_export_options_are_bounded(option: tuple[str, str], value: Any) -> None
     """The console's parse (and the CLI's check): a value is refused naming the option, or
     it is finite and within the bounds the format's writer works within."""
     fmt, name = option
+    # The training profile's own numbers (its CRF) are only accepted with that profile.
+    context = {"video_profile": "training"} if name.startswith("video_") else {}
     try:
-        options = parse_options(fmt, {name: value})
+        options = parse_options(fmt, {**context, name: value})
     except OptionError as e:
         assert str(e).startswith(f"options.{name}: ") and "\n" not in str(e)
         return
